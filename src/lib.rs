@@ -1,0 +1,7 @@
+//! zkgate: coordinate batch workloads on Kubernetes through ZooKeeper.
+//!
+//! - [`zk`]: ZooKeeper sessions and recipes (double barrier, locks), with no
+//!   Kubernetes types.
+#![warn(missing_docs)]
+
+pub mod zk;

@@ -1,0 +1,190 @@
+//! The error type of the ZooKeeper recipes.
+
+use std::time::Duration;
+
+/// Everything a recipe can fail with.
+///
+/// Each variant names what happened in words a user can act on; the
+/// participant commands map them to exit codes (see [`ZkError::kind`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ZkError {
+    /// The connect string could not be parsed.
+    #[error("invalid ZooKeeper connect string {input:?}: {reason}")]
+    InvalidConnectString {
+        /// What was given.
+        input: String,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// A path or a node name is not valid in ZooKeeper.
+    #[error("invalid ZooKeeper path {path:?}: {reason}")]
+    InvalidPath {
+        /// What was given.
+        path: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+
+    /// No session could be established within the connect timeout.
+    #[error("could not reach ZooKeeper at {servers} within {waited:?}: {source}")]
+    Unreachable {
+        /// The servers tried.
+        servers: String,
+        /// How long we tried.
+        waited: Duration,
+        /// The client's last error.
+        #[source]
+        source: zookeeper_client::Error,
+    },
+
+    /// A deadline passed before the operation completed; nothing of the
+    /// operation was left behind.
+    #[error("timed out after {waited:?} while {during}")]
+    Timeout {
+        /// What was being waited for.
+        during: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// The session expired: ephemeral nodes are gone, holds are lost.
+    #[error("ZooKeeper session expired")]
+    SessionExpired,
+
+    /// The session was closed by this process.
+    #[error("ZooKeeper session closed")]
+    SessionClosed,
+
+    /// The server refused the credentials.
+    #[error("ZooKeeper authentication failed (check the digest credentials)")]
+    AuthFailed,
+
+    /// The server refused an operation for lack of permission.
+    #[error("not authorized to {op} {path} (check the ZooKeeper ACL and credentials)")]
+    NotAuthorized {
+        /// The operation.
+        op: &'static str,
+        /// The path.
+        path: String,
+    },
+
+    /// The barrier or lock node does not exist (any more).
+    #[error("{path} does not exist (the resource was deleted or never created)")]
+    Deleted {
+        /// The missing node.
+        path: String,
+    },
+
+    /// The barrier was marked failed by its owner (for example the
+    /// controller, on a timeout or a lost participant).
+    #[error("barrier {path} failed: {reason}")]
+    BarrierFailed {
+        /// The barrier node.
+        path: String,
+        /// Why, as written in the barrier node.
+        reason: String,
+    },
+
+    /// A participant id is registered by someone else.
+    #[error("participant {id:?} is already registered at {path} by {holder}")]
+    ParticipantConflict {
+        /// The id.
+        id: String,
+        /// The node.
+        path: String,
+        /// Who holds it.
+        holder: String,
+    },
+
+    /// Our own node disappeared while we waited: someone deleted it.
+    #[error("our node {path} was deleted by someone else while waiting")]
+    NodeRemoved {
+        /// The node.
+        path: String,
+    },
+
+    /// A node's data could not be understood.
+    #[error("invalid data in {path}: {reason}")]
+    InvalidData {
+        /// The node.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Any other failure reported by the client.
+    #[error("ZooKeeper {op} {path} failed: {source}")]
+    Zk {
+        /// The operation.
+        op: &'static str,
+        /// The path.
+        path: String,
+        /// The client's error.
+        #[source]
+        source: zookeeper_client::Error,
+    },
+}
+
+/// The broad class of an error: what a caller should do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad input from the user.
+    Invalid,
+    /// A deadline passed.
+    Timeout,
+    /// The barrier failed or its resource was deleted.
+    Failed,
+    /// ZooKeeper is unreachable, the session expired or auth failed.
+    Unavailable,
+    /// Anything else.
+    Internal,
+}
+
+impl ZkError {
+    /// Classifies the error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ZkError::InvalidConnectString { .. }
+            | ZkError::InvalidPath { .. }
+            | ZkError::ParticipantConflict { .. } => ErrorKind::Invalid,
+            ZkError::Timeout { .. } => ErrorKind::Timeout,
+            ZkError::Deleted { .. }
+            | ZkError::BarrierFailed { .. }
+            | ZkError::NodeRemoved { .. } => ErrorKind::Failed,
+            ZkError::Unreachable { .. }
+            | ZkError::SessionExpired
+            | ZkError::SessionClosed
+            | ZkError::AuthFailed
+            | ZkError::NotAuthorized { .. } => ErrorKind::Unavailable,
+            ZkError::InvalidData { .. } | ZkError::Zk { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// Wraps a client error for `op` on `path`, mapping the session-level
+    /// errors to their own variants.
+    pub(crate) fn from_client(
+        op: &'static str,
+        path: &str,
+        source: zookeeper_client::Error,
+    ) -> Self {
+        use zookeeper_client::Error as E;
+        match source {
+            E::SessionExpired => ZkError::SessionExpired,
+            E::ClientClosed => ZkError::SessionClosed,
+            E::AuthFailed => ZkError::AuthFailed,
+            E::NoAuth => ZkError::NotAuthorized {
+                op,
+                path: path.to_owned(),
+            },
+            source => ZkError::Zk {
+                op,
+                path: path.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+/// Results of the recipes.
+pub type Result<T, E = ZkError> = std::result::Result<T, E>;

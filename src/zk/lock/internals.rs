@@ -1,0 +1,211 @@
+//! The queue shared by every lock recipe: create a sequential node, find
+//! the contender to wait for, watch only that one, repeat until none is
+//! left. What to wait for is the driver's choice ([`contender::blocker`]).
+
+use tokio::time::Instant;
+use tracing::{debug, trace};
+use zookeeper_client as zk;
+
+use super::super::contender::{self, ContenderKind, PROTECTED_PREFIX};
+use super::super::error::{Result, ZkError};
+use super::super::guard::NodeGuard;
+use super::super::hold::LockHold;
+use super::super::path;
+use super::super::session::Session;
+
+/// Everything that decides how one contender queues.
+#[derive(Clone, Debug)]
+pub(crate) struct LockSpec {
+    /// The lock node, parent of the contenders.
+    pub path: String,
+    /// What we ask for.
+    pub kind: ContenderKind,
+    /// Data written into our node (Curator's lock data; zkgate puts JSON
+    /// naming the holder there).
+    pub data: Vec<u8>,
+    /// A persistent node outlives this session (a registration made by a
+    /// process that exits); an ephemeral one is the session's.
+    pub persistent: bool,
+    /// Create the lock node (and its parents) when it is missing.
+    pub create_parent: bool,
+}
+
+/// Acquires per `spec`, waiting at most until `deadline`. On every error,
+/// on the deadline, and when the returned future is dropped, our node is
+/// removed.
+pub(crate) async fn acquire<'s>(
+    session: &'s Session,
+    spec: &LockSpec,
+    deadline: Option<Instant>,
+) -> Result<LockHold<'s>> {
+    path::validate_path(&spec.path)?;
+    if spec.path == "/" {
+        return Err(ZkError::InvalidPath {
+            path: spec.path.clone(),
+            reason: "the root cannot be a lock",
+        });
+    }
+    let started = Instant::now();
+    let mut guard = NodeGuard::new(session);
+    let attempt = queue_and_wait(session, spec, &mut guard);
+    let outcome = match deadline {
+        None => attempt.await,
+        Some(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(ZkError::Timeout {
+                during: format!("waiting for the lock {}", spec.path),
+                waited: started.elapsed(),
+            }),
+        },
+    };
+    match outcome {
+        Ok(token) => {
+            let node = guard.disarm().ok_or_else(|| ZkError::NodeRemoved {
+                path: spec.path.clone(),
+            })?;
+            debug!(path = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
+            Ok(LockHold::new(
+                session,
+                node,
+                spec.kind,
+                token,
+                spec.persistent,
+            ))
+        }
+        Err(e) => {
+            guard.delete_now(session).await;
+            Err(e)
+        }
+    }
+}
+
+/// Creates our node and waits until no contender blocks it. Returns the
+/// fencing token (our node's czxid); `guard` holds our node's path.
+async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuard) -> Result<i64> {
+    let client = session.client();
+    let parent = spec.path.as_str();
+    let protection = format!("{PROTECTED_PREFIX}{}-", uuid::Uuid::new_v4());
+    let prefix = path::join(
+        parent,
+        &format!("{protection}{}", contender::marker(spec.kind)),
+    );
+    let mode = if spec.persistent {
+        zk::CreateMode::PersistentSequential
+    } else {
+        zk::CreateMode::EphemeralSequential
+    };
+    let options = mode.with_acls(zk::Acls::anyone_all());
+
+    let (name, token, mut children) = loop {
+        // The create and the first listing go out together: the server
+        // answers them in order, so the listing already holds our node.
+        let create = client.create(&prefix, &spec.data, &options);
+        let listing = client.list_children(parent);
+        match create.await {
+            Ok((stat, sequence)) => {
+                let name = format!("{}{sequence}", path::name_of(&prefix));
+                guard.arm(path::join(parent, &name));
+                let children = match listing.await {
+                    Ok(children) => children,
+                    Err(_) => list(session, parent).await?,
+                };
+                break (name, stat.czxid, children);
+            }
+            Err(zk::Error::NoNode) if spec.create_parent => {
+                let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                match session
+                    .retry("create", parent, || client.mkdir(parent, &dir))
+                    .await
+                {
+                    Ok(())
+                    | Err(ZkError::Zk {
+                        source: zk::Error::NodeExists,
+                        ..
+                    }) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(zk::Error::NoNode) => {
+                return Err(ZkError::Deleted {
+                    path: parent.to_owned(),
+                })
+            }
+            Err(zk::Error::ConnectionLoss) => {
+                // The create may have been applied before the connection
+                // dropped: our protected prefix finds that ghost node.
+                session.await_connected().await?;
+                let children = list(session, parent).await?;
+                if let Some(name) = children
+                    .iter()
+                    .find(|c| c.starts_with(&protection))
+                    .cloned()
+                {
+                    let node = path::join(parent, &name);
+                    let stat = session
+                        .retry("check", &node, || client.check_stat(&node))
+                        .await?;
+                    // Only a node of this session is ours (a persistent one has no owner).
+                    if let Some(stat) =
+                        stat.filter(|s| spec.persistent || s.ephemeral_owner == session.id())
+                    {
+                        debug!(%node, "found the node of a create whose reply was lost");
+                        guard.arm(node);
+                        break (name, stat.czxid, children);
+                    }
+                }
+            }
+            Err(e) => return Err(ZkError::from_client("create", &prefix, e)),
+        }
+    };
+
+    loop {
+        let queue = contender::queue(&children);
+        let Some(index) = queue.iter().position(|c| c.name == name) else {
+            return Err(ZkError::NodeRemoved {
+                path: path::join(parent, &name),
+            });
+        };
+        let Some(blocker) = contender::blocker(&queue, index) else {
+            return Ok(token);
+        };
+        let blocker = path::join(parent, &blocker.name);
+        trace!(position = index, waiting_for = %blocker, "queued for the lock");
+        // Watch only the contender we wait for: its deletion is the only
+        // event that can let us through, so a release wakes one waiter.
+        let (stat, watcher) = session
+            .retry("watch", &blocker, || client.check_and_watch_stat(&blocker))
+            .await?;
+        if stat.is_some() {
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::Session {
+                if let Some(err) =
+                    super::super::session::SessionState::from_client(event.session_state)
+                        .terminal_error()
+                {
+                    return Err(err);
+                }
+            }
+            session.stats().record_wakeup();
+        }
+        // Every wake-up re-reads the queue: the blocker may be gone for good
+        // or merely changed, and others may have joined or left.
+        children = list(session, parent).await?;
+    }
+}
+
+/// Lists a lock node's children; a missing node means the lock was deleted.
+pub(crate) async fn list(session: &Session, parent: &str) -> Result<Vec<String>> {
+    let client = session.client();
+    match session
+        .retry("list", parent, || client.list_children(parent))
+        .await
+    {
+        Err(ZkError::Zk {
+            source: zk::Error::NoNode,
+            ..
+        }) => Err(ZkError::Deleted {
+            path: parent.to_owned(),
+        }),
+        other => other,
+    }
+}

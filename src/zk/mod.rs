@@ -1,0 +1,33 @@
+//! ZooKeeper sessions and recipes: the double barrier and the locks.
+//!
+//! Nothing here knows about Kubernetes: the controller and the participant
+//! commands both stand on these types.
+//!
+//! - [`Session`]: a session with an explicit, awaited [`Session::close`] and
+//!   a visible [`SessionState`].
+//! - [`DoubleBarrier`]: ZooKeeper's double barrier (enter / leave).
+//! - [`Mutex`] and [`ReadWriteLock`]: Curator-compatible locks; a held lock
+//!   is a [`LockHold`] with a fencing token and a [`HoldMonitor`] that tells
+//!   when the hold may be or is lost.
+//!
+//! Every waiting operation takes an optional deadline, removes its own node
+//! on every failure path (including when its future is dropped), and re-reads
+//! the state after every wake-up.
+
+mod barrier;
+mod connect;
+pub mod contender;
+mod error;
+mod guard;
+mod hold;
+mod lock;
+pub mod path;
+mod session;
+
+pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, ParticipantData, READY};
+pub use connect::{ConnectString, Server, DEFAULT_PORT};
+pub use contender::ContenderKind;
+pub use error::{ErrorKind, Result, ZkError};
+pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
+pub use lock::{LockOptions, Mutex, ReadWriteLock};
+pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher};

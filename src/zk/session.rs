@@ -1,0 +1,348 @@
+//! A ZooKeeper session: connecting, observing its state, closing it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+use zookeeper_client as zk;
+
+use super::connect::ConnectString;
+use super::error::{Result, ZkError};
+
+/// How to reach ZooKeeper.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Servers and optional chroot.
+    pub connect: ConnectString,
+    /// Session timeout asked of the server (it may clamp it to its
+    /// `minSessionTimeout`..`maxSessionTimeout`).
+    pub session_timeout: Duration,
+    /// How long [`Session::connect`] keeps trying before it reports the
+    /// ensemble unreachable.
+    pub connect_timeout: Duration,
+    /// Digest credentials (`user`, `password`) added to the session.
+    pub digest: Option<(String, String)>,
+}
+
+impl SessionOptions {
+    /// Options with the defaults: a 10 s session, 15 s to connect, no credentials.
+    pub fn new(connect: ConnectString) -> Self {
+        SessionOptions {
+            connect,
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(15),
+            digest: None,
+        }
+    }
+
+    /// Sets the session timeout.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets how long connecting may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Adds digest credentials.
+    pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+}
+
+/// The state of a session, as far as a holder of a lock or a barrier
+/// registration needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// Connected: ephemeral nodes and watches are in force.
+    Connected,
+    /// Disconnected and reconnecting: the session may still be alive (its
+    /// ephemeral nodes with it) or may have expired on the server; a hold is
+    /// *maybe lost* until the client reconnects.
+    Disconnected,
+    /// Expired: every ephemeral node of the session is gone. Terminal.
+    Expired,
+    /// Closed by this process. Terminal.
+    Closed,
+    /// The server refused the credentials. Terminal.
+    AuthFailed,
+}
+
+impl SessionState {
+    /// Whether the session can never be used again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+        )
+    }
+
+    pub(crate) fn from_client(state: zk::SessionState) -> Self {
+        match state {
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                SessionState::Connected
+            }
+            zk::SessionState::Disconnected => SessionState::Disconnected,
+            zk::SessionState::Expired => SessionState::Expired,
+            zk::SessionState::Closed => SessionState::Closed,
+            zk::SessionState::AuthFailed => SessionState::AuthFailed,
+        }
+    }
+
+    /// The error an operation gets in this terminal state.
+    pub(crate) fn terminal_error(self) -> Option<ZkError> {
+        match self {
+            SessionState::Expired => Some(ZkError::SessionExpired),
+            SessionState::Closed => Some(ZkError::SessionClosed),
+            SessionState::AuthFailed => Some(ZkError::AuthFailed),
+            _ => None,
+        }
+    }
+}
+
+/// Follows the state of a session.
+#[derive(Debug)]
+pub struct StateWatcher {
+    inner: zk::StateWatcher,
+}
+
+impl StateWatcher {
+    /// The latest state.
+    pub fn current(&self) -> SessionState {
+        SessionState::from_client(self.inner.peek_state())
+    }
+
+    /// Waits for the next change and returns the new state. After a terminal
+    /// state it never returns.
+    pub async fn changed(&mut self) -> SessionState {
+        SessionState::from_client(self.inner.changed().await)
+    }
+}
+
+/// Counters kept per session, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    watch_wakeups: AtomicU64,
+}
+
+impl SessionStats {
+    /// How many times a recipe waiting on a watch (a lock waiter, a barrier
+    /// participant) was woken by it. A herd-free lock wakes one waiter per
+    /// release.
+    pub fn watch_wakeups(&self) -> u64 {
+        self.watch_wakeups.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_wakeup(&self) {
+        self.watch_wakeups.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One ZooKeeper session, shared by the recipes run on it.
+///
+/// Guarantees:
+/// - every path is relative to the connect string's chroot, which
+///   [`Session::connect`] creates when it is missing;
+/// - [`Session::close`] ends the session on the server before it returns, so
+///   the session's ephemeral nodes are gone at once rather than a session
+///   timeout later.
+#[derive(Debug)]
+pub struct Session {
+    client: zk::Client,
+    connect: ConnectString,
+    stats: Arc<SessionStats>,
+}
+
+impl Session {
+    /// Connects, retrying until `options.connect_timeout` passes.
+    ///
+    /// Errors: [`ZkError::Unreachable`] when no server answered in time,
+    /// [`ZkError::AuthFailed`] when the credentials were refused.
+    pub async fn connect(options: &SessionOptions) -> Result<Session> {
+        let servers = options.connect.servers_string();
+        let started = Instant::now();
+        let deadline = started + options.connect_timeout;
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(options.session_timeout)
+            .with_fail_eagerly();
+        if let Some((user, password)) = &options.digest {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let mut backoff = Duration::from_millis(50);
+        let client = loop {
+            let attempt =
+                tokio::time::timeout_at(deadline, connector.clone().connect(&servers)).await;
+            let source = match attempt {
+                Ok(Ok(client)) => break client,
+                Ok(Err(zk::Error::AuthFailed)) => return Err(ZkError::AuthFailed),
+                Ok(Err(err)) => err,
+                Err(_) => zk::Error::Timeout,
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(ZkError::Unreachable {
+                    servers,
+                    waited: started.elapsed(),
+                    source,
+                });
+            }
+            debug!(%servers, error = %source, "ZooKeeper not reachable yet; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        };
+        let client = match options.connect.chroot() {
+            None => client,
+            Some(chroot) => {
+                if client
+                    .check_stat(chroot)
+                    .await
+                    .map_err(|e| ZkError::from_client("check", chroot, e))?
+                    .is_none()
+                {
+                    let create = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    match client.mkdir(chroot, &create).await {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(ZkError::from_client("create chroot", chroot, e)),
+                    }
+                }
+                client
+                    .chroot(chroot.to_owned())
+                    .map_err(|_| ZkError::InvalidPath {
+                        path: chroot.to_owned(),
+                        reason: "not a valid chroot",
+                    })?
+            }
+        };
+        info!(
+            session = %client.session_id(),
+            timeout_ms = client.session_timeout().as_millis() as u64,
+            connect = %options.connect,
+            "ZooKeeper session established"
+        );
+        Ok(Session {
+            client,
+            connect: options.connect.clone(),
+            stats: Arc::default(),
+        })
+    }
+
+    /// The underlying client, rooted at the chroot. Requests on it are sent
+    /// in call order, so several can be issued before awaiting any.
+    pub fn client(&self) -> &zk::Client {
+        &self.client
+    }
+
+    /// The connect string this session was made from.
+    pub fn connect_string(&self) -> &ConnectString {
+        &self.connect
+    }
+
+    /// The session id, as the server knows it (the `ephemeralOwner` of the
+    /// session's ephemeral nodes).
+    pub fn id(&self) -> i64 {
+        self.client.session_id().0
+    }
+
+    /// The negotiated session timeout.
+    pub fn timeout(&self) -> Duration {
+        self.client.session_timeout()
+    }
+
+    /// The current state.
+    pub fn state(&self) -> SessionState {
+        SessionState::from_client(self.client.state())
+    }
+
+    /// A watcher that reports every later state change.
+    pub fn watch_state(&self) -> StateWatcher {
+        StateWatcher {
+            inner: self.client.state_watcher(),
+        }
+    }
+
+    /// The session's counters.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+
+    /// Ends the session on the server and waits until the server confirmed,
+    /// so ephemeral nodes are removed now. Clean-up requests still running on
+    /// the session (from cancelled recipes) finish first.
+    pub async fn close(self) -> Result<()> {
+        let mut watcher = self.client.state_watcher();
+        let timeout = self.timeout();
+        if SessionState::from_client(watcher.peek_state()).is_terminal() {
+            return Ok(());
+        }
+        let id = self.client.session_id();
+        drop(self.client);
+        let closed = tokio::time::timeout(timeout, async {
+            loop {
+                let state = SessionState::from_client(watcher.changed().await);
+                if state.is_terminal() {
+                    return state;
+                }
+            }
+        })
+        .await;
+        match closed {
+            Ok(SessionState::Closed) => {
+                debug!(session = %id, "ZooKeeper session closed");
+                Ok(())
+            }
+            Ok(SessionState::Expired) => Err(ZkError::SessionExpired),
+            Ok(_) => Err(ZkError::SessionClosed),
+            Err(_) => {
+                warn!(session = %id, "ZooKeeper session did not confirm close; it will expire on its own");
+                Err(ZkError::Timeout {
+                    during: "closing the ZooKeeper session".into(),
+                    waited: timeout,
+                })
+            }
+        }
+    }
+
+    /// Waits until the session is connected; fails when it is terminal.
+    pub(crate) async fn await_connected(&self) -> Result<()> {
+        let mut watcher = self.client.state_watcher();
+        loop {
+            let state = SessionState::from_client(watcher.peek_state());
+            if state == SessionState::Connected {
+                return Ok(());
+            }
+            if let Some(err) = state.terminal_error() {
+                return Err(err);
+            }
+            watcher.changed().await;
+        }
+    }
+
+    /// Runs an idempotent request, retrying it after a connection loss once
+    /// the session has reconnected.
+    pub(crate) async fn retry<T, F, Fut>(
+        &self,
+        op: &'static str,
+        path: &str,
+        mut request: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        loop {
+            match request().await {
+                Err(zk::Error::ConnectionLoss) => {
+                    debug!(op, path, "connection lost; retrying after reconnect");
+                    self.await_connected().await?;
+                }
+                Err(e) => return Err(ZkError::from_client(op, path, e)),
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+}
