@@ -1,0 +1,373 @@
+//! Exclusive lock against a real ZooKeeper: exclusion, fencing, herd
+//! freedom, deadlines, cancellation, ghost nodes, lost holds.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{children, eventually, isolated_connect, session};
+use tokio::time::Instant;
+use zkgate::zk::{HoldState, LockOptions, LossReason, Mutex, ZkError};
+use zookeeper_client as zk;
+
+const LOCK: &str = "/lock";
+
+fn mutex() -> Mutex {
+    Mutex::new(
+        LOCK,
+        LockOptions {
+            create_parent: true,
+            ..LockOptions::default()
+        },
+    )
+}
+
+fn secs(n: u64) -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(n))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_sessions_never_overlap_and_tokens_increase() {
+    let connect = isolated_connect();
+    let held = Arc::new(AtomicBool::new(false));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (connect, held, tokens) = (connect.clone(), held.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = session(&connect).await;
+            let lock = mutex();
+            for _ in 0..50 {
+                let hold = lock.acquire(&s, secs(60)).await.expect("acquire");
+                assert!(!held.swap(true, Ordering::SeqCst), "two holders at once");
+                tokens.lock().unwrap().push(hold.fencing_token());
+                tokio::task::yield_now().await;
+                held.store(false, Ordering::SeqCst);
+                hold.release().await.expect("release");
+            }
+            s.close().await.expect("close");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 800);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens must strictly increase in acquisition order"
+    );
+    let s = session(&connect).await;
+    assert!(children(&s, LOCK).await.is_empty(), "no node left behind");
+}
+
+#[tokio::test]
+async fn a_release_wakes_only_the_next_waiter() {
+    let connect = isolated_connect();
+    let holder = session(&connect).await;
+    let lock = mutex();
+    let hold = lock.acquire(&holder, None).await.unwrap();
+    let mut waiters = Vec::new();
+    let mut sessions = Vec::new();
+    for _ in 0..10 {
+        sessions.push(Arc::new(session(&connect).await));
+    }
+    for s in &sessions {
+        let s = s.clone();
+        waiters.push(tokio::spawn(async move {
+            let lock = mutex();
+            let hold = lock.acquire(&s, secs(60)).await.expect("acquire");
+            let token = hold.fencing_token();
+            // Keep holding until the test ends: only one waiter gets through.
+            std::mem::forget(hold);
+            token
+        }));
+    }
+    eventually(Duration::from_secs(10), "10 waiters queued", || async {
+        (children(&holder, LOCK).await.len() == 11).then_some(())
+    })
+    .await;
+    let wakeups = |sessions: &Vec<Arc<zkgate::zk::Session>>| {
+        sessions
+            .iter()
+            .map(|s| s.stats().watch_wakeups())
+            .sum::<u64>()
+    };
+    assert_eq!(wakeups(&sessions), 0);
+    hold.release().await.unwrap();
+    eventually(Duration::from_secs(10), "one waiter to acquire", || async {
+        waiters.iter().any(|w| w.is_finished()).then_some(())
+    })
+    .await;
+    assert_eq!(waiters.iter().filter(|w| w.is_finished()).count(), 1);
+    assert_eq!(
+        wakeups(&sessions),
+        1,
+        "a release must wake exactly one waiter"
+    );
+    for w in waiters {
+        w.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_or_a_cancel_leaves_no_node() {
+    let connect = isolated_connect();
+    let holder = session(&connect).await;
+    let waiter = session(&connect).await;
+    let lock = mutex();
+    let hold = lock.acquire(&holder, None).await.unwrap();
+
+    let started = Instant::now();
+    let err = lock
+        .acquire(&waiter, Some(Instant::now() + Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZkError::Timeout { .. }), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        children(&holder, LOCK).await.len(),
+        1,
+        "the timed-out waiter removed its node"
+    );
+
+    // Cancel: drop the acquire future while it waits.
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(300), lock.acquire(&waiter, None)).await;
+    assert!(cancelled.is_err());
+    eventually(
+        Duration::from_secs(5),
+        "the cancelled waiter's node to go",
+        || async { (children(&holder, LOCK).await.len() == 1).then_some(()) },
+    )
+    .await;
+    hold.release().await.unwrap();
+    assert!(children(&holder, LOCK).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_node_of_a_create_whose_reply_was_lost_is_found_again() {
+    let root = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let s = session(&format!("{}{root}", proxy.address())).await;
+    let lock = mutex();
+    // Make the lock node first so the cut create is the contender's.
+    let first = lock.acquire(&s, secs(10)).await.unwrap();
+    first.release().await.unwrap();
+
+    proxy.cut_after_next_create();
+    let hold = lock
+        .acquire(&s, secs(20))
+        .await
+        .expect("acquire across a lost create reply");
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the proxy cut the connection after the create"
+    );
+    let direct = session(&format!("{}{root}", support::shared_zookeeper())).await;
+    let nodes = children(&direct, LOCK).await;
+    assert_eq!(
+        nodes.len(),
+        1,
+        "exactly one contender node, not a ghost plus a retry: {nodes:?}"
+    );
+    assert_eq!(format!("{LOCK}/{}", nodes[0]), hold.path());
+    let (_, stat) = direct.client().get_data(hold.path()).await.unwrap();
+    assert_eq!(stat.ephemeral_owner, s.id());
+    assert_eq!(stat.czxid, hold.fencing_token());
+    hold.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn session_expiry_hands_the_lock_on_and_tells_the_old_holder() {
+    let connect = isolated_connect();
+    let a = session(&connect).await;
+    let b = session(&connect).await;
+    let lock = mutex();
+    let hold = lock.acquire(&a, None).await.unwrap();
+    let mut monitor = hold.monitor();
+    assert_eq!(monitor.state(), HoldState::Held);
+
+    let waiter = tokio::spawn({
+        let b = Arc::new(b);
+        async move {
+            let lock = mutex();
+            let hold = lock.acquire(&b, secs(30)).await.map(|h| h.fencing_token());
+            (hold, b)
+        }
+    });
+    eventually(Duration::from_secs(5), "the waiter queued", || async {
+        (children(&a, LOCK).await.len() == 2).then_some(())
+    })
+    .await;
+
+    // Expire a's session: a second client attaches to it and closes it.
+    let stolen = zk::Client::connector()
+        .with_session(a.client().session().clone())
+        .connect(&support::shared_zookeeper())
+        .await
+        .unwrap();
+    drop(stolen);
+
+    let lost = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let HoldState::Lost(reason) = monitor.next().await {
+                return reason;
+            }
+        }
+    })
+    .await
+    .expect("the old holder is told");
+    assert!(
+        matches!(
+            lost,
+            LossReason::SessionExpired | LossReason::PresumedExpired
+        ),
+        "{lost:?}"
+    );
+    let (token, _b) = waiter.await.unwrap();
+    assert!(token.unwrap() > hold.fencing_token());
+}
+
+#[tokio::test]
+async fn a_revoked_hold_is_reported_and_release_says_so() {
+    let connect = isolated_connect();
+    let holder = session(&connect).await;
+    let admin = session(&connect).await;
+    let lock = mutex();
+    let hold = lock.acquire(&holder, None).await.unwrap();
+    let lost = hold.lost();
+    let revoke = async {
+        admin.client().delete(hold.path(), None).await.unwrap();
+    };
+    let (reason, ()) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(5), lost)
+                .await
+                .unwrap()
+        },
+        revoke
+    );
+    assert_eq!(reason, LossReason::Revoked);
+    let err = hold.release().await.unwrap_err();
+    assert!(matches!(err, ZkError::NodeRemoved { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn kazoo_contenders_are_queued_behind() {
+    let connect = isolated_connect();
+    let kazoo = session(&connect).await;
+    let s = session(&connect).await;
+    kazoo
+        .client()
+        .mkdir(
+            LOCK,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let (_, seq) = kazoo
+        .client()
+        .create(
+            &format!("{LOCK}/0123abcd__lock__"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    // Foreign children are ignored, not waited for.
+    kazoo
+        .client()
+        .create(
+            &format!("{LOCK}/notes"),
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let lock = mutex();
+    let err = lock
+        .acquire(&s, Some(Instant::now() + Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZkError::Timeout { .. }), "{err}");
+    kazoo
+        .client()
+        .delete(&format!("{LOCK}/0123abcd__lock__{seq}"), None)
+        .await
+        .unwrap();
+    let hold = lock
+        .acquire(&s, secs(5))
+        .await
+        .expect("acquire after kazoo released");
+    hold.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_persistent_hold_outlives_its_process_and_is_released_later() {
+    let connect = isolated_connect();
+    let first = session(&connect).await;
+    let lock = Mutex::new(
+        LOCK,
+        LockOptions {
+            persistent: true,
+            create_parent: true,
+            data: b"pod-0".to_vec(),
+        },
+    );
+    let registration = lock
+        .acquire(&first, None)
+        .await
+        .unwrap()
+        .into_registration();
+    first.close().await.unwrap();
+
+    let other = session(&connect).await;
+    let err = mutex()
+        .acquire(&other, Some(Instant::now() + Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ZkError::Timeout { .. }),
+        "still held after its process ended: {err}"
+    );
+    let later = session(&connect).await;
+    registration.release(&later).await.unwrap();
+    let hold = mutex().acquire(&other, secs(5)).await.unwrap();
+    assert!(hold.fencing_token() > registration.fencing_token);
+}
+
+#[tokio::test]
+async fn a_missing_lock_node_is_reported_not_created() {
+    let connect = isolated_connect();
+    let s = session(&connect).await;
+    let err = Mutex::new("/nope", LockOptions::default())
+        .acquire(&s, secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZkError::Deleted { .. }), "{err}");
+    assert!(children(&s, "/").await.is_empty());
+}
+
+#[tokio::test]
+async fn closing_a_session_removes_its_nodes_at_once() {
+    let connect = isolated_connect();
+    let s = session_with_long_timeout(&connect).await;
+    let observer = session(&connect).await;
+    let hold = mutex().acquire(&s, None).await.unwrap();
+    std::mem::forget(hold);
+    let started = Instant::now();
+    s.close().await.unwrap();
+    assert!(
+        children(&observer, LOCK).await.is_empty(),
+        "ephemeral node gone when close returns"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+async fn session_with_long_timeout(connect: &str) -> zkgate::zk::Session {
+    support::session_with_timeout(connect, Duration::from_secs(30)).await
+}

@@ -1,0 +1,76 @@
+//! Real servers for the integration tests: ZooKeeper (standalone or a
+//! 3-node ensemble) started from Debian's package on free loopback ports,
+//! and a TCP proxy that injects connection faults.
+#![allow(dead_code, unused_imports)]
+
+pub mod proxy;
+pub mod zookeeper;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zkgate::zk::{ConnectString, Session, SessionOptions};
+
+pub use zookeeper::{Ensemble, ZkServer};
+
+/// The ZooKeeper every test of this process shares: `ZKGATE_TEST_ZOOKEEPER`
+/// when set (the test script starts one for the whole run), else a server
+/// this process starts once and that dies with it.
+pub fn shared_zookeeper() -> String {
+    if let Ok(addr) = std::env::var("ZKGATE_TEST_ZOOKEEPER") {
+        if !addr.is_empty() {
+            return addr;
+        }
+    }
+    zookeeper::process_server().to_owned()
+}
+
+/// A connect string to the shared server, chrooted to a fresh path so the
+/// test is isolated from every other.
+pub fn isolated_connect() -> String {
+    format!("{}/t-{}", shared_zookeeper(), uuid::Uuid::new_v4().simple())
+}
+
+/// Connects a session with a short session timeout.
+pub async fn session(connect: &str) -> Session {
+    session_with_timeout(connect, Duration::from_secs(4)).await
+}
+
+/// Connects a session with the given timeout.
+pub async fn session_with_timeout(connect: &str, timeout: Duration) -> Session {
+    let connect: ConnectString = connect.parse().expect("connect string");
+    Session::connect(&SessionOptions::new(connect).session_timeout(timeout))
+        .await
+        .expect("connect to ZooKeeper")
+}
+
+/// Polls `check` until it returns `Some`, failing the test after `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The children of `path`, sorted (empty when it does not exist).
+pub async fn children(session: &Session, path: &str) -> Vec<String> {
+    let mut c = session
+        .client()
+        .list_children(path)
+        .await
+        .unwrap_or_default();
+    c.sort();
+    c
+}
