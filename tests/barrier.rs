@@ -1,0 +1,333 @@
+//! Double barrier against a real ZooKeeper.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{children, eventually, isolated_connect, session};
+use tokio::time::Instant;
+use zkgate::zk::{BarrierData, DoubleBarrier, EnterOptions, ParticipantData, Session, ZkError};
+
+const BARRIER: &str = "/b";
+
+fn options(x: u32) -> EnterOptions {
+    EnterOptions {
+        create_with_participants: Some(x),
+        ..EnterOptions::default()
+    }
+}
+
+fn within(secs: u64) -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(secs))
+}
+
+#[tokio::test]
+async fn nobody_passes_before_the_last_registration_and_leave_waits_for_all() {
+    let connect = isolated_connect();
+    let observer = session(&connect).await;
+    let mut sessions = Vec::new();
+    for _ in 0..5 {
+        sessions.push(Arc::new(session(&connect).await));
+    }
+    let enter = |s: Arc<Session>, id: String| {
+        tokio::spawn(async move {
+            DoubleBarrier::new(BARRIER)
+                .enter(&s, &id, &options(5), within(30))
+                .await
+                .expect("enter");
+            Instant::now()
+        })
+    };
+    let mut waiting: Vec<_> = (0..4)
+        .map(|i| enter(sessions[i].clone(), format!("p{i}")))
+        .collect();
+    eventually(Duration::from_secs(10), "4 registrations", || async {
+        (children(&observer, BARRIER).await.len() == 4).then_some(())
+    })
+    .await;
+    // The barrier cannot open on 4 of 5: give the waiters a chance to be wrong.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "someone passed with 4 of 5 registered"
+    );
+    assert!(!children(&observer, BARRIER)
+        .await
+        .contains(&"ready".to_string()));
+    let last_registration = Instant::now();
+    waiting.push(enter(sessions[4].clone(), "p4".into()));
+    for w in waiting {
+        assert!(w.await.unwrap() >= last_registration);
+    }
+    assert!(children(&observer, BARRIER)
+        .await
+        .contains(&"ready".to_string()));
+
+    // Leave: four leave, they must wait for the fifth.
+    let leave = |s: Arc<Session>, id: String| {
+        tokio::spawn(async move {
+            DoubleBarrier::new(BARRIER)
+                .leave(&s, &id, within(30))
+                .await
+                .expect("leave")
+        })
+    };
+    let leaving: Vec<_> = (0..4)
+        .map(|i| leave(sessions[i].clone(), format!("p{i}")))
+        .collect();
+    eventually(
+        Duration::from_secs(10),
+        "p1..p3 gone, p0 (lowest) and p4 left",
+        || async {
+            let c = children(&observer, BARRIER).await;
+            (c == ["p0", "p4", "ready"]).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        leaving.iter().all(|l| !l.is_finished()),
+        "someone finished leaving while p4 is still in"
+    );
+    leave(sessions[4].clone(), "p4".into()).await.unwrap();
+    for l in leaving {
+        l.await.unwrap();
+    }
+    assert_eq!(children(&observer, BARRIER).await, ["ready"]);
+}
+
+#[tokio::test]
+async fn a_deadline_leaves_no_registration_behind() {
+    let connect = isolated_connect();
+    let s = session(&connect).await;
+    let barrier = DoubleBarrier::new(BARRIER);
+    let err = barrier
+        .enter(
+            &s,
+            "p0",
+            &options(3),
+            Some(Instant::now() + Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZkError::Timeout { .. }), "{err}");
+    assert!(children(&s, BARRIER).await.is_empty());
+    // Cancellation too.
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        barrier.enter(&s, "p0", &options(3), None),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    eventually(
+        Duration::from_secs(5),
+        "the cancelled registration to go",
+        || async { children(&s, BARRIER).await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_restarted_participant_is_counted_once() {
+    let connect = isolated_connect();
+    let opts = EnterOptions {
+        persistent: true,
+        data: ParticipantData {
+            pod: Some("job-0".into()),
+            pod_uid: Some("uid-1".into()),
+        },
+        create_with_participants: Some(2),
+        ..EnterOptions::default()
+    };
+    let barrier = DoubleBarrier::new(BARRIER);
+    let observer = session(&connect).await;
+    // An init container registered, then was killed before the barrier
+    // opened: what it leaves is its persistent node naming its pod uid.
+    barrier
+        .create(
+            &observer,
+            &BarrierData {
+                participants: 2,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    let data = serde_json::to_vec(&opts.data).unwrap();
+    observer
+        .client()
+        .create(
+            &format!("{BARRIER}/job-0"),
+            &data,
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    // The restarted container enters again: recognised, not counted twice.
+    let second = session(&connect).await;
+    let waiting = tokio::spawn({
+        let connect = connect.clone();
+        async move {
+            let s = session(&connect).await;
+            DoubleBarrier::new(BARRIER)
+                .enter(&s, "job-1", &EnterOptions::default(), within(30))
+                .await
+                .expect("job-1 enters");
+            s // job-1's node is ephemeral: keep its session
+        }
+    });
+    let entered = barrier
+        .enter(&second, "job-0", &opts, within(30))
+        .await
+        .expect("restarted job-0 enters");
+    assert!(entered.was_registered);
+    let _job1 = waiting.await.unwrap();
+    assert_eq!(
+        children(&observer, BARRIER).await,
+        ["job-0", "job-1", "ready"]
+    );
+}
+
+#[tokio::test]
+async fn an_id_held_by_another_live_session_is_refused() {
+    let connect = isolated_connect();
+    let (a, b) = (session(&connect).await, session(&connect).await);
+    let barrier = DoubleBarrier::new(BARRIER);
+    let _a_waits = tokio::spawn({
+        let connect = connect.clone();
+        async move {
+            let a2 = session(&connect).await;
+            let _ = DoubleBarrier::new(BARRIER)
+                .enter(&a2, "p0", &options(2), within(30))
+                .await;
+        }
+    });
+    eventually(Duration::from_secs(5), "p0 registered", || async {
+        children(&a, BARRIER)
+            .await
+            .contains(&"p0".to_string())
+            .then_some(())
+    })
+    .await;
+    let err = barrier
+        .enter(&b, "p0", &options(2), within(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZkError::ParticipantConflict { .. }), "{err}");
+    assert_eq!(
+        children(&a, BARRIER).await,
+        ["p0"],
+        "the refused participant removed nothing and added nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_or_deleted_barrier_stops_its_waiters() {
+    let connect = isolated_connect();
+    let owner = session(&connect).await;
+    let barrier = DoubleBarrier::new(BARRIER);
+    barrier
+        .create(
+            &owner,
+            &BarrierData {
+                participants: 3,
+                uid: Some("u1".into()),
+                failed: None,
+            },
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let connect = connect.clone();
+        async move {
+            let s = session(&connect).await;
+            DoubleBarrier::new(BARRIER)
+                .enter(&s, "p0", &EnterOptions::default(), within(30))
+                .await
+        }
+    });
+    eventually(Duration::from_secs(5), "p0 registered", || async {
+        children(&owner, BARRIER)
+            .await
+            .contains(&"p0".to_string())
+            .then_some(())
+    })
+    .await;
+    barrier.fail(&owner, "TimedOut").await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&err, ZkError::BarrierFailed { reason, .. } if reason == "TimedOut"),
+        "{err}"
+    );
+    assert!(
+        children(&owner, BARRIER).await.is_empty(),
+        "the failed waiter removed its registration"
+    );
+
+    // Deleted while waiting.
+    let other = DoubleBarrier::new("/b2");
+    other
+        .create(
+            &owner,
+            &BarrierData {
+                participants: 2,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let connect = connect.clone();
+        async move {
+            let s = session(&connect).await;
+            DoubleBarrier::new("/b2")
+                .enter(&s, "p0", &EnterOptions::default(), within(30))
+                .await
+        }
+    });
+    eventually(Duration::from_secs(5), "p0 registered", || async {
+        children(&owner, "/b2")
+            .await
+            .contains(&"p0".to_string())
+            .then_some(())
+    })
+    .await;
+    owner.client().delete("/b2/p0", None).await.unwrap();
+    owner.client().delete("/b2", None).await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(err, ZkError::Deleted { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn enter_waits_for_the_barrier_node_to_be_created() {
+    let connect = isolated_connect();
+    let owner = session(&connect).await;
+    let waiter = tokio::spawn({
+        let connect = connect.clone();
+        async move {
+            let s = session(&connect).await;
+            DoubleBarrier::new(BARRIER)
+                .enter(&s, "p0", &EnterOptions::default(), within(30))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished());
+    DoubleBarrier::new(BARRIER)
+        .create(
+            &owner,
+            &BarrierData {
+                participants: 1,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    let entered = waiter
+        .await
+        .unwrap()
+        .expect("entered once the node appeared");
+    assert_eq!(entered.participants, 1);
+}
