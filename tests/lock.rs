@@ -53,7 +53,7 @@ async fn sixteen_sessions_never_overlap_and_tokens_increase() {
     for t in tasks {
         t.await.expect("task");
     }
-    let tokens = tokens.lock().unwrap();
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
     assert_eq!(tokens.len(), 800);
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
@@ -207,6 +207,8 @@ async fn session_expiry_hands_the_lock_on_and_tells_the_old_holder() {
     // Expire a's session: a second client attaches to it and closes it.
     let stolen = zk::Client::connector()
         .with_session(a.client().session().clone())
+        .with_session_timeout(Duration::from_secs(30))
+        .with_connection_timeout(Duration::from_secs(10))
         .connect(&support::shared_zookeeper())
         .await
         .unwrap();

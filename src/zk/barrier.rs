@@ -17,7 +17,7 @@ use zookeeper_client as zk;
 use super::error::{Result, ZkError};
 use super::guard::NodeGuard;
 use super::path;
-use super::session::{Session, SessionState};
+use super::session::{is_connection_loss, Session, SessionState};
 
 /// The name of the child made when the barrier opens.
 pub const READY: &str = "ready";
@@ -297,7 +297,7 @@ impl DoubleBarrier {
                     }
                     continue;
                 }
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if is_connection_loss(&e) => {
                     session.await_connected().await?;
                     continue;
                 }
@@ -332,7 +332,7 @@ impl DoubleBarrier {
                         was_registered = true;
                         guard.arm(node.clone());
                     }
-                    Err(zk::Error::ConnectionLoss) => {
+                    Err(e) if is_connection_loss(&e) => {
                         // Whether the create was applied is settled by the
                         // next round: NodeExists with our session as owner.
                         session.await_connected().await?;
@@ -344,7 +344,7 @@ impl DoubleBarrier {
             }
             let (ready_stat, ready_watch) = match ready_f.await {
                 Ok(v) => v,
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if is_connection_loss(&e) => {
                     session.await_connected().await?;
                     continue;
                 }
@@ -360,7 +360,7 @@ impl DoubleBarrier {
             }
             let children = match list_f.await {
                 Ok(children) => children,
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if is_connection_loss(&e) => {
                     session.await_connected().await?;
                     continue;
                 }

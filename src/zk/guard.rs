@@ -4,7 +4,7 @@
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
-use super::session::Session;
+use super::session::{is_connection_loss, Session};
 
 /// Deletes its node unless disarmed. Awaited clean-up goes through
 /// [`NodeGuard::delete_now`]; when the guard is dropped armed (the future
@@ -72,7 +72,7 @@ impl Drop for NodeGuard {
             // ephemeral nodes with it.
             for _ in 0..10 {
                 match client.delete(&path, None).await {
-                    Err(zk::Error::ConnectionLoss) => {
+                    Err(e) if is_connection_loss(&e) => {
                         if state.changed().await.is_terminated() {
                             return;
                         }

@@ -11,7 +11,7 @@ use zookeeper_client as zk;
 
 use super::contender::ContenderKind;
 use super::error::{Result, ZkError};
-use super::session::{Session, SessionState, StateWatcher};
+use super::session::{is_connection_loss, Session, SessionState, StateWatcher};
 
 /// A held lock (exclusive, read or write).
 ///
@@ -143,7 +143,7 @@ pub(crate) async fn release_node(session: &Session, path: &str) -> Result<()> {
                     path: path.to_owned(),
                 })
             }
-            Err(zk::Error::ConnectionLoss) => session.await_connected().await?,
+            Err(e) if is_connection_loss(&e) => session.await_connected().await?,
             Err(e) => return Err(ZkError::from_client("delete", path, e)),
         }
     }
@@ -277,7 +277,7 @@ impl<'s> HoldMonitor<'s> {
                 None
             }
             // The state watcher reports the disconnection.
-            Err(zk::Error::ConnectionLoss) => None,
+            Err(e) if is_connection_loss(&e) => None,
             Err(e) => {
                 let state = SessionState::from_client(self.session.client().state());
                 match self.lost_for(state) {

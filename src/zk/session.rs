@@ -11,6 +11,14 @@ use zookeeper_client as zk;
 use super::connect::ConnectString;
 use super::error::{Result, ZkError};
 
+/// Whether a request failed because the connection dropped, so its outcome
+/// is unknown. Besides `ConnectionLoss`, the client hands in-flight requests
+/// the connection's own error (an I/O error such as a reset, or "no response
+/// from connection"), which it reports as `Custom`.
+pub(crate) fn is_connection_loss(error: &zk::Error) -> bool {
+    matches!(error, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
 /// How to reach ZooKeeper.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -336,7 +344,7 @@ impl Session {
     {
         loop {
             match request().await {
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if is_connection_loss(&e) => {
                     debug!(op, path, "connection lost; retrying after reconnect");
                     self.await_connected().await?;
                 }

@@ -11,7 +11,7 @@ use super::super::error::{Result, ZkError};
 use super::super::guard::NodeGuard;
 use super::super::hold::LockHold;
 use super::super::path;
-use super::super::session::Session;
+use super::super::session::{is_connection_loss, Session};
 
 /// Everything that decides how one contender queues.
 #[derive(Clone, Debug)]
@@ -130,7 +130,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
                     path: parent.to_owned(),
                 })
             }
-            Err(zk::Error::ConnectionLoss) => {
+            Err(e) if is_connection_loss(&e) => {
                 // The create may have been applied before the connection
                 // dropped: our protected prefix finds that ghost node.
                 session.await_connected().await?;
