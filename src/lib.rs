@@ -4,4 +4,7 @@
 //!   Kubernetes types.
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod cli;
+pub mod layout;
 pub mod zk;

@@ -1,6 +1,76 @@
-//! The `zkgate` binary: the controller and the participant commands.
+//! The `zkgate` binary: the participant commands (and, later, the controller).
 
-fn main() {
-    eprintln!("zkgate: the participant commands and the controller are not built yet");
-    std::process::exit(2);
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+use tracing_subscriber::EnvFilter;
+use zkgate::cli::{Cli, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // Usage errors exit 2 with the usage line of the command given.
+            let rendered = e.render().to_string();
+            eprint!("{rendered}");
+            if !rendered.contains("Usage:") {
+                eprintln!("\n{}", usage_for(std::env::args().skip(1)));
+            }
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(cli.log_format);
+    // The participant commands do a handful of requests: one thread starts
+    // fastest and stays smallest.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("zkgate: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(zkgate::cli::run(cli)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("zkgate: {e}");
+            ExitCode::from(e.exit as u8)
+        }
+    }
+}
+
+/// The usage line of the deepest subcommand named in `args`.
+fn usage_for(args: impl Iterator<Item = String>) -> String {
+    let mut command = Cli::command();
+    command.build();
+    let mut current = &command;
+    for arg in args {
+        match current.find_subcommand(&arg) {
+            Some(sub) => current = sub,
+            None if arg.starts_with('-') => continue,
+            None => break,
+        }
+    }
+    current.clone().render_usage().to_string()
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("ZKGATE_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }

@@ -373,3 +373,29 @@ async fn closing_a_session_removes_its_nodes_at_once() {
 async fn session_with_long_timeout(connect: &str) -> zkgate::zk::Session {
     support::session_with_timeout(connect, Duration::from_secs(30)).await
 }
+
+#[tokio::test]
+async fn a_restarted_holder_adopts_its_persistent_registration() {
+    let connect = isolated_connect();
+    let options = LockOptions {
+        persistent: true,
+        create_parent: true,
+        data: br#"{"pod":"p","podUid":"u1"}"#.to_vec(),
+    };
+    let first = session(&connect).await;
+    let before = Mutex::new(LOCK, options.clone())
+        .acquire(&first, secs(5))
+        .await
+        .unwrap()
+        .into_registration();
+    first.close().await.unwrap();
+    let second = session(&connect).await;
+    let again = Mutex::new(LOCK, options)
+        .acquire(&second, secs(5))
+        .await
+        .expect("adopts, does not queue behind itself");
+    assert_eq!(again.path(), before.path);
+    assert_eq!(again.fencing_token(), before.fencing_token);
+    assert_eq!(children(&second, LOCK).await.len(), 1);
+    again.release().await.unwrap();
+}

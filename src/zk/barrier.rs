@@ -293,7 +293,7 @@ impl DoubleBarrier {
                             };
                             self.create(session, &data).await?;
                         }
-                        None => self.await_barrier_node(session).await?,
+                        None => session.await_node(&self.path).await?,
                     }
                     continue;
                 }
@@ -457,21 +457,6 @@ impl DoubleBarrier {
             "an earlier pod (uid {}); it is removed once that pod has ended",
             existing.pod_uid.as_deref().unwrap_or("unknown")
         )))
-    }
-
-    /// Waits for the barrier node to appear (its owner has not made it yet).
-    async fn await_barrier_node(&self, session: &Session) -> Result<()> {
-        let client = session.client();
-        debug!(barrier = %self.path, "waiting for the barrier node to be created");
-        let (stat, watcher) = session
-            .retry("watch", &self.path, || {
-                client.check_and_watch_stat(&self.path)
-            })
-            .await?;
-        if stat.is_none() {
-            check_event(&watcher.changed().await)?;
-        }
-        Ok(())
     }
 
     /// Leaves: removes participant `id` and waits until every participant

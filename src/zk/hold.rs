@@ -212,7 +212,9 @@ impl std::fmt::Debug for HoldMonitor<'_> {
 }
 
 impl<'s> HoldMonitor<'s> {
-    pub(crate) fn new(session: &'s Session, path: String, ephemeral: bool) -> Self {
+    /// Follows any node this session relies on: a hold, or a barrier
+    /// registration. `ephemeral` says whether the node dies with the session.
+    pub fn new(session: &'s Session, path: String, ephemeral: bool) -> Self {
         let states = session.watch_state();
         let state = if states.current() == SessionState::Connected {
             HoldState::Held

@@ -315,6 +315,26 @@ impl Session {
         }
     }
 
+    /// Waits until the node at `path` exists (its owner may not have made it
+    /// yet), on a watch. Fails when the session ends.
+    pub async fn await_node(&self, path: &str) -> Result<()> {
+        loop {
+            let (stat, watcher) = self
+                .retry("watch", path, || self.client.check_and_watch_stat(path))
+                .await?;
+            if stat.is_some() {
+                return Ok(());
+            }
+            debug!(%path, "waiting for the node to be created");
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::Session {
+                if let Some(err) = SessionState::from_client(event.session_state).terminal_error() {
+                    return Err(err);
+                }
+            }
+        }
+    }
+
     /// Waits until the session is connected; fails when it is terminal.
     pub(crate) async fn await_connected(&self) -> Result<()> {
         let mut watcher = self.client.state_watcher();

@@ -96,65 +96,78 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
     };
     let options = mode.with_acls(zk::Acls::anyone_all());
 
-    let (name, token, mut children) = loop {
-        // The create and the first listing go out together: the server
-        // answers them in order, so the listing already holds our node.
-        let create = client.create(&prefix, &spec.data, &options);
-        let listing = client.list_children(parent);
-        match create.await {
-            Ok((stat, sequence)) => {
-                let name = format!("{}{sequence}", path::name_of(&prefix));
-                guard.arm(path::join(parent, &name));
-                let children = match listing.await {
-                    Ok(children) => children,
-                    Err(_) => list(session, parent).await?,
-                };
-                break (name, stat.czxid, children);
-            }
-            Err(zk::Error::NoNode) if spec.create_parent => {
-                let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                match session
-                    .retry("create", parent, || client.mkdir(parent, &dir))
-                    .await
-                {
-                    Ok(())
-                    | Err(ZkError::Zk {
-                        source: zk::Error::NodeExists,
-                        ..
-                    }) => continue,
-                    Err(e) => return Err(e),
+    // A persistent registration outlives its process: a restarted process
+    // (an init container run again) adopts its own instead of queueing a
+    // second one behind it.
+    let adopted = if spec.persistent && !spec.data.is_empty() {
+        find_registration(session, spec).await?
+    } else {
+        None
+    };
+    let (name, token, mut children) = if let Some(found) = adopted {
+        guard.arm(path::join(parent, &found.0));
+        found
+    } else {
+        loop {
+            // The create and the first listing go out together: the server
+            // answers them in order, so the listing already holds our node.
+            let create = client.create(&prefix, &spec.data, &options);
+            let listing = client.list_children(parent);
+            match create.await {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", path::name_of(&prefix));
+                    guard.arm(path::join(parent, &name));
+                    let children = match listing.await {
+                        Ok(children) => children,
+                        Err(_) => list(session, parent).await?,
+                    };
+                    break (name, stat.czxid, children);
                 }
-            }
-            Err(zk::Error::NoNode) => {
-                return Err(ZkError::Deleted {
-                    path: parent.to_owned(),
-                })
-            }
-            Err(e) if is_connection_loss(&e) => {
-                // The create may have been applied before the connection
-                // dropped: our protected prefix finds that ghost node.
-                session.await_connected().await?;
-                let children = list(session, parent).await?;
-                if let Some(name) = children
-                    .iter()
-                    .find(|c| c.starts_with(&protection))
-                    .cloned()
-                {
-                    let node = path::join(parent, &name);
-                    let stat = session
-                        .retry("check", &node, || client.check_stat(&node))
-                        .await?;
-                    // Only a node of this session is ours (a persistent one has no owner).
-                    if let Some(stat) =
-                        stat.filter(|s| spec.persistent || s.ephemeral_owner == session.id())
+                Err(zk::Error::NoNode) if spec.create_parent => {
+                    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    match session
+                        .retry("create", parent, || client.mkdir(parent, &dir))
+                        .await
                     {
-                        debug!(%node, "found the node of a create whose reply was lost");
-                        guard.arm(node);
-                        break (name, stat.czxid, children);
+                        Ok(())
+                        | Err(ZkError::Zk {
+                            source: zk::Error::NodeExists,
+                            ..
+                        }) => continue,
+                        Err(e) => return Err(e),
                     }
                 }
+                Err(zk::Error::NoNode) => {
+                    return Err(ZkError::Deleted {
+                        path: parent.to_owned(),
+                    })
+                }
+                Err(e) if is_connection_loss(&e) => {
+                    // The create may have been applied before the connection
+                    // dropped: our protected prefix finds that ghost node.
+                    session.await_connected().await?;
+                    let children = list(session, parent).await?;
+                    if let Some(name) = children
+                        .iter()
+                        .find(|c| c.starts_with(&protection))
+                        .cloned()
+                    {
+                        let node = path::join(parent, &name);
+                        let stat = session
+                            .retry("check", &node, || client.check_stat(&node))
+                            .await?;
+                        // Only a node of this session is ours (a persistent one has no owner).
+                        if let Some(stat) =
+                            stat.filter(|s| spec.persistent || s.ephemeral_owner == session.id())
+                        {
+                            debug!(%node, "found the node of a create whose reply was lost");
+                            guard.arm(node);
+                            break (name, stat.czxid, children);
+                        }
+                    }
+                }
+                Err(e) => return Err(ZkError::from_client("create", &prefix, e)),
             }
-            Err(e) => return Err(ZkError::from_client("create", &prefix, e)),
         }
     };
 
@@ -191,6 +204,53 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
         // or merely changed, and others may have joined or left.
         children = list(session, parent).await?;
     }
+}
+
+/// Finds a persistent contender of our kind whose data is exactly ours: a
+/// registration made earlier by the same holder. Returns its name, token and
+/// the lock's children.
+async fn find_registration(
+    session: &Session,
+    spec: &LockSpec,
+) -> Result<Option<(String, i64, Vec<String>)>> {
+    let client = session.client();
+    let children = match list(session, &spec.path).await {
+        Ok(children) => children,
+        Err(ZkError::Deleted { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let ours: Vec<&String> = children
+        .iter()
+        .filter(|c| contender::Contender::parse(c).is_some_and(|c| c.kind == spec.kind))
+        .collect();
+    if ours.is_empty() {
+        return Ok(None);
+    }
+    let results = session
+        .retry("read", &spec.path, || {
+            let mut reader = client.new_multi_reader();
+            for name in &ours {
+                // The names come from the server under a valid parent.
+                let _ = reader.add_get_data(&path::join(&spec.path, name));
+            }
+            reader.commit()
+        })
+        .await?;
+    let found = ours
+        .iter()
+        .zip(results)
+        .find_map(|(name, result)| match result {
+            zk::MultiReadResult::Data { data, stat }
+                if stat.ephemeral_owner == 0 && data == spec.data =>
+            {
+                Some(((*name).clone(), stat.czxid))
+            }
+            _ => None,
+        });
+    Ok(found.map(|(name, token)| {
+        debug!(node = %name, "adopting our earlier registration");
+        (name, token, children.clone())
+    }))
 }
 
 /// Lists a lock node's children; a missing node means the lock was deleted.

@@ -1,0 +1,219 @@
+//! `zkgate lock acquire | sidecar | run`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::child::{self, Ended};
+use super::exit::{AgentError, Exit};
+use super::ready::{self, Readiness, ReadinessOptions};
+use super::{close, termination, Participant};
+use crate::zk::{LockHold, LockOptions, Mutex, ReadWriteLock, Session, ZkError};
+
+/// Which side of the lock to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The only holder (an `Exclusive` LockLease).
+    Exclusive,
+    /// A reader of a `ReadWrite` LockLease.
+    Read,
+    /// The writer of a `ReadWrite` LockLease.
+    Write,
+}
+
+/// One participant command on one lock.
+pub struct LockCommand<'a> {
+    participant: &'a Participant,
+    path: String,
+    side: Side,
+    create: bool,
+}
+
+impl<'a> LockCommand<'a> {
+    /// The lock `name` in the participant's namespace. With `create`, the
+    /// lock node is created when missing (no controller); without, the
+    /// command waits for its owner to create it.
+    pub fn new(
+        participant: &'a Participant,
+        name: &str,
+        side: Side,
+        create: bool,
+    ) -> Result<Self, AgentError> {
+        let path = participant
+            .layout
+            .lock(&participant.namespace, name)
+            .map_err(|e| participant.explain(e))?;
+        Ok(LockCommand {
+            participant,
+            path,
+            side,
+            create,
+        })
+    }
+
+    async fn acquire_with<'s>(
+        &self,
+        session: &'s Session,
+        persistent: bool,
+    ) -> Result<LockHold<'s>, AgentError> {
+        let p = self.participant;
+        let deadline = p.deadline();
+        let data = serde_json::to_vec(&p.identity()).unwrap_or_default();
+        let options = LockOptions {
+            data,
+            persistent,
+            create_parent: self.create,
+        };
+        let attempt = async {
+            if !self.create {
+                session.await_node(&self.path).await?;
+            }
+            match self.side {
+                Side::Exclusive => Mutex::new(&self.path, options).acquire(session, None).await,
+                Side::Read => {
+                    ReadWriteLock::new(&self.path, options)
+                        .read(session, None)
+                        .await
+                }
+                Side::Write => {
+                    ReadWriteLock::new(&self.path, options)
+                        .write(session, None)
+                        .await
+                }
+            }
+        };
+        let started = tokio::time::Instant::now();
+        let hold = match deadline {
+            None => attempt.await,
+            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ZkError::Timeout {
+                        during: format!("waiting for the lock {}", self.path),
+                        waited: started.elapsed(),
+                    })
+                }),
+        };
+        let hold = match hold {
+            Ok(hold) => hold,
+            Err(e) => {
+                return Err(super::explain_missing(
+                    p,
+                    session,
+                    &self.path,
+                    "LockLease",
+                    p.explain(e),
+                )
+                .await)
+            }
+        };
+        info!(lock = %self.path, token = hold.fencing_token(), side = ?self.side, "lock acquired");
+        Ok(hold)
+    }
+
+    fn lost(&self, what: &str) -> impl Fn(crate::zk::LossReason) -> AgentError + '_ {
+        let what = what.to_owned();
+        move |reason| {
+            AgentError::new(
+                Exit::LockLost,
+                format!(
+                    "lost the lock {}: {reason}{what} (servers {})",
+                    self.path,
+                    self.participant.connect_string()
+                ),
+            )
+        }
+    }
+
+    /// `acquire` (init container): acquires with a persistent node that
+    /// outlives this process, writes the fencing token to `token_file` and
+    /// returns. A restarted container adopts its own earlier hold.
+    pub async fn acquire(&self, token_file: &std::path::Path) -> Result<i32, AgentError> {
+        let session = self.participant.connect().await?;
+        let result = async {
+            let hold = self.acquire_with(&session, true).await?;
+            if let Err(e) = ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token())) {
+                // Nobody could use a hold whose token is not handed on.
+                let _ = hold.release().await;
+                return Err(e);
+            }
+            let registration = hold.into_registration();
+            info!(node = %registration.path, token_file = %token_file.display(), "holding the lock past this process");
+            Ok(0)
+        }
+        .await;
+        close(session).await;
+        result
+    }
+
+    /// `sidecar`: acquires, writes the token and reports ready, holds until
+    /// SIGTERM (then releases). Exits 6 at once if the hold is lost.
+    pub async fn sidecar(
+        &self,
+        token_file: &std::path::Path,
+        readiness: &ReadinessOptions,
+    ) -> Result<i32, AgentError> {
+        let readiness = Readiness::start(readiness).await?;
+        let session = self.participant.connect().await?;
+        let outcome = async {
+            let hold = self.acquire_with(&session, false).await?;
+            ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
+            readiness.set_ready()?;
+            let lost = tokio::select! {
+                stop = termination() => { stop?; None }
+                reason = hold.lost() => Some(reason),
+            };
+            readiness.clear();
+            ready::remove(token_file);
+            match lost {
+                Some(reason) => Err(self.lost("")(reason)),
+                None => {
+                    info!("asked to stop: releasing the lock");
+                    hold.release()
+                        .await
+                        .map(|_| 0)
+                        .map_err(|e| self.participant.explain(e))
+                }
+            }
+        }
+        .await;
+        close(session).await;
+        outcome
+    }
+
+    /// `run`: acquires, runs `command` with `ZKGATE_FENCING_TOKEN` set,
+    /// releases, and returns the command's exit code. If the hold is lost
+    /// meanwhile, the command is terminated (SIGTERM, SIGKILL after
+    /// `grace`) and the error says so (exit 6).
+    pub async fn run(&self, command: &[String], grace: Duration) -> Result<i32, AgentError> {
+        child::check_command(command)?;
+        let session = self.participant.connect().await?;
+        let outcome = async {
+            let hold = self.acquire_with(&session, false).await?;
+            let env = [("ZKGATE_FENCING_TOKEN", hold.fencing_token().to_string()), ("ZKGATE_LOCK_NODE", hold.path().to_owned())];
+            let child = child::spawn(command, &env)?;
+            match child::supervise(child, hold.lost(), grace).await? {
+                Ended::Interrupted(reason, code) => {
+                    Err(self.lost(&format!("; the command was terminated (it exited {code})"))(reason))
+                }
+                Ended::Exited(code) => {
+                    match hold.release().await {
+                        Ok(()) => {}
+                        Err(e @ ZkError::NodeRemoved { .. }) => warn!(error = %e, "the hold was revoked as the command finished"),
+                        Err(e) => warn!(error = %e, "could not release the lock; it goes with the session"),
+                    }
+                    Ok(code)
+                }
+            }
+        }
+        .await;
+        close(session).await;
+        outcome
+    }
+}
+
+/// The default token file (a shared `emptyDir` mounted at `/var/run/zkgate`).
+pub fn default_token_file() -> PathBuf {
+    PathBuf::from("/var/run/zkgate/fencing-token")
+}

@@ -1,0 +1,116 @@
+//! The participant commands: what a pod runs to take part in a Barrier or a
+//! LockLease, as an init container, a native sidecar or a wrapper around
+//! its command. They stand on the recipes of [`crate::zk`] and need no
+//! Kubernetes API access.
+
+pub mod barrier;
+pub mod child;
+pub mod exit;
+pub mod lock;
+pub mod ready;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::layout::Layout;
+use crate::zk::{Session, SessionOptions};
+
+pub use exit::{AgentError, Exit};
+
+/// Who takes part, and how to reach ZooKeeper: what every participant
+/// command needs.
+#[derive(Clone, Debug)]
+pub struct Participant {
+    /// How to connect.
+    pub session: SessionOptions,
+    /// Where resources live.
+    pub layout: Layout,
+    /// The resource's namespace.
+    pub namespace: String,
+    /// This participant's id (the pod name by default).
+    pub id: String,
+    /// The pod's uid: tells a restarted container of the same pod from a
+    /// new pod with the same name.
+    pub pod_uid: Option<String>,
+    /// How long to wait to enter or acquire (and to leave).
+    pub timeout: Option<Duration>,
+}
+
+impl Participant {
+    /// The deadline for a wait that starts now.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.timeout.map(|t| Instant::now() + t)
+    }
+
+    /// The connect string, for messages.
+    pub fn connect_string(&self) -> String {
+        self.session.connect.to_string()
+    }
+
+    /// Connects, explaining a failure.
+    pub async fn connect(&self) -> Result<Session, AgentError> {
+        Session::connect(&self.session)
+            .await
+            .map_err(|e| self.explain(e))
+    }
+
+    /// Turns a recipe error into the command's error.
+    pub fn explain(&self, err: crate::zk::ZkError) -> AgentError {
+        AgentError::from_zk(err, &self.connect_string())
+    }
+
+    /// The JSON written into our nodes: who we are.
+    pub fn identity(&self) -> crate::zk::ParticipantData {
+        crate::zk::ParticipantData {
+            pod: Some(self.id.clone()),
+            pod_uid: self.pod_uid.clone(),
+        }
+    }
+}
+
+/// Explains a timeout better when the resource's node was never created:
+/// then nothing reconciled the resource, or it does not exist.
+pub async fn explain_missing(
+    participant: &Participant,
+    session: &Session,
+    path: &str,
+    kind: &str,
+    err: AgentError,
+) -> AgentError {
+    if err.exit != Exit::TimedOut {
+        return err;
+    }
+    match session.client().check_stat(path).await {
+        Ok(None) => AgentError::new(
+            Exit::TimedOut,
+            format!(
+                "{err}; {path} was never created: is there a {kind} of that name in namespace {}, and is the controller running? (without a controller, see --help for how to create it)",
+                participant.namespace
+            ),
+        ),
+        _ => err,
+    }
+}
+
+/// Closes the session, logging (not failing on) a problem: the command's
+/// outcome is already decided.
+pub async fn close(session: Session) {
+    if let Err(e) = session.close().await {
+        tracing::debug!(error = %e, "closing the session");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT: how Kubernetes asks a sidecar to stop.
+pub async fn termination() -> Result<(), AgentError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let err =
+        |e: std::io::Error| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}"));
+    let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,370 @@
+//! The command line of the `zkgate` binary. Every option is also read from
+//! the environment, so a pod spec can fill it from the downward API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::agent::barrier::BarrierCommand;
+use crate::agent::lock::{LockCommand, Side};
+use crate::agent::ready::ReadinessOptions;
+use crate::agent::{AgentError, Exit, Participant};
+use crate::layout::{Layout, DEFAULT_ROOT};
+use crate::zk::{path, ConnectString, SessionOptions};
+
+/// Coordinate batch workloads through ZooKeeper.
+#[derive(Debug, Parser)]
+#[command(name = "zkgate", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on standard error.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "ZKGATE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Take part in a double barrier.
+    #[command(subcommand)]
+    Barrier(BarrierAction),
+    /// Take part in a lock.
+    #[command(subcommand)]
+    Lock(LockAction),
+    /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
+    Probe {
+        /// The ready file the sidecar writes.
+        #[arg(
+            long,
+            env = "ZKGATE_READY_FILE",
+            default_value = "/var/run/zkgate/ready"
+        )]
+        ready_file: PathBuf,
+    },
+}
+
+/// Barrier commands.
+#[derive(Debug, Subcommand)]
+pub enum BarrierAction {
+    /// Register and block until the barrier opens (init container). The
+    /// registration outlives the process; a restart is counted once.
+    Enter(BarrierArgs),
+    /// Leave and block until all have left.
+    Leave(BarrierArgs),
+    /// Enter, report ready, hold the session, leave on SIGTERM (native sidecar).
+    Sidecar {
+        /// The barrier.
+        #[command(flatten)]
+        barrier: BarrierArgs,
+        /// Readiness reporting.
+        #[command(flatten)]
+        readiness: ReadinessArgs,
+        /// How long leaving may take after SIGTERM (keep it below the pod's
+        /// terminationGracePeriodSeconds).
+        #[arg(long, env = "ZKGATE_GRACE_PERIOD", default_value = "25s", value_parser = duration)]
+        grace_period: Duration,
+    },
+    /// Enter, run the command, leave; exit with the command's status.
+    Run {
+        /// The barrier.
+        #[command(flatten)]
+        barrier: BarrierArgs,
+        /// After SIGTERM, how long the command gets before SIGKILL.
+        #[arg(long, env = "ZKGATE_KILL_GRACE", default_value = "10s", value_parser = duration)]
+        kill_grace: Duration,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+}
+
+/// Lock commands.
+#[derive(Debug, Subcommand)]
+pub enum LockAction {
+    /// Acquire, write the fencing token, keep the hold registered past this
+    /// process (init container).
+    Acquire {
+        /// The lock.
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Where to write the fencing token.
+        #[arg(
+            long,
+            env = "ZKGATE_TOKEN_FILE",
+            default_value = "/var/run/zkgate/fencing-token"
+        )]
+        token_file: PathBuf,
+    },
+    /// Acquire, write the token, report ready, hold until SIGTERM (native sidecar).
+    Sidecar {
+        /// The lock.
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Where to write the fencing token.
+        #[arg(
+            long,
+            env = "ZKGATE_TOKEN_FILE",
+            default_value = "/var/run/zkgate/fencing-token"
+        )]
+        token_file: PathBuf,
+        /// Readiness reporting.
+        #[command(flatten)]
+        readiness: ReadinessArgs,
+    },
+    /// Acquire, run the command with ZKGATE_FENCING_TOKEN set, release.
+    Run {
+        /// The lock.
+        #[command(flatten)]
+        lock: LockArgs,
+        /// After SIGTERM, how long the command gets before SIGKILL.
+        #[arg(long, env = "ZKGATE_KILL_GRACE", default_value = "10s", value_parser = duration)]
+        kill_grace: Duration,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+}
+
+/// Options of every participant command.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    #[arg(long, env = "ZKGATE_ZOOKEEPER", value_parser = connect_string)]
+    pub zookeeper: ConnectString,
+    /// The namespace of the Barrier or LockLease.
+    #[arg(long, env = "ZKGATE_NAMESPACE", default_value = "default", value_parser = node_name)]
+    pub namespace: String,
+    /// This participant's id [default: the host name, i.e. the pod name].
+    #[arg(long, env = "ZKGATE_ID", value_parser = node_name)]
+    pub id: Option<String>,
+    /// The pod's uid (metadata.uid), recorded in the participant's node.
+    #[arg(long, env = "ZKGATE_POD_UID")]
+    pub pod_uid: Option<String>,
+    /// The root of zkgate's znodes, below the connect string's chroot.
+    #[arg(long, env = "ZKGATE_ROOT", default_value = DEFAULT_ROOT, value_parser = root_path)]
+    pub root: String,
+    /// How long to wait to enter, acquire or leave (e.g. 90s, 10m) [default: no limit].
+    #[arg(long, env = "ZKGATE_TIMEOUT", value_parser = duration)]
+    pub timeout: Option<Duration>,
+    /// The ZooKeeper session timeout asked for.
+    #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub session_timeout: Duration,
+    /// How long to keep trying to reach ZooKeeper before giving up (exit 5).
+    #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
+    pub connect_timeout: Duration,
+}
+
+/// A barrier and how it is created without a controller.
+#[derive(Debug, Args)]
+pub struct BarrierArgs {
+    /// The Barrier's name.
+    #[arg(value_parser = node_name)]
+    pub name: String,
+    /// Without a controller: create the barrier node for this many participants if missing.
+    #[arg(long, env = "ZKGATE_PARTICIPANTS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub participants: Option<u32>,
+    /// Connection and identity.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// A lock and which side to take.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The LockLease's name.
+    #[arg(value_parser = node_name)]
+    pub name: String,
+    /// Take a read hold (a ReadWrite LockLease).
+    #[arg(long, conflicts_with = "write")]
+    pub read: bool,
+    /// Take the write hold (a ReadWrite LockLease).
+    #[arg(long)]
+    pub write: bool,
+    /// Without a controller: create the lock node if missing.
+    #[arg(long, env = "ZKGATE_CREATE")]
+    pub create: bool,
+    /// Connection and identity.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// Where a sidecar reports readiness.
+#[derive(Debug, Args)]
+pub struct ReadinessArgs {
+    /// The file made once ready (read by `zkgate probe`).
+    #[arg(
+        long,
+        env = "ZKGATE_READY_FILE",
+        default_value = "/var/run/zkgate/ready"
+    )]
+    pub ready_file: PathBuf,
+    /// Also serve GET /readyz and /healthz on this address (for an httpGet probe).
+    #[arg(long, env = "ZKGATE_PROBE_ADDR")]
+    pub probe_addr: Option<SocketAddr>,
+}
+
+impl ReadinessArgs {
+    fn options(&self) -> ReadinessOptions {
+        ReadinessOptions {
+            file: Some(self.ready_file.clone()),
+            probe_addr: self.probe_addr,
+        }
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (expected a duration such as 90s or 10m)"))?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+fn connect_string(s: &str) -> Result<ConnectString, String> {
+    s.parse::<ConnectString>().map_err(|e| e.to_string())
+}
+
+fn node_name(s: &str) -> Result<String, String> {
+    path::validate_name(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
+fn root_path(s: &str) -> Result<String, String> {
+    path::validate_path(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
+impl Common {
+    fn participant(&self) -> Result<Participant, AgentError> {
+        let id = match &self.id {
+            Some(id) => id.clone(),
+            None => {
+                let host = nix::unistd::gethostname().map_err(|e| {
+                    AgentError::usage(format!("cannot read the host name ({e}); give --id"))
+                })?;
+                let host = host.to_string_lossy().into_owned();
+                node_name(&host).map_err(|e| {
+                    AgentError::usage(format!("the host name is not a valid id: {e}; give --id"))
+                })?
+            }
+        };
+        let layout = Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?;
+        let session = SessionOptions::new(self.zookeeper.clone())
+            .session_timeout(self.session_timeout)
+            .connect_timeout(self.connect_timeout);
+        Ok(Participant {
+            session,
+            layout,
+            namespace: self.namespace.clone(),
+            id,
+            pod_uid: self.pod_uid.clone().filter(|u| !u.is_empty()),
+            timeout: self.timeout,
+        })
+    }
+}
+
+impl LockArgs {
+    fn side(&self) -> Side {
+        match (self.read, self.write) {
+            (true, _) => Side::Read,
+            (_, true) => Side::Write,
+            _ => Side::Exclusive,
+        }
+    }
+}
+
+/// Runs a parsed command line; `Ok` carries the exit code.
+pub async fn run(cli: Cli) -> Result<i32, AgentError> {
+    match cli.command {
+        Command::Probe { ready_file } => {
+            if ready_file.exists() {
+                Ok(0)
+            } else {
+                Err(AgentError::new(
+                    Exit::Internal,
+                    format!("not ready: {} does not exist yet", ready_file.display()),
+                ))
+            }
+        }
+        Command::Barrier(action) => match action {
+            BarrierAction::Enter(b) => {
+                let p = b.common.participant()?;
+                BarrierCommand::new(&p, &b.name, b.participants)?
+                    .enter()
+                    .await
+            }
+            BarrierAction::Leave(b) => {
+                let p = b.common.participant()?;
+                BarrierCommand::new(&p, &b.name, b.participants)?
+                    .leave()
+                    .await
+            }
+            BarrierAction::Sidecar {
+                barrier: b,
+                readiness,
+                grace_period,
+            } => {
+                let p = b.common.participant()?;
+                BarrierCommand::new(&p, &b.name, b.participants)?
+                    .sidecar(&readiness.options(), grace_period)
+                    .await
+            }
+            BarrierAction::Run {
+                barrier: b,
+                kill_grace,
+                command,
+            } => {
+                let p = b.common.participant()?;
+                BarrierCommand::new(&p, &b.name, b.participants)?
+                    .run(&command, kill_grace)
+                    .await
+            }
+        },
+        Command::Lock(action) => match action {
+            LockAction::Acquire {
+                lock: l,
+                token_file,
+            } => {
+                let p = l.common.participant()?;
+                LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .acquire(&token_file)
+                    .await
+            }
+            LockAction::Sidecar {
+                lock: l,
+                token_file,
+                readiness,
+            } => {
+                let p = l.common.participant()?;
+                LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .sidecar(&token_file, &readiness.options())
+                    .await
+            }
+            LockAction::Run {
+                lock: l,
+                kill_grace,
+                command,
+            } => {
+                let p = l.common.participant()?;
+                LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .run(&command, kill_grace)
+                    .await
+            }
+        },
+    }
+}

@@ -1,0 +1,598 @@
+//! The `zkgate` participant commands as processes against a real ZooKeeper.
+
+mod support;
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::{children, eventually, isolated_connect, session};
+use tokio::process::{Child, Command};
+use zkgate::zk::{BarrierData, DoubleBarrier};
+
+const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
+const LOCKS: &str = "/zkgate/namespaces/default/locks";
+
+/// `zkgate ARGS...` against `connect`, logging only warnings.
+fn zkgate(connect: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.args(args)
+        .env("ZKGATE_ZOOKEEPER", connect)
+        .env("ZKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn output(mut cmd: Command) -> (i32, String) {
+    let out = cmd
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("run zkgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn exited(child: &mut Child, within: Duration) -> ExitStatus {
+    tokio::time::timeout(within, child.wait())
+        .await
+        .expect("the command exits in time")
+        .expect("wait")
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn signal(child: &Child, sig: i32) {
+    let pid = child.id().expect("running") as i32;
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+#[tokio::test]
+async fn staggered_barrier_runs_start_only_after_the_last_registration() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    let mut last_launch = 0;
+    for i in 0..4 {
+        let mark = dir.path().join(format!("start-{i}"));
+        let script = format!(
+            "date +%s%N > {}; exit {}",
+            mark.display(),
+            if i == 3 { 7 } else { 0 }
+        );
+        last_launch = now_nanos();
+        runs.push(
+            zkgate(
+                &connect,
+                &[
+                    "barrier",
+                    "run",
+                    "gang",
+                    "--participants",
+                    "4",
+                    "--id",
+                    &format!("p{i}"),
+                    "--timeout",
+                    "30s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ],
+            )
+            .spawn()
+            .unwrap(),
+        );
+        if i < 3 {
+            let observer = session(&connect).await;
+            eventually(Duration::from_secs(10), "registration", || async {
+                (children(&observer, &format!("{BARRIERS}/gang")).await.len() == i + 1)
+                    .then_some(())
+            })
+            .await;
+        }
+    }
+    let mut codes = Vec::new();
+    for run in runs.iter_mut() {
+        codes.push(exited(run, Duration::from_secs(30)).await.code());
+    }
+    assert_eq!(
+        codes,
+        [Some(0), Some(0), Some(0), Some(7)],
+        "each run exits with its command's status"
+    );
+    for i in 0..4 {
+        let started: u128 = std::fs::read_to_string(dir.path().join(format!("start-{i}")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            started >= last_launch,
+            "p{i}'s command started before the last participant was launched"
+        );
+    }
+    let observer = session(&connect).await;
+    assert_eq!(
+        children(&observer, &format!("{BARRIERS}/gang")).await,
+        ["ready"],
+        "everyone left"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_init_container_is_counted_once() {
+    let connect = isolated_connect();
+    let observer = session(&connect).await;
+    let barrier = format!("{BARRIERS}/gang");
+    let enter = |id: &str| {
+        zkgate(
+            &connect,
+            &[
+                "barrier",
+                "enter",
+                "gang",
+                "--participants",
+                "2",
+                "--id",
+                id,
+                "--pod-uid",
+                &format!("uid-{id}"),
+                "--timeout",
+                "30s",
+            ],
+        )
+    };
+    // The first attempt registers, then the container is killed.
+    let mut first = enter("p0").spawn().unwrap();
+    eventually(Duration::from_secs(10), "p0 registered", || async {
+        children(&observer, &barrier)
+            .await
+            .contains(&"p0".into())
+            .then_some(())
+    })
+    .await;
+    first.kill().await.unwrap();
+    // Restarted twice more: still one registration.
+    let mut second = enter("p0").spawn().unwrap();
+    let mut third = enter("p0").spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(children(&observer, &barrier).await, ["p0"]);
+    assert!(
+        second.try_wait().unwrap().is_none() && third.try_wait().unwrap().is_none(),
+        "one of two must not open the barrier"
+    );
+    let mut other = enter("p1").spawn().unwrap();
+    for c in [&mut second, &mut third, &mut other] {
+        assert!(exited(c, Duration::from_secs(30)).await.success());
+    }
+    assert_eq!(
+        children(&observer, &barrier).await,
+        ["p0", "p1", "ready"],
+        "registrations stay after the init containers exit"
+    );
+}
+
+#[tokio::test]
+async fn sidecars_report_ready_only_once_open_and_leave_on_sigterm() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::zookeeper::free_port();
+    let ready0 = dir.path().join("ready0");
+    let ready1 = dir.path().join("ready1");
+    let probe = |ready: &Path| {
+        zkgate(
+            &connect,
+            &["probe", "--ready-file", ready.to_str().unwrap()],
+        )
+    };
+    let sidecar = |id: &str, ready: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "barrier",
+            "sidecar",
+            "gang",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        zkgate(&connect, &args).spawn().unwrap()
+    };
+    let probe_addr = format!("127.0.0.1:{port}");
+    let mut s0 = sidecar("p0", &ready0, &["--probe-addr", &probe_addr]);
+    let observer = session(&connect).await;
+    eventually(Duration::from_secs(10), "p0 registered", || async {
+        children(&observer, &format!("{BARRIERS}/gang"))
+            .await
+            .contains(&"p0".into())
+            .then_some(())
+    })
+    .await;
+    let http = |path: &'static str| {
+        let addr = probe_addr.clone();
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(&addr).await.ok()?;
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.ok()?;
+            out.lines().next().map(str::to_owned)
+        }
+    };
+    let status = eventually(Duration::from_secs(5), "the probe endpoint", || {
+        http("/readyz")
+    })
+    .await;
+    assert!(
+        status.contains("503"),
+        "not ready before the barrier opens: {status}"
+    );
+    assert!(!ready0.exists());
+    assert_eq!(
+        output(probe(&ready0)).await.0,
+        1,
+        "zkgate probe fails before the barrier opens"
+    );
+
+    let mut s1 = sidecar("p1", &ready1, &[]);
+    eventually(Duration::from_secs(10), "both ready files", || async {
+        (ready0.exists() && ready1.exists()).then_some(())
+    })
+    .await;
+    assert_eq!(output(probe(&ready0)).await.0, 0);
+    assert!(http("/readyz").await.unwrap().contains("200"));
+
+    signal(&s0, libc::SIGTERM);
+    signal(&s1, libc::SIGTERM);
+    assert!(exited(&mut s0, Duration::from_secs(20)).await.success());
+    assert!(exited(&mut s1, Duration::from_secs(20)).await.success());
+    assert!(
+        !ready0.exists() && !ready1.exists(),
+        "ready files removed on the way out"
+    );
+    assert_eq!(
+        children(&observer, &format!("{BARRIERS}/gang")).await,
+        ["ready"],
+        "both left"
+    );
+}
+
+#[tokio::test]
+async fn lock_runs_never_overlap_and_see_increasing_tokens() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $ZKGATE_FENCING_TOKEN >> {0}; sleep 0.05; echo end $ZKGATE_FENCING_TOKEN >> {0}",
+        log.display()
+    );
+    let mut runs: Vec<Child> = (0..6)
+        .map(|i| {
+            zkgate(
+                &connect,
+                &[
+                    "lock",
+                    "run",
+                    "db",
+                    "--create",
+                    "--id",
+                    &format!("w{i}"),
+                    "--timeout",
+                    "60s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ],
+            )
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for r in runs.iter_mut() {
+        assert!(exited(r, Duration::from_secs(60)).await.success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<(&str, i64)> = text
+        .lines()
+        .map(|l| {
+            let (what, token) = l.split_once(' ').unwrap();
+            (what, token.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(lines.len(), 12);
+    for pair in lines.chunks(2) {
+        assert_eq!(pair[0].0, "start");
+        assert_eq!(
+            pair[1],
+            ("end", pair[0].1),
+            "a command started inside another's hold: {text}"
+        );
+    }
+    let tokens: Vec<i64> = lines.iter().step_by(2).map(|l| l.1).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens increase: {tokens:?}"
+    );
+    let observer = session(&connect).await;
+    assert!(children(&observer, &format!("{LOCKS}/db")).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_stopped_holder_loses_the_lock_its_command_is_terminated_and_it_exits_6() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+    let mut holder = zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "h",
+            "--session-timeout",
+            "2s",
+            "--kill-grace",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the holder's command", || async {
+        pid_file.exists().then_some(())
+    })
+    .await;
+    let child_pid: i32 = eventually(Duration::from_secs(5), "the child's pid", || async {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    })
+    .await;
+
+    signal(&holder, libc::SIGSTOP);
+    // Meanwhile another process gets the lock once the holder's session expires.
+    let (code, _) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "next",
+            "--timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(
+        code, 0,
+        "another process acquired the lock while the holder was stopped"
+    );
+    signal(&holder, libc::SIGCONT);
+
+    let status = exited(&mut holder, Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(6), "lock lost is exit 6");
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    holder
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(
+        stderr.contains("lost the lock") && stderr.contains("terminated"),
+        "says what happened: {stderr}"
+    );
+    assert_ne!(
+        unsafe { libc::kill(child_pid, 0) },
+        0,
+        "the command was terminated"
+    );
+}
+
+#[tokio::test]
+async fn every_exit_code_is_reached_by_a_real_scenario() {
+    let connect = isolated_connect();
+    // 2: bad flags and bad environment.
+    let (code, err) = output(zkgate(
+        &connect,
+        &["barrier", "enter", "b", "--timeout", "5x"],
+    ))
+    .await;
+    assert_eq!(code, 2);
+    assert!(err.contains("Usage:"), "{err}");
+    let (code, _) = output(zkgate(
+        &connect,
+        &["lock", "run", "db", "--read", "--write", "--", "true"],
+    ))
+    .await;
+    assert_eq!(code, 2);
+    let (code, err) = output(zkgate("a:1,,b", &["barrier", "enter", "b"])).await;
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = output(zkgate(
+        &connect,
+        &["lock", "run", "db", "--create", "--", "/no/such/program"],
+    ))
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/no/such/program"));
+
+    // 3: a deadline, and nothing left behind.
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "barrier",
+            "enter",
+            "b",
+            "--participants",
+            "2",
+            "--id",
+            "p0",
+            "--timeout",
+            "500ms",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("timed out"), "{err}");
+    let observer = session(&connect).await;
+    assert!(children(&observer, &format!("{BARRIERS}/b"))
+        .await
+        .is_empty());
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "acquire",
+            "never-made",
+            "--timeout",
+            "300ms",
+            "--token-file",
+            "/tmp/unused",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 3);
+    assert!(
+        err.contains("never created"),
+        "says the resource was never reconciled: {err}"
+    );
+
+    // 4: the barrier node is deleted while a participant waits.
+    DoubleBarrier::new(format!("{BARRIERS}/doomed"))
+        .create(
+            &observer,
+            &BarrierData {
+                participants: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut waiter = zkgate(
+        &connect,
+        &[
+            "barrier",
+            "enter",
+            "doomed",
+            "--id",
+            "p0",
+            "--timeout",
+            "30s",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "p0 registered", || async {
+        children(&observer, &format!("{BARRIERS}/doomed"))
+            .await
+            .contains(&"p0".into())
+            .then_some(())
+    })
+    .await;
+    observer
+        .client()
+        .delete(&format!("{BARRIERS}/doomed/p0"), None)
+        .await
+        .unwrap();
+    observer
+        .client()
+        .delete(&format!("{BARRIERS}/doomed"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        exited(&mut waiter, Duration::from_secs(10)).await.code(),
+        Some(4)
+    );
+
+    // 5: nothing listening.
+    let port = support::zookeeper::free_port();
+    let (code, err) = output(zkgate(
+        &format!("127.0.0.1:{port}"),
+        &["barrier", "enter", "b", "--connect-timeout", "1s"],
+    ))
+    .await;
+    assert_eq!(code, 5);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")),
+        "names the servers: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[tokio::test]
+async fn an_exiting_command_closes_its_session_at_once() {
+    // A private server, so the session list is ours alone.
+    let server = tokio::task::spawn_blocking(support::ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--session-timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "barrier",
+            "run",
+            "b",
+            "--participants",
+            "1",
+            "--session-timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    // With a 30 s timeout, a session left open would still be listed.
+    let dump = support::zookeeper::four_letter(server.port, "dump").unwrap();
+    // "Session Sets (buckets)/(sessions):"
+    let sessions: usize = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("Session Sets ("))
+        .and_then(|rest| rest.split_once(")/(")?.1.split_once(')')?.0.parse().ok())
+        .expect("dump lists the session sets");
+    assert_eq!(sessions, 0, "no session outlives its process:\n{dump}");
+}
