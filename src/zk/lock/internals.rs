@@ -3,7 +3,7 @@
 //! left. What to wait for is the driver's choice ([`contender::blocker`]).
 
 use tokio::time::Instant;
-use tracing::{debug, trace};
+use tracing::{debug, info, trace};
 use zookeeper_client as zk;
 
 use super::super::contender::{self, ContenderKind, PROTECTED_PREFIX};
@@ -12,6 +12,9 @@ use super::super::guard::NodeGuard;
 use super::super::hold::LockHold;
 use super::super::path;
 use super::super::session::{is_connection_loss, Session};
+
+/// How often a waiter reports where it stands.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Everything that decides how one contender queues.
 #[derive(Clone, Debug)]
@@ -171,6 +174,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
         }
     };
 
+    let mut last_progress: Option<Instant> = None;
     loop {
         let queue = contender::queue(&children);
         let Some(index) = queue.iter().position(|c| c.name == name) else {
@@ -182,7 +186,13 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
             return Ok(token);
         };
         let blocker = path::join(parent, &blocker.name);
-        trace!(position = index, waiting_for = %blocker, "queued for the lock");
+        // Progress at a modest rate: the first time, then at most every 10 s.
+        if last_progress.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+            info!(lock = %parent, ahead = index, waiting_for = %blocker, "queued for the lock");
+            last_progress = Some(Instant::now());
+        } else {
+            trace!(lock = %parent, ahead = index, waiting_for = %blocker, "queued for the lock");
+        }
         // Watch only the contender we wait for: its deletion is the only
         // event that can let us through, so a release wakes one waiter.
         let (stat, watcher) = session

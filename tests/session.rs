@@ -1,0 +1,124 @@
+//! Sessions against a real ZooKeeper: chroot, credentials, state.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{isolated_connect, session};
+use zkgate::zk::{
+    ConnectString, HoldState, LockOptions, Mutex, Session, SessionOptions, SessionState, ZkError,
+};
+use zookeeper_client as zk;
+
+#[tokio::test]
+async fn the_chroot_is_created_and_paths_live_below_it() {
+    let chroot = format!("/t-{}/deeper/still", uuid::Uuid::new_v4().simple());
+    let s = session(&format!("{}{chroot}", support::shared_zookeeper())).await;
+    s.client()
+        .create(
+            "/x",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let root = session(&support::shared_zookeeper()).await;
+    assert!(root
+        .client()
+        .check_stat(&format!("{chroot}/x"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test]
+async fn digest_credentials_authenticate_the_session() {
+    let connect: ConnectString = isolated_connect().parse().unwrap();
+    let alice = Session::connect(&SessionOptions::new(connect.clone()).digest("alice", "secret"))
+        .await
+        .unwrap();
+    let anonymous = Session::connect(&SessionOptions::new(connect.clone()))
+        .await
+        .unwrap();
+    alice
+        .client()
+        .create(
+            "/private",
+            b"x",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(alice.client().get_data("/private").await.unwrap().0, b"x");
+    assert_eq!(
+        anonymous.client().get_data("/private").await.unwrap_err(),
+        zk::Error::NoAuth
+    );
+    let again = Session::connect(&SessionOptions::new(connect).digest("alice", "secret"))
+        .await
+        .unwrap();
+    assert!(
+        again.client().get_data("/private").await.is_ok(),
+        "the same credentials authenticate the same identity"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_ensemble_is_reported_in_time() {
+    let port = support::zookeeper::free_port();
+    let connect: ConnectString = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = std::time::Instant::now();
+    let err =
+        Session::connect(&SessionOptions::new(connect).connect_timeout(Duration::from_millis(800)))
+            .await
+            .unwrap_err();
+    assert!(matches!(err, ZkError::Unreachable { .. }), "{err}");
+    assert!(err.to_string().contains(&port.to_string()));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_disconnected_hold_is_suspended_and_confirmed_again_on_reconnect() {
+    let root = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let s = support::session_with_timeout(
+        &format!("{}{root}", proxy.address()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let hold = Mutex::new(
+        "/lock",
+        LockOptions {
+            create_parent: true,
+            ..LockOptions::default()
+        },
+    )
+    .acquire(&s, None)
+    .await
+    .unwrap();
+    let mut monitor = hold.monitor();
+    let mut states = s.watch_state();
+
+    proxy.stall();
+    let next = tokio::time::timeout(Duration::from_secs(10), monitor.next())
+        .await
+        .expect("told at once");
+    assert_eq!(
+        next,
+        HoldState::Suspended,
+        "a disconnected hold may be lost"
+    );
+    assert_eq!(states.current(), SessionState::Disconnected);
+
+    proxy.resume();
+    let next = tokio::time::timeout(Duration::from_secs(10), monitor.next())
+        .await
+        .expect("told on reconnect");
+    assert_eq!(
+        next,
+        HoldState::Held,
+        "reconnected within the session timeout: the hold stands"
+    );
+    assert_eq!(states.changed().await, SessionState::Connected);
+    hold.release().await.unwrap();
+}
