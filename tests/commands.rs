@@ -596,3 +596,218 @@ async fn an_exiting_command_closes_its_session_at_once() {
         .expect("dump lists the session sets");
     assert_eq!(sessions, 0, "no session outlives its process:\n{dump}");
 }
+
+#[tokio::test]
+async fn run_passes_signals_on_to_its_command() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("got-term");
+    let started = dir.path().join("started");
+    let script = format!(
+        "trap 'echo TERM > {}; exit 42' TERM; touch {}; while true; do sleep 0.05; done",
+        marker.display(),
+        started.display()
+    );
+    let mut run = zkgate(
+        &connect,
+        &[
+            "barrier",
+            "run",
+            "solo",
+            "--participants",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the command started", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    signal(&run, libc::SIGTERM);
+    let status = exited(&mut run, Duration::from_secs(10)).await;
+    assert_eq!(
+        status.code(),
+        Some(42),
+        "exits with the command's status after it handled the signal"
+    );
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "TERM");
+}
+
+#[tokio::test]
+async fn lock_sidecar_holds_until_sigterm_and_exits_6_when_revoked() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let (token, ready) = (dir.path().join("token"), dir.path().join("ready"));
+    let sidecar = || {
+        zkgate(
+            &connect,
+            &[
+                "lock",
+                "sidecar",
+                "db",
+                "--create",
+                "--id",
+                "s",
+                "--token-file",
+                token.to_str().unwrap(),
+                "--ready-file",
+                ready.to_str().unwrap(),
+            ],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let mut holder = sidecar();
+    eventually(Duration::from_secs(10), "token and ready files", || async {
+        (token.exists() && ready.exists()).then_some(())
+    })
+    .await;
+    let first: i64 = std::fs::read_to_string(&token)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (code, _) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "other",
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 3, "the sidecar holds the lock");
+    signal(&holder, libc::SIGTERM);
+    assert!(exited(&mut holder, Duration::from_secs(10)).await.success());
+    assert!(
+        !token.exists() && !ready.exists(),
+        "token and ready files removed"
+    );
+
+    // Revoked: the controller deletes the holder's node.
+    let mut holder = sidecar();
+    eventually(Duration::from_secs(10), "token file", || async {
+        token.exists().then_some(())
+    })
+    .await;
+    let second: i64 = std::fs::read_to_string(&token)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(second > first);
+    let observer = session(&connect).await;
+    let nodes = children(&observer, &format!("{LOCKS}/db")).await;
+    observer
+        .client()
+        .delete(&format!("{LOCKS}/db/{}", nodes[0]), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        exited(&mut holder, Duration::from_secs(10)).await.code(),
+        Some(6)
+    );
+    assert!(!ready.exists(), "no longer ready once the hold is lost");
+}
+
+#[tokio::test]
+async fn lock_acquire_keeps_the_hold_past_the_process_and_a_restart_adopts_it() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let acquire = || {
+        zkgate(
+            &connect,
+            &[
+                "lock",
+                "acquire",
+                "db",
+                "--create",
+                "--id",
+                "pod-0",
+                "--pod-uid",
+                "u0",
+                "--timeout",
+                "5s",
+                "--token-file",
+                token.to_str().unwrap(),
+            ],
+        )
+    };
+    assert_eq!(output(acquire()).await.0, 0);
+    let first = std::fs::read_to_string(&token).unwrap();
+    let observer = session(&connect).await;
+    assert_eq!(
+        children(&observer, &format!("{LOCKS}/db")).await.len(),
+        1,
+        "the hold outlives the init container"
+    );
+    let (code, _) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "other",
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 3, "still held");
+    // The init container runs again (a pod restart): it adopts its hold.
+    assert_eq!(output(acquire()).await.0, 0);
+    assert_eq!(
+        std::fs::read_to_string(&token).unwrap(),
+        first,
+        "the same hold, the same token"
+    );
+    assert_eq!(children(&observer, &format!("{LOCKS}/db")).await.len(), 1);
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let connect = isolated_connect();
+    let mut cmd = zkgate(
+        &connect,
+        &[
+            "--log-format",
+            "json",
+            "barrier",
+            "run",
+            "solo",
+            "--participants",
+            "1",
+            "--",
+            "true",
+        ],
+    );
+    cmd.env("ZKGATE_LOG", "zkgate=info");
+    let (code, err) = output(cmd).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() >= 3, "{err}");
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v.get("level").is_some() && v.get("fields").is_some(),
+            "{line}"
+        );
+    }
+}
