@@ -101,26 +101,18 @@ pub enum LockAction {
         /// The lock.
         #[command(flatten)]
         lock: LockArgs,
-        /// Where to write the fencing token.
-        #[arg(
-            long,
-            env = "ZKGATE_TOKEN_FILE",
-            default_value = "/var/run/zkgate/fencing-token"
-        )]
-        token_file: PathBuf,
+        /// Where the fencing token goes.
+        #[command(flatten)]
+        token: TokenFile,
     },
     /// Acquire, write the token, report ready, hold until SIGTERM (native sidecar).
     Sidecar {
         /// The lock.
         #[command(flatten)]
         lock: LockArgs,
-        /// Where to write the fencing token.
-        #[arg(
-            long,
-            env = "ZKGATE_TOKEN_FILE",
-            default_value = "/var/run/zkgate/fencing-token"
-        )]
-        token_file: PathBuf,
+        /// Where the fencing token goes.
+        #[command(flatten)]
+        token: TokenFile,
         /// Readiness reporting.
         #[command(flatten)]
         readiness: ReadinessArgs,
@@ -200,6 +192,18 @@ pub struct LockArgs {
     /// Connection and identity.
     #[command(flatten)]
     pub common: Common,
+}
+
+/// Where the fencing token goes.
+#[derive(Debug, Args)]
+pub struct TokenFile {
+    /// Where to write the fencing token.
+    #[arg(
+        long,
+        env = "ZKGATE_TOKEN_FILE",
+        default_value = "/var/run/zkgate/fencing-token"
+    )]
+    pub token_file: PathBuf,
 }
 
 /// Where a sidecar reports readiness.
@@ -336,23 +340,20 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             }
         },
         Command::Lock(action) => match action {
-            LockAction::Acquire {
-                lock: l,
-                token_file,
-            } => {
+            LockAction::Acquire { lock: l, token } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
-                    .acquire(&token_file)
+                    .acquire(&token.token_file)
                     .await
             }
             LockAction::Sidecar {
                 lock: l,
-                token_file,
+                token,
                 readiness,
             } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
-                    .sidecar(&token_file, &readiness.options())
+                    .sidecar(&token.token_file, &readiness.options())
                     .await
             }
             LockAction::Run {

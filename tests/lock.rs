@@ -183,37 +183,36 @@ async fn the_node_of_a_create_whose_reply_was_lost_is_found_again() {
 
 #[tokio::test]
 async fn session_expiry_hands_the_lock_on_and_tells_the_old_holder() {
-    let connect = isolated_connect();
-    let a = session(&connect).await;
-    let b = session(&connect).await;
+    let root = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    // The holder reaches ZooKeeper through a proxy the test can stall.
+    let a = support::session_with_timeout(
+        &format!("{}{root}", proxy.address()),
+        Duration::from_secs(2),
+    )
+    .await;
+    let b = Arc::new(session(&format!("{}{root}", support::shared_zookeeper())).await);
     let lock = mutex();
     let hold = lock.acquire(&a, None).await.unwrap();
     let mut monitor = hold.monitor();
     assert_eq!(monitor.state(), HoldState::Held);
 
     let waiter = tokio::spawn({
-        let b = Arc::new(b);
+        let b = b.clone();
         async move {
-            let lock = mutex();
-            let hold = lock.acquire(&b, secs(30)).await.map(|h| h.fencing_token());
-            (hold, b)
+            mutex()
+                .acquire(&b, secs(30))
+                .await
+                .map(|h| h.fencing_token())
         }
     });
     eventually(Duration::from_secs(5), "the waiter queued", || async {
-        (children(&a, LOCK).await.len() == 2).then_some(())
+        (children(&b, LOCK).await.len() == 2).then_some(())
     })
     .await;
 
-    // Expire a's session: a second client attaches to it and closes it.
-    let stolen = zk::Client::connector()
-        .with_session(a.client().session().clone())
-        .with_session_timeout(Duration::from_secs(30))
-        .with_connection_timeout(Duration::from_secs(10))
-        .connect(&support::shared_zookeeper())
-        .await
-        .unwrap();
-    drop(stolen);
-
+    // Cut the holder off past its session timeout: the server expires it.
+    proxy.stall();
     let lost = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
             if let HoldState::Lost(reason) = monitor.next().await {
@@ -230,8 +229,22 @@ async fn session_expiry_hands_the_lock_on_and_tells_the_old_holder() {
         ),
         "{lost:?}"
     );
-    let (token, _b) = waiter.await.unwrap();
-    assert!(token.unwrap() > hold.fencing_token());
+    let token = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock once the holder's session expired");
+    assert!(token > hold.fencing_token());
+    proxy.resume();
+    let reason = tokio::time::timeout(Duration::from_secs(20), hold.lost())
+        .await
+        .expect("still lost after reconnecting");
+    assert!(
+        matches!(
+            reason,
+            LossReason::SessionExpired | LossReason::PresumedExpired
+        ),
+        "{reason:?}"
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,5 @@
 //! `zkgate lock acquire | sidecar | run`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -9,7 +8,7 @@ use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{self, Readiness, ReadinessOptions};
 use super::{close, termination, Participant};
-use crate::zk::{LockHold, LockOptions, Mutex, ReadWriteLock, Session, ZkError};
+use crate::zk::{within, LockHold, LockOptions, Mutex, ReadWriteLock, Session, ZkError};
 
 /// Which side of the lock to take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,18 +82,12 @@ impl<'a> LockCommand<'a> {
                 }
             }
         };
-        let started = tokio::time::Instant::now();
-        let hold = match deadline {
-            None => attempt.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ZkError::Timeout {
-                        during: format!("waiting for the lock {}", self.path),
-                        waited: started.elapsed(),
-                    })
-                }),
-        };
+        let hold = within(
+            deadline,
+            || format!("waiting for the lock {}", self.path),
+            attempt,
+        )
+        .await;
         let hold = match hold {
             Ok(hold) => hold,
             Err(e) => {
@@ -211,9 +204,4 @@ impl<'a> LockCommand<'a> {
         close(session).await;
         outcome
     }
-}
-
-/// The default token file (a shared `emptyDir` mounted at `/var/run/zkgate`).
-pub fn default_token_file() -> PathBuf {
-    PathBuf::from("/var/run/zkgate/fencing-token")
 }

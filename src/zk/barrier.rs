@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 use zookeeper_client as zk;
 
-use super::error::{Result, ZkError};
+use super::error::{within, Result, ZkError};
 use super::guard::NodeGuard;
 use super::path;
 use super::session::{is_connection_loss, Session, SessionState};
@@ -221,20 +221,13 @@ impl DoubleBarrier {
                 reason: "'ready' is reserved for the barrier",
             });
         }
-        let started = Instant::now();
         let mut guard = NodeGuard::new(session);
-        let attempt = self.enter_and_wait(session, id, options, &mut guard);
-        let outcome = match deadline {
-            None => attempt.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ZkError::Timeout {
-                        during: format!("waiting for the barrier {} to open", self.path),
-                        waited: started.elapsed(),
-                    })
-                }),
-        };
+        let outcome = within(
+            deadline,
+            || format!("waiting for the barrier {} to open", self.path),
+            self.enter_and_wait(session, id, options, &mut guard),
+        )
+        .await;
         match outcome {
             Ok(entered) => {
                 guard.disarm();
@@ -473,20 +466,13 @@ impl DoubleBarrier {
     ) -> Result<()> {
         path::validate_path(&self.path)?;
         path::validate_name(id)?;
-        let started = Instant::now();
         let node = path::join(&self.path, id);
-        let attempt = self.leave_and_wait(session, id, &node);
-        let outcome = match deadline {
-            None => attempt.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ZkError::Timeout {
-                        during: format!("waiting for everyone to leave the barrier {}", self.path),
-                        waited: started.elapsed(),
-                    })
-                }),
-        };
+        let outcome = within(
+            deadline,
+            || format!("waiting for everyone to leave the barrier {}", self.path),
+            self.leave_and_wait(session, id, &node),
+        )
+        .await;
         if outcome.is_err() {
             let mut guard = NodeGuard::new(session);
             guard.arm(node);

@@ -188,3 +188,24 @@ impl ZkError {
 
 /// Results of the recipes.
 pub type Result<T, E = ZkError> = std::result::Result<T, E>;
+
+/// Runs `work` until `deadline` (`None`: no limit). Past it, `work` is
+/// dropped (its clean-up guards run) and the result is
+/// [`ZkError::Timeout`], saying what was being waited for.
+pub async fn within<T>(
+    deadline: Option<tokio::time::Instant>,
+    during: impl FnOnce() -> String,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let Some(deadline) = deadline else {
+        return work.await;
+    };
+    let started = tokio::time::Instant::now();
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(ZkError::Timeout {
+            during: during(),
+            waited: started.elapsed(),
+        }),
+    }
+}

@@ -27,7 +27,7 @@ mod session;
 pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, ParticipantData, READY};
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::ContenderKind;
-pub use error::{ErrorKind, Result, ZkError};
+pub use error::{within, ErrorKind, Result, ZkError};
 pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher};

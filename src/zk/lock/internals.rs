@@ -7,7 +7,7 @@ use tracing::{debug, info, trace};
 use zookeeper_client as zk;
 
 use super::super::contender::{self, ContenderKind, PROTECTED_PREFIX};
-use super::super::error::{Result, ZkError};
+use super::super::error::{within, Result, ZkError};
 use super::super::guard::NodeGuard;
 use super::super::hold::LockHold;
 use super::super::path;
@@ -50,17 +50,12 @@ pub(crate) async fn acquire<'s>(
     }
     let started = Instant::now();
     let mut guard = NodeGuard::new(session);
-    let attempt = queue_and_wait(session, spec, &mut guard);
-    let outcome = match deadline {
-        None => attempt.await,
-        Some(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(ZkError::Timeout {
-                during: format!("waiting for the lock {}", spec.path),
-                waited: started.elapsed(),
-            }),
-        },
-    };
+    let outcome = within(
+        deadline,
+        || format!("waiting for the lock {}", spec.path),
+        queue_and_wait(session, spec, &mut guard),
+    )
+    .await;
     match outcome {
         Ok(token) => {
             let node = guard.disarm().ok_or_else(|| ZkError::NodeRemoved {
