@@ -45,6 +45,14 @@ pub enum Command {
     /// Take part in a lock.
     #[command(subcommand)]
     Lock(LockAction),
+    /// Run the controller.
+    Controller(ControllerArgs),
+    /// Print the CRDs as YAML (crds/ is generated from this).
+    Crds {
+        /// Write one file per kind into this directory instead.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
     Probe {
         /// The ready file the sidecar writes.
@@ -55,6 +63,58 @@ pub enum Command {
         )]
         ready_file: PathBuf,
     },
+}
+
+/// Options of the controller.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    #[arg(long, env = "ZKGATE_ZOOKEEPER", value_parser = connect_string)]
+    pub zookeeper: ConnectString,
+    /// The root of zkgate's znodes, below the connect string's chroot.
+    #[arg(long, env = "ZKGATE_ROOT", default_value = DEFAULT_ROOT, value_parser = root_path)]
+    pub root: String,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "ZKGATE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// This replica's name [default: the host name, i.e. the pod name].
+    #[arg(long, env = "ZKGATE_ID", value_parser = node_name)]
+    pub id: Option<String>,
+    /// Reconcile only this namespace [default: all namespaces].
+    #[arg(long, env = "ZKGATE_WATCH_NAMESPACE", value_parser = node_name)]
+    pub watch_namespace: Option<String>,
+    /// The ZooKeeper session timeout asked for.
+    #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub session_timeout: Duration,
+    /// How long each attempt to reach ZooKeeper may take.
+    #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
+    pub connect_timeout: Duration,
+}
+
+impl ControllerArgs {
+    /// The controller's options.
+    pub fn options(&self) -> Result<crate::controller::ControllerOptions, AgentError> {
+        Ok(crate::controller::ControllerOptions {
+            zookeeper: SessionOptions::new(self.zookeeper.clone())
+                .session_timeout(self.session_timeout)
+                .connect_timeout(self.connect_timeout),
+            layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
+            metrics_addr: self.metrics_addr,
+            identity: match &self.id {
+                Some(id) => id.clone(),
+                None => host_name()?,
+            },
+            watch_namespace: self.watch_namespace.clone(),
+        })
+    }
+}
+
+fn host_name() -> Result<String, AgentError> {
+    let host = nix::unistd::gethostname()
+        .map_err(|e| AgentError::usage(format!("cannot read the host name ({e}); give --id")))?;
+    let host = host.to_string_lossy().into_owned();
+    node_name(&host)
+        .map_err(|e| AgentError::usage(format!("the host name is not a valid id: {e}; give --id")))
 }
 
 /// Barrier commands.
@@ -295,6 +355,29 @@ impl LockArgs {
 /// Runs a parsed command line; `Ok` carries the exit code.
 pub async fn run(cli: Cli) -> Result<i32, AgentError> {
     match cli.command {
+        Command::Controller(args) => {
+            let options = args.options()?;
+            crate::controller::run(options)
+                .await
+                .map(|()| 0)
+                .map_err(|e| AgentError::new(Exit::Internal, format!("{e:#}")))
+        }
+        Command::Crds { dir } => {
+            let crds = crate::api::crds();
+            match dir {
+                None => {
+                    let docs: Vec<String> = crds.iter().map(crate::api::to_yaml).collect();
+                    print!("{}", docs.join("---\n"));
+                }
+                Some(dir) => {
+                    for crd in &crds {
+                        let path = dir.join(crate::api::file_name(crd));
+                        crate::agent::ready::write_atomically(&path, &crate::api::to_yaml(crd))?;
+                    }
+                }
+            }
+            Ok(0)
+        }
         Command::Probe { ready_file } => {
             if ready_file.exists() {
                 Ok(0)

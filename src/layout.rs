@@ -23,6 +23,15 @@ impl Layout {
         })
     }
 
+    /// The root path.
+    pub fn root(&self) -> &str {
+        if self.root.is_empty() {
+            "/"
+        } else {
+            &self.root
+        }
+    }
+
     fn namespace(&self, namespace: &str) -> Result<String, ZkError> {
         path::validate_name(namespace)?;
         Ok(format!("{}/namespaces/{namespace}", self.root))
@@ -38,6 +47,38 @@ impl Layout {
     pub fn lock(&self, namespace: &str, name: &str) -> Result<String, ZkError> {
         path::validate_name(name)?;
         Ok(format!("{}/locks/{name}", self.namespace(namespace)?))
+    }
+}
+
+/// The kind of resource a znode belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceKind {
+    /// A Barrier.
+    Barrier,
+    /// A LockLease.
+    Lock,
+}
+
+impl Layout {
+    /// The parent of every namespace's subtree.
+    pub fn namespaces_root(&self) -> String {
+        format!("{}/namespaces", self.root)
+    }
+
+    /// The resource a path at or below a barrier or lock node belongs to.
+    pub fn resource_of(&self, path: &str) -> Option<(ResourceKind, String, String)> {
+        let rest = path
+            .strip_prefix(&self.namespaces_root())?
+            .strip_prefix('/')?;
+        let mut parts = rest.split('/');
+        let namespace = parts.next()?;
+        let kind = match parts.next()? {
+            "barriers" => ResourceKind::Barrier,
+            "locks" => ResourceKind::Lock,
+            _ => return None,
+        };
+        let name = parts.next()?;
+        Some((kind, namespace.to_owned(), name.to_owned()))
     }
 }
 
@@ -59,5 +100,15 @@ mod tests {
         );
         assert!(l.barrier("ns", "a/b").is_err());
         assert!(Layout::new("relative").is_err());
+        assert_eq!(
+            l.resource_of("/zkgate/namespaces/ns/barriers/b/p0"),
+            Some((ResourceKind::Barrier, "ns".into(), "b".into()))
+        );
+        assert_eq!(
+            l.resource_of("/zkgate/namespaces/ns/locks/l"),
+            Some((ResourceKind::Lock, "ns".into(), "l".into()))
+        );
+        assert_eq!(l.resource_of("/zkgate/namespaces/ns"), None);
+        assert_eq!(l.resource_of("/zkgate/leader/x"), None);
     }
 }

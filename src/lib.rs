@@ -5,6 +5,8 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod layout;
 pub mod zk;

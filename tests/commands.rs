@@ -811,3 +811,31 @@ async fn json_logs_are_one_object_per_line() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_killed_wrapper_takes_its_command_with_it() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+    let mut holder = zkgate(
+        &connect,
+        &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let child_pid: i32 = eventually(Duration::from_secs(10), "the command's pid", || async {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    })
+    .await;
+    signal(&holder, libc::SIGKILL);
+    let _ = holder.wait().await;
+    eventually(
+        Duration::from_secs(5),
+        "the command to die with its wrapper",
+        || async { (unsafe { libc::kill(child_pid, 0) } != 0).then_some(()) },
+    )
+    .await;
+}

@@ -33,6 +33,14 @@ pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, AgentE
     check_command(command)?;
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..]).process_group(0).kill_on_drop(true);
+    // SAFETY: prctl only sets a flag of the new process; it is
+    // async-signal-safe. If zkgate dies (even by SIGKILL) the command must
+    // not go on without the lock or barrier it was started under.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
     for (key, value) in env {
         cmd.env(key, value);
     }

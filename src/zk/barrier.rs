@@ -296,12 +296,10 @@ impl DoubleBarrier {
                 }
                 Err(e) => return Err(ZkError::from_client("read", &self.path, e)),
             };
-            if let Some(reason) = barrier.as_ref().and_then(|b| b.failed.clone()) {
-                return Err(ZkError::BarrierFailed {
-                    path: self.path.clone(),
-                    reason,
-                });
-            }
+            // Checked after `ready`: a barrier that opened stays open, even if
+            // its owner marked it failed a moment later (a timeout racing the
+            // last arrival); every participant then sees the same outcome.
+            let failed = barrier.as_ref().and_then(|b| b.failed.clone());
             let participants = match (
                 barrier.as_ref().map(|b| b.participants),
                 options.create_with_participants,
@@ -350,6 +348,12 @@ impl DoubleBarrier {
             };
             if ready_stat.is_some() {
                 return Ok(entered);
+            }
+            if let Some(reason) = failed {
+                return Err(ZkError::BarrierFailed {
+                    path: self.path.clone(),
+                    reason,
+                });
             }
             let children = match list_f.await {
                 Ok(children) => children,
@@ -507,13 +511,13 @@ impl DoubleBarrier {
             let ours = members.iter().position(|m| *m == id);
             let watch = match ours {
                 Some(0) if members.len() == 1 => {
-                    delete_if_present(session, node).await?;
+                    super::tree::delete_if_present(session, node).await?;
                     return Ok(());
                 }
                 // The lowest leaves last: it waits for the highest.
                 Some(0) => path::join(&self.path, members[members.len() - 1]),
                 Some(_) => {
-                    delete_if_present(session, node).await?;
+                    super::tree::delete_if_present(session, node).await?;
                     path::join(&self.path, lowest)
                 }
                 None => path::join(&self.path, lowest),
@@ -575,21 +579,6 @@ impl DoubleBarrier {
                 other => return other.map(|_| ()),
             }
         }
-    }
-}
-
-async fn delete_if_present(session: &Session, node: &str) -> Result<()> {
-    let client = session.client();
-    match session
-        .retry("delete", node, || client.delete(node, None))
-        .await
-    {
-        Ok(())
-        | Err(ZkError::Zk {
-            source: zk::Error::NoNode,
-            ..
-        }) => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -23,6 +23,7 @@ mod hold;
 mod lock;
 pub mod path;
 mod session;
+pub mod tree;
 
 pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, ParticipantData, READY};
 pub use connect::{ConnectString, Server, DEFAULT_PORT};

@@ -1,0 +1,137 @@
+//! The `Barrier` resource: a double barrier for the pods of a Job.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A double barrier: participants enter, and none proceeds until
+/// `participants` have entered; the leave phase tells when all have left.
+// Several printcolumn(...) entries repeat keys by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "zkgate.io",
+    version = "v1alpha1",
+    kind = "Barrier",
+    namespaced,
+    status = "BarrierStatus",
+    derive = "PartialEq",
+    shortname = "zbar",
+    category = "zkgate",
+    doc = "A ZooKeeper double barrier: its participants start together once `participants` have entered, and learn when all have left.",
+    printcolumn(
+        name = "Participants",
+        type_ = "integer",
+        json_path = ".spec.participants",
+        description = "How many open the barrier"
+    ),
+    printcolumn(name = "Entered", type_ = "integer", json_path = ".status.entered"),
+    printcolumn(name = "Left", type_ = "integer", json_path = ".status.left"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BarrierSpec {
+    /// How many participants must enter before the barrier opens (at least 1).
+    #[schemars(range(min = 1))]
+    pub participants: u32,
+    /// How long the barrier may wait for all participants before it fails
+    /// (e.g. `90s`, `10m`, `1h30m`). No limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub timeout: Option<String>,
+    /// What happens when a participant that entered is lost (its pod failed
+    /// or vanished, its session expired): `Wait` (it can be replaced) or
+    /// `Fail` (the barrier fails).
+    #[serde(default)]
+    pub on_participant_loss: OnParticipantLoss,
+}
+
+/// What a lost participant does to the barrier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum OnParticipantLoss {
+    /// The barrier keeps waiting; another participant can take its place.
+    #[default]
+    Wait,
+    /// The barrier fails and every waiter exits with the "failed" code.
+    Fail,
+}
+
+/// Where a barrier stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum BarrierPhase {
+    /// Fewer than `participants` have entered.
+    Waiting,
+    /// Open: everyone may proceed; nobody has left yet.
+    Open,
+    /// Some participants have left.
+    Leaving,
+    /// Everyone who entered has left.
+    Completed,
+    /// Failed (see `reason`).
+    Failed,
+}
+
+/// What the controller observed (written by the controller only).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BarrierStatus {
+    /// The phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BarrierPhase>,
+    /// Why it failed: `TimedOut`, `ParticipantLost`, `Deleted`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A human-readable account of the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// How many participants have entered.
+    #[serde(default)]
+    pub entered: u32,
+    /// How many of them have left.
+    #[serde(default)]
+    pub left: u32,
+    /// Every participant seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub participants: Vec<ParticipantStatus>,
+    /// When the barrier opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at: Option<Time>,
+    /// When the last participant left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// `Ready` is true once the barrier is open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The barrier's node in ZooKeeper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub znode: Option<String>,
+}
+
+/// One participant.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParticipantStatus {
+    /// Its id (the pod name by default).
+    pub id: String,
+    /// Its pod, when it registered one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// When it entered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered_at: Option<Time>,
+    /// When it left (or was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_at: Option<Time>,
+    /// Set when it disappeared before the barrier opened.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+}

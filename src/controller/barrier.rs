@@ -1,0 +1,176 @@
+//! Reconciling a `Barrier`: its barrier node in ZooKeeper, the registrations
+//! of finished pods, the timeout, and the status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as Finalized};
+use kube::ResourceExt;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::context::{Context, PodFate, FINALIZER, MANAGER};
+use super::error::Error;
+use super::status::{self, BarrierObservation};
+use crate::api::Barrier;
+use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
+
+/// How often a barrier with registrations from init containers is looked at
+/// again, for pods that carry no `zkgate.io/barrier` label to be watched.
+const POD_RECHECK: Duration = Duration::from_secs(15);
+
+/// Reconciles one Barrier (wrapped in the finalizer helper).
+pub async fn reconcile(barrier: Arc<Barrier>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = barrier.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), &namespace);
+    let started = std::time::Instant::now();
+    let result = finalizer(&api, FINALIZER, barrier, |event| async {
+        match event {
+            Finalized::Apply(b) => apply(&b, &namespace, &ctx).await,
+            Finalized::Cleanup(b) => cleanup(&b, &namespace, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .observe_reconcile("Barrier", started.elapsed(), result.is_err());
+    result
+}
+
+async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = barrier.name_any();
+    let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
+    let path = ctx.layout.barrier(namespace, &name)?;
+    let zk = &*ctx.zk;
+    let recipe = DoubleBarrier::new(&path);
+    let wanted = BarrierData {
+        participants: barrier.spec.participants,
+        uid: Some(uid.clone()),
+        failed: None,
+    };
+
+    let mut node = tree::snapshot(zk, &path).await?;
+    let stale = node.as_ref().is_some_and(|n| {
+        BarrierData::parse(&path, &n.data)
+            .ok()
+            .flatten()
+            .and_then(|d| d.uid)
+            .as_deref()
+            != Some(uid.as_str())
+    });
+    if stale {
+        // Left from an earlier resource of the same name: start clean.
+        info!(%path, "replacing the subtree of an earlier barrier with the same name");
+        tree::delete_tree(zk, &path).await?;
+        node = None;
+    }
+    if node.is_none() {
+        recipe.create(zk, &wanted).await?;
+        node = tree::snapshot(zk, &path).await?;
+    }
+    let Some(mut node) = node else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+
+    // x can change while the barrier waits; once open it is history.
+    let current = BarrierData::parse(&path, &node.data)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let opened = node.children.iter().any(|c| c.name == READY);
+    if !opened && current.failed.is_none() && current.participants != barrier.spec.participants {
+        let data = BarrierData {
+            participants: barrier.spec.participants,
+            ..current
+        };
+        zk.client()
+            .set_data(&path, &data.to_bytes(), Some(node.stat.version))
+            .await
+            .map_err(|e| crate::zk::ZkError::Zk {
+                op: "write",
+                path: path.clone(),
+                source: e,
+            })?;
+        node.data = data.to_bytes();
+    }
+
+    // Registrations made by init containers outlive them: remove those whose
+    // pod has finished (it left) or is gone.
+    let mut persistent = false;
+    let mut removed = Vec::new();
+    for member in node
+        .children
+        .iter()
+        .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
+    {
+        persistent = true;
+        let who = ParticipantData::parse(&member.data);
+        match ctx.pod_fate(namespace, &who).await? {
+            PodFate::Alive => {}
+            fate => {
+                info!(barrier = %name, participant = %member.name, ?fate, "removing the registration of a pod that ended");
+                tree::delete_if_present(zk, &crate::zk::path::join(&path, &member.name)).await?;
+                removed.push(member.name.clone());
+            }
+        }
+    }
+    node.children.retain(|c| !removed.contains(&c.name));
+
+    let previous = barrier.status.clone().unwrap_or_default();
+    let outcome = status::barrier(&BarrierObservation {
+        spec: &barrier.spec,
+        created: barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        node: &node,
+        previous: &previous,
+        generation: barrier.metadata.generation,
+        znode: &path,
+        now: Timestamp::now(),
+    });
+    if let Some(reason) = &outcome.fail {
+        warn!(barrier = %name, %reason, "failing the barrier");
+        recipe.fail(zk, reason).await?;
+    }
+    if barrier.status.as_ref() != Some(&outcome.status) {
+        let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
+        let patch = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "status": outcome.status });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    }
+    for note in &outcome.notes {
+        ctx.record(barrier, note).await;
+    }
+    ctx.metrics
+        .barrier_seen(namespace, &name, &outcome.status, &node);
+    let recheck = if persistent { Some(POD_RECHECK) } else { None };
+    Ok(match outcome.requeue.into_iter().chain(recheck).min() {
+        Some(after) => Action::requeue(after),
+        None => Action::requeue(Duration::from_secs(300)),
+    })
+}
+
+async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = barrier.name_any();
+    let path = ctx.layout.barrier(namespace, &name)?;
+    let zk = &*ctx.zk;
+    // Waiters learn first that the barrier is gone (they exit 4), then the
+    // subtree goes.
+    match DoubleBarrier::new(&path).fail(zk, "Deleted").await {
+        Ok(())
+        | Err(crate::zk::ZkError::Zk {
+            source: zookeeper_client::Error::NoNode,
+            ..
+        }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    tree::delete_tree(zk, &path).await?;
+    ctx.metrics.barrier_gone(namespace, &name);
+    info!(barrier = %name, %path, "deleted the barrier's znodes");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,93 @@
+//! What every reconcile shares.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use tracing::warn;
+
+use super::metrics::Metrics;
+use super::status::Note;
+use crate::layout::Layout;
+use crate::zk::{ParticipantData, Session};
+
+/// The name on status writes (server-side apply) and events.
+pub const MANAGER: &str = "zkgate-controller";
+
+/// The finalizer that removes a resource's znodes.
+pub const FINALIZER: &str = "zkgate.io/znodes";
+
+/// Shared by all reconciles of one leadership term.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: kube::Client,
+    /// The ZooKeeper session.
+    pub zk: Arc<Session>,
+    /// Where resources live in ZooKeeper.
+    pub layout: Layout,
+    /// Records events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// What became of the pod behind a persistent registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodFate {
+    /// Still running (or not started yet): keep the registration.
+    Alive,
+    /// Finished (Succeeded or Failed).
+    Finished,
+    /// Gone, or replaced by a new pod with the same name.
+    Gone,
+}
+
+impl Context {
+    /// Records `note` on `obj`; a failure to record is logged, not fatal.
+    pub async fn record<K: Resource<DynamicType = ()>>(&self, obj: &K, note: &Note) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.to_owned(),
+            note: Some(note.message.clone()),
+            action: note.reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            warn!(error = %e, reason = note.reason, "could not record the event");
+        }
+    }
+
+    /// Looks up the pod a persistent registration names. Registrations that
+    /// name no pod are left alone (someone else manages them).
+    pub async fn pod_fate(
+        &self,
+        namespace: &str,
+        who: &ParticipantData,
+    ) -> Result<PodFate, kube::Error> {
+        let Some(name) = &who.pod else {
+            return Ok(PodFate::Alive);
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let Some(pod) = pods.get_opt(name).await? else {
+            return Ok(PodFate::Gone);
+        };
+        if who
+            .pod_uid
+            .as_deref()
+            .is_some_and(|uid| pod.uid().as_deref() != Some(uid))
+        {
+            return Ok(PodFate::Gone);
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        Ok(match phase {
+            Some("Succeeded") | Some("Failed") => PodFate::Finished,
+            _ => PodFate::Alive,
+        })
+    }
+}

@@ -1,0 +1,20 @@
+//! What a reconcile can fail with.
+
+use crate::zk::ZkError;
+
+/// A reconcile's error; the controller retries with back-off.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// ZooKeeper failed.
+    #[error("ZooKeeper: {0}")]
+    Zk(#[from] ZkError),
+    /// The API server failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The resource has no namespace or name.
+    #[error("the resource has no {0}")]
+    Incomplete(&'static str),
+    /// Adding or removing the finalizer, or the wrapped reconcile, failed.
+    #[error("{0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}

@@ -1,0 +1,178 @@
+//! Reconciling a `LockLease`: its lock node, the lease duration, released
+//! holds of finished pods, and the status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as Finalized};
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tracing::info;
+use zookeeper_client as zk;
+
+use super::context::{Context, PodFate, FINALIZER, MANAGER};
+use super::error::Error;
+use super::status;
+use crate::api::{LockLease, LockMode};
+use crate::zk::{path, tree, ParticipantData, ZkError};
+
+/// What the controller writes into a lock node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockNodeData {
+    /// The resource's uid.
+    pub uid: String,
+    /// The mode.
+    pub mode: LockMode,
+}
+
+/// Reconciles one LockLease (wrapped in the finalizer helper).
+pub async fn reconcile(lock: Arc<LockLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = lock.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<LockLease> = Api::namespaced(ctx.client.clone(), &namespace);
+    let started = std::time::Instant::now();
+    let result = finalizer(&api, FINALIZER, lock, |event| async {
+        match event {
+            Finalized::Apply(l) => apply(&l, &namespace, &ctx).await,
+            Finalized::Cleanup(l) => cleanup(&l, &namespace, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .observe_reconcile("LockLease", started.elapsed(), result.is_err());
+    result
+}
+
+async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = lock.name_any();
+    let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
+    let path = ctx.layout.lock(namespace, &name)?;
+    let zk = &*ctx.zk;
+    let wanted = LockNodeData {
+        uid: uid.clone(),
+        mode: lock.spec.mode,
+    };
+
+    let mut node = tree::snapshot(zk, &path).await?;
+    let stale = node.as_ref().is_some_and(|n| {
+        serde_json::from_slice::<LockNodeData>(&n.data)
+            .ok()
+            .map(|d| d.uid)
+            != Some(uid.clone())
+    });
+    if stale {
+        info!(%path, "replacing the subtree of an earlier lock with the same name");
+        tree::delete_tree(zk, &path).await?;
+        node = None;
+    }
+    if node.is_none() {
+        let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
+        let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            match zk.client().mkdir(parent, &dir).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(e) => {
+                    return Err(ZkError::Zk {
+                        op: "create",
+                        path: parent.to_owned(),
+                        source: e,
+                    }
+                    .into())
+                }
+            }
+        }
+        match zk.client().create(&path, &bytes, &dir).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => {
+                return Err(ZkError::Zk {
+                    op: "create",
+                    path: path.clone(),
+                    source: e,
+                }
+                .into())
+            }
+        }
+        node = tree::snapshot(zk, &path).await?;
+    }
+    let Some(mut node) = node else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+
+    // Holds taken by init containers outlive them: release those whose pod
+    // has finished or is gone.
+    let mut persistent = false;
+    let mut removed = Vec::new();
+    for holder in node.children.iter().filter(|c| {
+        c.stat.ephemeral_owner == 0 && crate::zk::contender::Contender::parse(&c.name).is_some()
+    }) {
+        persistent = true;
+        let who = ParticipantData::parse(&holder.data);
+        if ctx.pod_fate(namespace, &who).await? != PodFate::Alive {
+            info!(lock = %name, node = %holder.name, "releasing the hold of a pod that ended");
+            tree::delete_if_present(zk, &path::join(&path, &holder.name)).await?;
+            removed.push(holder.name.clone());
+        }
+    }
+    node.children.retain(|c| !removed.contains(&c.name));
+
+    let previous = lock.status.clone().unwrap_or_default();
+    let mut outcome = status::lock(
+        &lock.spec,
+        &node,
+        &previous,
+        lock.metadata.generation,
+        &path,
+        Timestamp::now(),
+    );
+    for revoked in &outcome.revoke {
+        info!(lock = %name, node = %revoked, "revoking a hold past its lease duration");
+        tree::delete_if_present(zk, &path::join(&path, revoked)).await?;
+    }
+    if !outcome.revoke.is_empty() {
+        // The next in line may hold it now: look again at once.
+        node.children.retain(|c| !outcome.revoke.contains(&c.name));
+        let notes = std::mem::take(&mut outcome.notes);
+        outcome = status::lock(
+            &lock.spec,
+            &node,
+            &previous,
+            lock.metadata.generation,
+            &path,
+            Timestamp::now(),
+        );
+        outcome.notes.splice(0..0, notes);
+    }
+    if lock.status.as_ref() != Some(&outcome.status) {
+        let api: Api<LockLease> = Api::namespaced(ctx.client.clone(), namespace);
+        let patch = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "status": outcome.status });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    }
+    for note in &outcome.notes {
+        ctx.record(lock, note).await;
+    }
+    ctx.metrics.lock_seen(namespace, &name, &outcome.status);
+    let recheck = persistent.then_some(Duration::from_secs(15));
+    Ok(match outcome.requeue.into_iter().chain(recheck).min() {
+        Some(after) => Action::requeue(after),
+        None => Action::requeue(Duration::from_secs(300)),
+    })
+}
+
+async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = lock.name_any();
+    let path = ctx.layout.lock(namespace, &name)?;
+    tree::delete_tree(&ctx.zk, &path).await?;
+    ctx.metrics.lock_gone(namespace, &name);
+    info!(lock = %name, %path, "deleted the lock's znodes");
+    Ok(Action::await_change())
+}

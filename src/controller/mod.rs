@@ -1,0 +1,298 @@
+//! The controller (`zkgate controller`): turns Barriers and LockLeases into
+//! znodes and mirrors what happens in ZooKeeper into their status.
+//!
+//! One replica leads at a time. Leadership is zkgate's own exclusive lock
+//! on `<root>/leader` rather than a Kubernetes Lease: everything the
+//! controller does goes through its ZooKeeper session, and a lock tied to
+//! that session is lost exactly when the session is, so a replica that can
+//! no longer reach ZooKeeper stops leading at once and another takes over as
+//! soon as the server expires the old session. Standby replicas wait in the
+//! lock's queue (herd-free), and no Lease RBAC is needed.
+
+mod barrier;
+mod context;
+mod error;
+pub mod http;
+mod locklease;
+pub mod metrics;
+pub mod status;
+mod zkevents;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use tokio::sync::mpsc::unbounded_channel;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+pub use context::{Context, FINALIZER, MANAGER};
+pub use error::Error;
+pub use locklease::LockNodeData;
+
+use crate::api::{Barrier, LockLease};
+use crate::layout::Layout;
+use crate::zk::{LockOptions, Mutex, Session, SessionOptions, SessionState};
+
+/// Pods labelled with these are watched, so their end is seen at once
+/// (without the label it is seen on the next periodic look).
+pub const BARRIER_LABEL: &str = "zkgate.io/barrier";
+/// See [`BARRIER_LABEL`].
+pub const LOCK_LABEL: &str = "zkgate.io/lock";
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// How to reach ZooKeeper.
+    pub zookeeper: SessionOptions,
+    /// Where resources live in ZooKeeper.
+    pub layout: Layout,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub metrics_addr: SocketAddr,
+    /// This replica's name (the pod name), in events and the leader lock.
+    pub identity: String,
+    /// Reconcile only this namespace's resources (default: all namespaces).
+    pub watch_namespace: Option<String>,
+}
+
+impl ControllerOptions {
+    fn api<K>(&self, client: &kube::Client) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        match &self.watch_namespace {
+            Some(namespace) => Api::namespaced(client.clone(), namespace),
+            None => Api::all(client.clone()),
+        }
+    }
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API (check the kubeconfig or the service account)")?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let health = Arc::new(http::Health {
+        metrics: metrics.clone(),
+        ready: Default::default(),
+    });
+    let listener_addr = options.metrics_addr;
+    // Bind before anything else, so a bad address fails at start.
+    let probe = tokio::net::TcpListener::bind(listener_addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {listener_addr}"))?;
+    drop(probe);
+    tokio::spawn({
+        let health = health.clone();
+        async move {
+            if let Err(e) = http::serve(listener_addr, health).await {
+                error!(error = %e, "the metrics server stopped");
+            }
+        }
+    });
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            if crate::agent::termination().await.is_ok() {
+                info!("asked to stop");
+            }
+            shutdown.cancel();
+        }
+    });
+
+    let mut backoff = Duration::from_millis(200);
+    while !shutdown.is_cancelled() {
+        let session = tokio::select! {
+            s = Session::connect(&options.zookeeper) => s,
+            () = shutdown.cancelled() => break,
+        };
+        let session = match session {
+            Ok(session) => Arc::new(session),
+            Err(e) => {
+                warn!(error = %e, "cannot reach ZooKeeper; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(200);
+        let readiness = tokio::spawn(follow_session(session.watch_state(), health.clone()));
+        health
+            .ready
+            .store(session.state() == SessionState::Connected, Ordering::SeqCst);
+        metrics.set_session_connected(true);
+        match lead(&client, &session, &options, &metrics, &shutdown).await {
+            Ok(()) => {}
+            Err(e) => warn!(error = %e, "stopped leading; starting over with a new session"),
+        }
+        metrics.set_leader(false);
+        readiness.abort();
+        health.ready.store(false, Ordering::SeqCst);
+        metrics.set_session_connected(false);
+        if let Ok(session) = Arc::try_unwrap(session) {
+            let _ = session.close().await;
+        }
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Keeps `/readyz` in step with the session.
+async fn follow_session(mut states: crate::zk::StateWatcher, health: Arc<http::Health>) {
+    loop {
+        let state = states.changed().await;
+        let connected = state == SessionState::Connected;
+        health.ready.store(connected, Ordering::SeqCst);
+        health.metrics.set_session_connected(connected);
+        if state.is_terminal() {
+            return;
+        }
+    }
+}
+
+/// Waits for leadership, then reconciles until leadership is lost (an
+/// error) or shutdown (`Ok`).
+async fn lead(
+    client: &kube::Client,
+    session: &Arc<Session>,
+    options: &ControllerOptions,
+    metrics: &Arc<metrics::Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let leader_path = format!("{}/leader", options.layout.root());
+    let who = serde_json::to_vec(&crate::zk::ParticipantData {
+        pod: Some(options.identity.clone()),
+        pod_uid: None,
+    })?;
+    let lock = Mutex::new(
+        &leader_path,
+        LockOptions {
+            data: who,
+            persistent: false,
+            create_parent: true,
+        },
+    );
+    info!(lock = %leader_path, "waiting to lead");
+    let hold = tokio::select! {
+        hold = lock.acquire(session, None) => hold?,
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    metrics.set_leader(true);
+    info!(identity = %options.identity, "leading: reconciling Barriers and LockLeases");
+
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: Some(options.identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        zk: session.clone(),
+        layout: options.layout.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        metrics: metrics.clone(),
+    });
+    let (barrier_tx, barrier_rx) = unbounded_channel();
+    let (lock_tx, lock_rx) = unbounded_channel();
+    let (all_barriers_tx, all_barriers_rx) = unbounded_channel();
+    let (all_locks_tx, all_locks_rx) = unbounded_channel();
+    let stop = shutdown.child_token();
+
+    let barriers = Controller::new(options.api::<Barrier>(client), watcher::Config::default())
+        .watches(
+            options.api::<Pod>(client),
+            watcher::Config::default().labels(BARRIER_LABEL),
+            |pod| {
+                let namespace = pod.namespace()?;
+                pod.labels()
+                    .get(BARRIER_LABEL)
+                    .map(|name| ObjectRef::<Barrier>::new(name).within(&namespace))
+            },
+        )
+        .reconcile_on(UnboundedReceiverStream::new(barrier_rx))
+        .reconcile_all_on(UnboundedReceiverStream::new(all_barriers_rx))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(barrier::reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move { log_result("Barrier", result) });
+    let locks = Controller::new(options.api::<LockLease>(client), watcher::Config::default())
+        .watches(
+            options.api::<Pod>(client),
+            watcher::Config::default().labels(LOCK_LABEL),
+            |pod| {
+                let namespace = pod.namespace()?;
+                pod.labels()
+                    .get(LOCK_LABEL)
+                    .map(|name| ObjectRef::<LockLease>::new(name).within(&namespace))
+            },
+        )
+        .reconcile_on(UnboundedReceiverStream::new(lock_rx))
+        .reconcile_all_on(UnboundedReceiverStream::new(all_locks_rx))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(locklease::reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move { log_result("LockLease", result) });
+    let triggers = zkevents::Triggers {
+        barriers: barrier_tx,
+        locks: lock_tx,
+        all_barriers: all_barriers_tx,
+        all_locks: all_locks_tx,
+    };
+    let follow = zkevents::follow(session, &options.layout, triggers);
+
+    // The controllers live in this block: leaving it drops them (and their
+    // reconciles) before leadership is given up.
+    let outcome = {
+        let controllers = async move { tokio::join!(barriers, locks) };
+        tokio::pin!(controllers);
+        tokio::select! {
+            reason = hold.lost() => Err(anyhow::anyhow!("lost leadership: {reason}")),
+            result = follow => Err(anyhow::anyhow!("stopped following ZooKeeper: {}", result.err().map(|e| e.to_string()).unwrap_or_default())),
+            _ = &mut controllers => Err(anyhow::anyhow!("the controllers stopped")),
+            () = shutdown.cancelled() => {
+                // Let running reconciles finish, within reason.
+                stop.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controllers).await;
+                Ok(())
+            }
+        }
+    };
+    stop.cancel();
+    if outcome.is_ok() {
+        let _ = hold.release().await;
+    }
+    drop(ctx);
+    outcome
+}
+
+fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Context>) -> Action {
+    warn!(%error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn log_result<K: kube::Resource, E: std::fmt::Display, Q: std::fmt::Display>(
+    kind: &str,
+    result: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, Q>>,
+) {
+    match result {
+        Ok((object, _)) => tracing::debug!(kind, object = %object, "reconciled"),
+        Err(e) => tracing::debug!(kind, error = %e, "reconcile error"),
+    }
+}

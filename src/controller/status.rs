@@ -1,0 +1,464 @@
+//! Status from observation: what ZooKeeper holds now plus what the previous
+//! status remembered gives the new status, the events to record and the
+//! actions to take. Pure functions, so every rule is testable without
+//! servers.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{
+    BarrierPhase, BarrierSpec, BarrierStatus, HolderStatus, LockLeaseSpec, LockLeaseStatus,
+    LockPhase, OnParticipantLoss, ParticipantStatus,
+};
+use crate::zk::contender::{self, ContenderKind};
+use crate::zk::tree::Snapshot;
+use crate::zk::{BarrierData, ParticipantData, READY};
+
+/// A Kubernetes event to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// `Opened`, `Completed`, `Failed`, `Acquired`, `Released`, `Revoked`.
+    pub reason: &'static str,
+    /// What happened, for a person.
+    pub message: String,
+    /// Whether it is a warning.
+    pub warning: bool,
+}
+
+fn note(reason: &'static str, message: String) -> Note {
+    Note {
+        reason,
+        message,
+        warning: false,
+    }
+}
+
+fn warning(reason: &'static str, message: String) -> Note {
+    Note {
+        reason,
+        message,
+        warning: true,
+    }
+}
+
+/// A ZooKeeper ctime (milliseconds) as a Kubernetes time.
+pub fn time_of_millis(ms: i64) -> Option<Time> {
+    Timestamp::from_millisecond(ms).ok().map(Time)
+}
+
+fn condition(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+    previous: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    // The transition time moves only when the status flips.
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == kind && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    Condition {
+        type_: kind.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// What to do about a barrier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BarrierOutcome {
+    /// The status to write.
+    pub status: BarrierStatus,
+    /// Mark the barrier failed in ZooKeeper with this reason.
+    pub fail: Option<String>,
+    /// Events to record.
+    pub notes: Vec<Note>,
+    /// Reconcile again after this long at the latest (a timeout to enforce).
+    pub requeue: Option<Duration>,
+}
+
+/// Everything the barrier's status is computed from.
+pub struct BarrierObservation<'a> {
+    /// The spec.
+    pub spec: &'a BarrierSpec,
+    /// When the resource was created.
+    pub created: Option<Timestamp>,
+    /// The barrier node, read just now.
+    pub node: &'a Snapshot,
+    /// The status written last time.
+    pub previous: &'a BarrierStatus,
+    /// The resource's generation.
+    pub generation: Option<i64>,
+    /// The barrier node's path.
+    pub znode: &'a str,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// Computes a barrier's status.
+pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
+    let data = BarrierData::parse(obs.znode, &obs.node.data)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let ready = obs.node.children.iter().find(|c| c.name == READY);
+    let members: Vec<_> = obs
+        .node
+        .children
+        .iter()
+        .filter(|c| c.name != READY)
+        .collect();
+    let opened = ready.is_some();
+    let mut notes = Vec::new();
+
+    // Merge who is there now with who was seen before.
+    let mut participants = obs.previous.participants.clone();
+    for member in &members {
+        let pod = ParticipantData::parse(&member.data).pod;
+        match participants.iter_mut().find(|p| p.id == member.name) {
+            Some(p) if p.left_at.is_some() => {
+                // The same id registered again: a replacement.
+                *p = ParticipantStatus {
+                    id: member.name.clone(),
+                    pod,
+                    entered_at: time_of_millis(member.stat.ctime),
+                    ..Default::default()
+                };
+            }
+            Some(_) => {}
+            None => participants.push(ParticipantStatus {
+                id: member.name.clone(),
+                pod,
+                entered_at: time_of_millis(member.stat.ctime),
+                ..Default::default()
+            }),
+        }
+    }
+    let mut lost = Vec::new();
+    for p in participants.iter_mut().filter(|p| p.left_at.is_none()) {
+        if !members.iter().any(|m| m.name == p.id) {
+            p.left_at = Some(Time(obs.now));
+            if !opened {
+                p.lost = true;
+                lost.push(p.id.clone());
+            }
+        }
+    }
+    participants.sort_by(|a, b| {
+        a.entered_at
+            .cmp(&b.entered_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    let entered = participants.iter().filter(|p| !p.lost).count() as u32;
+    let left = participants
+        .iter()
+        .filter(|p| p.left_at.is_some() && !p.lost)
+        .count() as u32;
+
+    let mut fail = None;
+    let mut requeue = None;
+    let previous_phase = obs.previous.phase;
+    // A barrier that opened stays opened: a failure marked after `ready`
+    // (a timeout racing the last arrival) does not undo it.
+    let (phase, reason, message) = if let (Some(reason), false) = (data.failed.clone(), opened) {
+        (
+            BarrierPhase::Failed,
+            Some(reason.clone()),
+            format!("failed: {reason}"),
+        )
+    } else if opened {
+        if members.is_empty() {
+            (
+                BarrierPhase::Completed,
+                None,
+                format!("all {left} participants have left"),
+            )
+        } else if left == 0 {
+            (
+                BarrierPhase::Open,
+                None,
+                format!("open: {entered} participants entered"),
+            )
+        } else {
+            (
+                BarrierPhase::Leaving,
+                None,
+                format!("{left} of {entered} participants have left"),
+            )
+        }
+    } else if !lost.is_empty() && obs.spec.on_participant_loss == OnParticipantLoss::Fail {
+        fail = Some("ParticipantLost".to_owned());
+        (
+            BarrierPhase::Failed,
+            Some("ParticipantLost".to_owned()),
+            format!(
+                "participant {} was lost before the barrier opened",
+                lost.join(", ")
+            ),
+        )
+    } else {
+        let timeout = obs
+            .spec
+            .timeout
+            .as_deref()
+            .and_then(|t| crate::api::parse_duration(t).ok());
+        let deadline = timeout
+            .zip(obs.created)
+            .and_then(|(t, c)| c.checked_add(jiff_span(t)).ok());
+        match deadline {
+            Some(deadline) if obs.now >= deadline => {
+                fail = Some("TimedOut".to_owned());
+                (
+                    BarrierPhase::Failed,
+                    Some("TimedOut".to_owned()),
+                    format!(
+                        "{} of {} participants entered within {}",
+                        members.len(),
+                        data.participants.max(obs.spec.participants),
+                        obs.spec.timeout.as_deref().unwrap_or("")
+                    ),
+                )
+            }
+            other => {
+                if let Some(deadline) = other {
+                    requeue = Some(Duration::from_millis(
+                        deadline.duration_since(obs.now).as_millis().max(0) as u64 + 50,
+                    ));
+                }
+                (
+                    BarrierPhase::Waiting,
+                    None,
+                    format!(
+                        "{} of {} participants entered",
+                        members.len(),
+                        obs.spec.participants
+                    ),
+                )
+            }
+        }
+    };
+    for id in &lost {
+        notes.push(warning(
+            "ParticipantLost",
+            format!("participant {id} left before the barrier opened"),
+        ));
+    }
+    if previous_phase != Some(phase) {
+        match phase {
+            BarrierPhase::Open | BarrierPhase::Leaving
+                if !matches!(
+                    previous_phase,
+                    Some(BarrierPhase::Open | BarrierPhase::Leaving)
+                ) =>
+            {
+                notes.push(note(
+                    "Opened",
+                    format!("the barrier opened with {entered} participants"),
+                ))
+            }
+            BarrierPhase::Completed => notes.push(note(
+                "Completed",
+                format!("all {left} participants have left"),
+            )),
+            BarrierPhase::Failed => notes.push(warning("Failed", message.clone())),
+            _ => {}
+        }
+    }
+    let completed_at = match phase {
+        BarrierPhase::Completed => obs.previous.completed_at.clone().or(Some(Time(obs.now))),
+        _ => None,
+    };
+    let is_open = matches!(
+        phase,
+        BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed
+    );
+    let ready_condition = condition(
+        "Ready",
+        is_open,
+        reason
+            .as_deref()
+            .unwrap_or(if is_open { "Opened" } else { "Waiting" }),
+        &message,
+        obs.generation,
+        obs.now,
+        &obs.previous.conditions,
+    );
+    BarrierOutcome {
+        status: BarrierStatus {
+            phase: Some(phase),
+            reason,
+            message: Some(message),
+            entered,
+            left,
+            participants,
+            opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
+            completed_at,
+            conditions: vec![ready_condition],
+            observed_generation: obs.generation,
+            znode: Some(obs.znode.to_owned()),
+        },
+        fail,
+        notes,
+        requeue,
+    }
+}
+
+fn jiff_span(d: Duration) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or(k8s_openapi::jiff::SignedDuration::MAX)
+}
+
+/// What to do about a lock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LockOutcome {
+    /// The status to write.
+    pub status: LockLeaseStatus,
+    /// Holders' nodes to delete: their lease expired.
+    pub revoke: Vec<String>,
+    /// Events to record.
+    pub notes: Vec<Note>,
+    /// Reconcile again after this long at the latest (the next expiry).
+    pub requeue: Option<Duration>,
+}
+
+/// Computes a lock's status from its node's children.
+pub fn lock(
+    spec: &LockLeaseSpec,
+    node: &Snapshot,
+    previous: &LockLeaseStatus,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+) -> LockOutcome {
+    let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
+    let queue = contender::queue(&names);
+    let lease = spec
+        .lease_duration
+        .as_deref()
+        .and_then(|d| crate::api::parse_duration(d).ok());
+    let mut holders = Vec::new();
+    let mut waiting = Vec::new();
+    let mut revoke = Vec::new();
+    let mut notes = Vec::new();
+    let mut requeue: Option<Duration> = None;
+    for (i, c) in queue.iter().enumerate() {
+        let Some(child) = node.children.iter().find(|n| n.name == c.name) else {
+            continue;
+        };
+        let who = ParticipantData::parse(&child.data);
+        let id = who.pod.clone().unwrap_or_else(|| c.name.clone());
+        if contender::blocker(&queue, i).is_some() {
+            waiting.push(id);
+            continue;
+        }
+        let since = Timestamp::from_millisecond(child.stat.ctime).unwrap_or(now);
+        let expires = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
+        if let Some(expires) = expires {
+            if now >= expires {
+                revoke.push(c.name.clone());
+                notes.push(warning(
+                    "Revoked",
+                    format!(
+                        "revoked the hold of {id} (token {}): held longer than {}",
+                        child.stat.czxid,
+                        spec.lease_duration.as_deref().unwrap_or("")
+                    ),
+                ));
+                continue;
+            }
+            let left =
+                Duration::from_millis(expires.duration_since(now).as_millis().max(0) as u64 + 50);
+            requeue = Some(requeue.map_or(left, |r| r.min(left)));
+        }
+        holders.push(HolderStatus {
+            id,
+            pod: who.pod,
+            mode: match c.kind {
+                ContenderKind::Exclusive => "Exclusive",
+                ContenderKind::Read => "Read",
+                ContenderKind::Write => "Write",
+            }
+            .to_owned(),
+            since: Some(Time(since)),
+            fencing_token: child.stat.czxid,
+            expires_at: expires.map(Time),
+        });
+    }
+    for h in &holders {
+        if !previous
+            .holders
+            .iter()
+            .any(|p| p.fencing_token == h.fencing_token)
+        {
+            notes.push(note(
+                "Acquired",
+                format!(
+                    "{} acquired the lock ({}, token {})",
+                    h.id, h.mode, h.fencing_token
+                ),
+            ));
+        }
+    }
+    for p in &previous.holders {
+        let still = holders.iter().any(|h| h.fencing_token == p.fencing_token);
+        let revoked_now = node
+            .children
+            .iter()
+            .any(|c| c.stat.czxid == p.fencing_token && revoke.contains(&c.name));
+        if !still && !revoked_now {
+            notes.push(note(
+                "Released",
+                format!("{} released the lock (token {})", p.id, p.fencing_token),
+            ));
+        }
+    }
+    let held = !holders.is_empty();
+    let message = if held {
+        format!(
+            "held by {}",
+            holders
+                .iter()
+                .map(|h| h.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        "free".to_owned()
+    };
+    LockOutcome {
+        status: LockLeaseStatus {
+            phase: Some(if held {
+                LockPhase::Held
+            } else {
+                LockPhase::Free
+            }),
+            holder_count: holders.len() as u32,
+            waiting_count: waiting.len() as u32,
+            holders,
+            waiting,
+            conditions: vec![condition(
+                "Held",
+                held,
+                if held { "Held" } else { "Free" },
+                &message,
+                generation,
+                now,
+                &previous.conditions,
+            )],
+            observed_generation: generation,
+            znode: Some(znode.to_owned()),
+        },
+        revoke,
+        notes,
+        requeue,
+    }
+}

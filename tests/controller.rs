@@ -1,0 +1,622 @@
+//! The controller against a real kube-apiserver + etcd and a real ZooKeeper.
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+use support::kube::{client, install_crds, namespace, ControllerProcess};
+use support::{children, eventually, isolated_connect, session};
+use zkgate::api::{Barrier, BarrierPhase, LockLease};
+use zkgate::zk::{BarrierData, DoubleBarrier, EnterOptions, ParticipantData, Session};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+struct Setup {
+    client: kube::Client,
+    ns: String,
+    zk: String,
+    controller: ControllerProcess,
+}
+
+async fn setup() -> Setup {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = isolated_connect();
+    let controller = ControllerProcess::start(&ns, &zk, "controller-0");
+    Setup {
+        client,
+        ns,
+        zk,
+        controller,
+    }
+}
+
+fn barrier_path(ns: &str, name: &str) -> String {
+    format!("/zkgate/namespaces/{ns}/barriers/{name}")
+}
+
+async fn create_barrier(s: &Setup, name: &str, spec: serde_json::Value) -> Barrier {
+    let api: Api<Barrier> = Api::namespaced(s.client.clone(), &s.ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": name }, "spec": spec })).unwrap();
+    api.create(&PostParams::default(), &b)
+        .await
+        .expect("create Barrier")
+}
+
+async fn barrier_where(
+    s: &Setup,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Barrier) -> bool,
+) -> Barrier {
+    let api: Api<Barrier> = Api::namespaced(s.client.clone(), &s.ns);
+    eventually(WITHIN, what, || async {
+        api.get(name).await.ok().filter(|b| pred(b))
+    })
+    .await
+}
+
+fn phase(b: &Barrier) -> Option<BarrierPhase> {
+    b.status.as_ref().and_then(|s| s.phase)
+}
+
+async fn event_reasons(s: &Setup) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+fn zkgate(s: &Setup, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.args(args)
+        .env("ZKGATE_ZOOKEEPER", &s.zk)
+        .env("ZKGATE_NAMESPACE", &s.ns)
+        .env("ZKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn finished(child: tokio::process::Child) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(WITHIN, child.wait_with_output())
+        .await
+        .expect("the command exits")
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_barrier_goes_waiting_open_leaving_completed_with_events() {
+    let s = setup().await;
+    let created = create_barrier(&s, "gang", json!({ "participants": 3 })).await;
+    let b = barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    assert_eq!(
+        b.status.as_ref().unwrap().znode.as_deref(),
+        Some(path.as_str())
+    );
+    let observer = session(&s.zk).await;
+    let (data, _) = observer.client().get_data(&path).await.unwrap();
+    let data = BarrierData::parse(&path, &data).unwrap().unwrap();
+    assert_eq!(
+        (data.participants, data.uid),
+        (3, created.uid()),
+        "the node carries x and the resource's uid"
+    );
+    assert!(b.finalizers().iter().any(|f| f == "zkgate.io/znodes"));
+
+    let mut sessions = Vec::new();
+    for i in 0..3 {
+        let participant = Arc::new(session(&s.zk).await);
+        let p = participant.clone();
+        let path = path.clone();
+        tokio::spawn(async move {
+            DoubleBarrier::new(&path)
+                .enter(&p, &format!("p{i}"), &EnterOptions::default(), None)
+                .await
+                .expect("enter");
+        });
+        sessions.push(participant);
+        if i == 1 {
+            let b = barrier_where(&s, "gang", "2 entered", |b| {
+                b.status.as_ref().is_some_and(|s| s.entered == 2)
+            })
+            .await;
+            assert_eq!(phase(&b), Some(BarrierPhase::Waiting));
+        }
+    }
+    let b = barrier_where(&s, "gang", "Open", |b| phase(b) == Some(BarrierPhase::Open)).await;
+    let status = b.status.unwrap();
+    assert_eq!(status.entered, 3);
+    assert!(status.opened_at.is_some());
+    assert!(status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True"));
+
+    let leave = |i: usize| {
+        let (p, path) = (sessions[i].clone(), path.clone());
+        tokio::spawn(async move {
+            DoubleBarrier::new(&path)
+                .leave(&p, &format!("p{i}"), None)
+                .await
+        })
+    };
+    let l1 = leave(1);
+    barrier_where(&s, "gang", "Leaving", |b| {
+        phase(b) == Some(BarrierPhase::Leaving) && b.status.as_ref().unwrap().left == 1
+    })
+    .await;
+    let (l0, l2) = (leave(0), leave(2));
+    for l in [l0, l1, l2] {
+        l.await.unwrap().expect("leave");
+    }
+    let b = barrier_where(&s, "gang", "Completed", |b| {
+        phase(b) == Some(BarrierPhase::Completed)
+    })
+    .await;
+    let status = b.status.unwrap();
+    assert_eq!(
+        (status.entered, status.left, status.participants.len()),
+        (3, 3, 3)
+    );
+    assert!(status.completed_at.is_some());
+    let reasons = eventually(WITHIN, "Opened and Completed events", || async {
+        let r = event_reasons(&s).await;
+        (r.contains(&"Opened".into()) && r.contains(&"Completed".into())).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "Opened").count(),
+        1,
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
+    let s = setup().await;
+    create_barrier(&s, "gang", json!({ "participants": 2 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut uids = Vec::new();
+    for i in 0..2 {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": format!("job-{i}"), "labels": { "zkgate.io/barrier": "gang" } },
+            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+        }))
+        .unwrap();
+        uids.push(
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .unwrap()
+                .uid()
+                .unwrap(),
+        );
+    }
+    let path = barrier_path(&s.ns, "gang");
+    let mut waits = Vec::new();
+    for (i, uid) in uids.iter().enumerate() {
+        let options = EnterOptions {
+            persistent: true,
+            data: ParticipantData {
+                pod: Some(format!("job-{i}")),
+                pod_uid: Some(uid.clone()),
+            },
+            ..EnterOptions::default()
+        };
+        let (zk, path) = (s.zk.clone(), path.clone());
+        waits.push(tokio::spawn(async move {
+            // An init container: registers, waits, exits.
+            let session = session(&zk).await;
+            DoubleBarrier::new(&path)
+                .enter(&session, &format!("job-{i}"), &options, None)
+                .await
+                .expect("enter");
+            session.close().await.unwrap();
+        }));
+    }
+    for w in waits {
+        w.await.unwrap();
+    }
+    barrier_where(&s, "gang", "Open", |b| phase(b) == Some(BarrierPhase::Open)).await;
+    let observer = session(&s.zk).await;
+    assert_eq!(
+        children(&observer, &path).await,
+        ["job-0", "job-1", "ready"],
+        "registrations outlive the init containers"
+    );
+
+    let set_phase = |name: &'static str, phase: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let patch = json!({ "status": { "phase": phase } });
+            pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    set_phase("job-0", "Running").await;
+    set_phase("job-0", "Succeeded").await;
+    let b = barrier_where(&s, "gang", "job-0 left", |b| {
+        b.status.as_ref().is_some_and(|s| s.left == 1)
+    })
+    .await;
+    assert_eq!(phase(&b), Some(BarrierPhase::Leaving));
+    assert_eq!(children(&observer, &path).await, ["job-1", "ready"]);
+
+    pods.delete("job-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let b = barrier_where(&s, "gang", "Completed", |b| {
+        phase(b) == Some(BarrierPhase::Completed)
+    })
+    .await;
+    assert_eq!(b.status.unwrap().left, 2);
+    assert_eq!(children(&observer, &path).await, ["ready"]);
+}
+
+#[tokio::test]
+async fn a_timeout_fails_the_barrier_and_its_waiters_exit_4() {
+    let s = setup().await;
+    create_barrier(&s, "slow", json!({ "participants": 2, "timeout": "3s" })).await;
+    let waiter = zkgate(
+        &s,
+        &[
+            "barrier",
+            "run",
+            "slow",
+            "--id",
+            "p0",
+            "--timeout",
+            "60s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (code, err) = finished(waiter).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("TimedOut"), "{err}");
+    let b = barrier_where(&s, "slow", "Failed", |b| {
+        phase(b) == Some(BarrierPhase::Failed)
+    })
+    .await;
+    assert_eq!(b.status.unwrap().reason.as_deref(), Some("TimedOut"));
+    eventually(WITHIN, "a Failed event", || async {
+        event_reasons(&s)
+            .await
+            .contains(&"Failed".into())
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_barrier_stops_its_waiters_and_removes_znodes_and_finalizer() {
+    let s = setup().await;
+    create_barrier(&s, "doomed", json!({ "participants": 2 })).await;
+    barrier_where(&s, "doomed", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let waiter = zkgate(
+        &s,
+        &[
+            "barrier",
+            "run",
+            "doomed",
+            "--id",
+            "p0",
+            "--timeout",
+            "60s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    barrier_where(&s, "doomed", "p0 entered", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 1)
+    })
+    .await;
+    let api: Api<Barrier> = Api::namespaced(s.client.clone(), &s.ns);
+    api.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (code, err) = finished(waiter).await;
+    assert_eq!(code, Some(4), "{err}");
+    eventually(WITHIN, "the resource gone (finalizer removed)", || async {
+        api.get_opt("doomed").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let observer = session(&s.zk).await;
+    assert!(
+        observer
+            .client()
+            .check_stat(&barrier_path(&s.ns, "doomed"))
+            .await
+            .unwrap()
+            .is_none(),
+        "znodes removed"
+    );
+
+    // The same name again starts from a clean subtree.
+    create_barrier(&s, "doomed", json!({ "participants": 1 })).await;
+    let b = barrier_where(&s, "doomed", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    assert_eq!(b.status.unwrap().entered, 0);
+}
+
+#[tokio::test]
+async fn a_lease_duration_revokes_the_holder_and_the_next_waiter_acquires() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
+        "spec": { "mode": "Exclusive", "leaseDuration": "3s" }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let holder = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "holder",
+            "--timeout",
+            "30s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let held = eventually(WITHIN, "the holder in status", || async {
+        let l = api.get("db").await.ok()?;
+        let st = l.status?;
+        (st.holders.len() == 1 && st.holders[0].id == "holder").then_some(st)
+    })
+    .await;
+    assert!(held.holders[0].fencing_token > 0 && held.holders[0].expires_at.is_some());
+    let waiter = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "waiter",
+            "--timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (code, err) = finished(holder).await;
+    assert_eq!(code, Some(6), "the revoked holder exits 6: {err}");
+    assert!(err.contains("revoked"), "{err}");
+    let (code, err) = finished(waiter).await;
+    assert_eq!(code, Some(0), "{err}");
+    eventually(WITHIN, "Revoked and Acquired events", || async {
+        let r = event_reasons(&s).await;
+        (r.contains(&"Revoked".into()) && r.contains(&"Acquired".into())).then_some(())
+    })
+    .await;
+    eventually(WITHIN, "the lock free again", || async {
+        let st = api.get("db").await.ok()?.status?;
+        (st.holder_count == 0 && st.waiting_count == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn waiters_are_listed_in_queue_order() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "q" }, "spec": {} })).unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let mut procs = Vec::new();
+    for id in ["first", "second", "third"] {
+        procs.push(
+            zkgate(
+                &s,
+                &[
+                    "lock",
+                    "run",
+                    "q",
+                    "--id",
+                    id,
+                    "--timeout",
+                    "30s",
+                    "--",
+                    "sleep",
+                    "30",
+                ],
+            )
+            .spawn()
+            .unwrap(),
+        );
+        let n = procs.len() as u32;
+        eventually(WITHIN, "queued", || async {
+            let st = api.get("q").await.ok()?.status?;
+            (st.holder_count + st.waiting_count == n).then_some(())
+        })
+        .await;
+    }
+    let st = api.get("q").await.unwrap().status.unwrap();
+    assert_eq!(st.holders[0].id, "first");
+    assert_eq!(st.waiting, ["second", "third"]);
+}
+
+#[tokio::test]
+async fn invalid_resources_are_refused_with_messages_a_user_understands() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let bad: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "b" }, "spec": { "participants": 0, "timeout": "10 minutes" } })).unwrap();
+    let err = barriers
+        .create(&PostParams::default(), &bad)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.participants") && err.contains("greater than or equal to 1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.timeout") && err.contains("should match"),
+        "{err}"
+    );
+    // A mode that does not exist, sent as a user's YAML would be (untyped).
+    let resource = kube::api::ApiResource::erase::<LockLease>(&());
+    let locks: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let raw: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "l" },
+        "spec": { "mode": "Sometimes", "leaseDuration": "forever" }
+    }))
+    .unwrap();
+    let err = locks
+        .create(&PostParams::default(), &raw)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.mode") && err.contains("Exclusive") && err.contains("ReadWrite"),
+        "names the allowed modes: {err}"
+    );
+    assert!(err.contains("spec.leaseDuration"), "{err}");
+}
+
+#[tokio::test]
+async fn a_restarted_controller_converges_without_double_counting() {
+    let mut s = setup().await;
+    create_barrier(&s, "gang", json!({ "participants": 3 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    let enter = |i: usize, zk: String, path: String| {
+        tokio::spawn(async move {
+            let session = session(&zk).await;
+            DoubleBarrier::new(&path)
+                .enter(&session, &format!("p{i}"), &EnterOptions::default(), None)
+                .await
+                .expect("enter");
+            session
+        })
+    };
+    let p0 = enter(0, s.zk.clone(), path.clone());
+    let p1 = enter(1, s.zk.clone(), path.clone());
+    barrier_where(&s, "gang", "2 entered", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 2)
+    })
+    .await;
+    s.controller.kill().await;
+    let p2 = enter(2, s.zk.clone(), path.clone());
+    let _sessions: Vec<Session> = vec![p0.await.unwrap(), p1.await.unwrap(), p2.await.unwrap()];
+    s.controller = ControllerProcess::start(&s.ns, &s.zk, "controller-1");
+    let b = barrier_where(&s, "gang", "Open after the restart", |b| {
+        phase(b) == Some(BarrierPhase::Open)
+    })
+    .await;
+    let status = b.status.unwrap();
+    assert_eq!(
+        status.entered, 3,
+        "counted once each: {:?}",
+        status.participants
+    );
+    assert_eq!(status.participants.len(), 3);
+}
+
+#[tokio::test]
+async fn of_two_replicas_one_leads_and_the_other_takes_over() {
+    let mut s = setup().await;
+    let mut second = ControllerProcess::start(&s.ns, &s.zk, "controller-b");
+    let leaders = |a: Option<f64>, b: Option<f64>| (a.unwrap_or(0.0) + b.unwrap_or(0.0)) as u32;
+    eventually(WITHIN, "one leader", || async {
+        let (a, b) = (
+            s.controller.metric("zkgate_leader").await,
+            second.metric("zkgate_leader").await,
+        );
+        (a.is_some() && b.is_some() && leaders(a, b) == 1).then_some(())
+    })
+    .await;
+    // Both stay ready (connected to ZooKeeper); only one reconciles.
+    assert_eq!(s.controller.status_of("/readyz").await, Some(200));
+    assert_eq!(second.status_of("/readyz").await, Some(200));
+    create_barrier(&s, "one", json!({ "participants": 1 })).await;
+    barrier_where(&s, "one", "reconciled", |b| phase(b).is_some()).await;
+    let first_leads = s.controller.metric("zkgate_leader").await == Some(1.0);
+    if first_leads {
+        s.controller.kill().await;
+    } else {
+        second.kill().await;
+    }
+    let survivor = if first_leads { &second } else { &s.controller };
+    eventually(Duration::from_secs(30), "the survivor to lead", || async {
+        (survivor.metric("zkgate_leader").await == Some(1.0)).then_some(())
+    })
+    .await;
+    create_barrier(&s, "two", json!({ "participants": 1 })).await;
+    barrier_where(&s, "two", "reconciled by the survivor", |b| {
+        phase(b).is_some()
+    })
+    .await;
+}
+
+#[test]
+fn crds_in_the_repository_match_the_generated_ones() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    for crd in zkgate::api::crds() {
+        let file = dir.join(zkgate::api::file_name(&crd));
+        let on_disk = std::fs::read_to_string(&file).unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run `zkgate crds --dir crds`",
+                file.display()
+            )
+        });
+        assert_eq!(
+            on_disk,
+            zkgate::api::to_yaml(&crd),
+            "{} differs from `zkgate crds`: regenerate it with `zkgate crds --dir crds`",
+            file.display()
+        );
+    }
+}
