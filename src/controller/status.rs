@@ -462,3 +462,271 @@ pub fn lock(
         requeue,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zk::tree::ChildNode;
+    use zookeeper_client::Stat;
+
+    fn stat(ctime: i64, czxid: i64, ephemeral_owner: i64) -> Stat {
+        Stat {
+            czxid,
+            mzxid: czxid,
+            pzxid: czxid,
+            ctime,
+            mtime: ctime,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    fn child(name: &str, ctime: i64, czxid: i64, data: &str) -> ChildNode {
+        ChildNode {
+            name: name.into(),
+            data: data.as_bytes().to_vec(),
+            stat: stat(ctime, czxid, 1),
+        }
+    }
+
+    fn node(data: BarrierData, children: Vec<ChildNode>) -> Snapshot {
+        Snapshot {
+            data: data.to_bytes(),
+            stat: stat(0, 1, 0),
+            children,
+        }
+    }
+
+    fn spec(x: u32, timeout: Option<&str>, loss: OnParticipantLoss) -> BarrierSpec {
+        BarrierSpec {
+            participants: x,
+            timeout: timeout.map(Into::into),
+            on_participant_loss: loss,
+        }
+    }
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millisecond(ms).unwrap()
+    }
+
+    fn observe(
+        spec: &BarrierSpec,
+        node: &Snapshot,
+        previous: &BarrierStatus,
+        now: i64,
+    ) -> BarrierOutcome {
+        barrier(&BarrierObservation {
+            spec,
+            created: Some(at(0)),
+            node,
+            previous,
+            generation: Some(1),
+            znode: "/b",
+            now: at(now),
+        })
+    }
+
+    #[test]
+    fn waiting_then_open_then_leaving_then_completed() {
+        let s = spec(2, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        let one = observe(
+            &s,
+            &node(data.clone(), vec![child("a", 10, 11, "")]),
+            &BarrierStatus::default(),
+            20,
+        );
+        assert_eq!(
+            (one.status.phase, one.status.entered),
+            (Some(BarrierPhase::Waiting), 1)
+        );
+        let open = observe(
+            &s,
+            &node(
+                data.clone(),
+                vec![
+                    child("a", 10, 11, ""),
+                    child("b", 30, 31, ""),
+                    child(READY, 31, 32, ""),
+                ],
+            ),
+            &one.status,
+            40,
+        );
+        assert_eq!(
+            (open.status.phase, open.status.entered),
+            (Some(BarrierPhase::Open), 2)
+        );
+        assert_eq!(
+            open.notes.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["Opened"]
+        );
+        let leaving = observe(
+            &s,
+            &node(
+                data.clone(),
+                vec![child("b", 30, 31, ""), child(READY, 31, 32, "")],
+            ),
+            &open.status,
+            50,
+        );
+        assert_eq!(
+            (leaving.status.phase, leaving.status.left),
+            (Some(BarrierPhase::Leaving), 1)
+        );
+        assert!(leaving.notes.is_empty(), "no second Opened event");
+        let done = observe(
+            &s,
+            &node(data, vec![child(READY, 31, 32, "")]),
+            &leaving.status,
+            60,
+        );
+        assert_eq!(
+            (done.status.phase, done.status.entered, done.status.left),
+            (Some(BarrierPhase::Completed), 2, 2)
+        );
+        assert_eq!(done.notes[0].reason, "Completed");
+    }
+
+    #[test]
+    fn a_participant_lost_before_opening_waits_or_fails_by_policy() {
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let before = observe(
+            &spec(3, None, OnParticipantLoss::Wait),
+            &node(
+                data.clone(),
+                vec![child("a", 1, 2, ""), child("b", 1, 3, "")],
+            ),
+            &BarrierStatus::default(),
+            5,
+        );
+        let wait = observe(
+            &spec(3, None, OnParticipantLoss::Wait),
+            &node(data.clone(), vec![child("a", 1, 2, "")]),
+            &before.status,
+            6,
+        );
+        assert_eq!(
+            (wait.status.phase, wait.status.entered, wait.fail.clone()),
+            (Some(BarrierPhase::Waiting), 1, None)
+        );
+        assert!(wait
+            .status
+            .participants
+            .iter()
+            .any(|p| p.id == "b" && p.lost));
+        let fail = observe(
+            &spec(3, None, OnParticipantLoss::Fail),
+            &node(data, vec![child("a", 1, 2, "")]),
+            &before.status,
+            6,
+        );
+        assert_eq!(fail.fail.as_deref(), Some("ParticipantLost"));
+        assert_eq!(fail.status.phase, Some(BarrierPhase::Failed));
+    }
+
+    #[test]
+    fn a_timeout_fails_a_waiting_barrier_and_is_requeued_until_then() {
+        let s = spec(2, Some("10s"), OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        let early = observe(
+            &s,
+            &node(data.clone(), vec![child("a", 1, 2, "")]),
+            &BarrierStatus::default(),
+            4_000,
+        );
+        assert_eq!(early.fail, None);
+        let requeue = early.requeue.unwrap();
+        assert!(
+            requeue > Duration::from_secs(5) && requeue <= Duration::from_secs(7),
+            "{requeue:?}"
+        );
+        let late = observe(
+            &s,
+            &node(data, vec![child("a", 1, 2, "")]),
+            &early.status,
+            10_001,
+        );
+        assert_eq!(late.fail.as_deref(), Some("TimedOut"));
+    }
+
+    #[test]
+    fn an_opened_barrier_stays_open_even_if_marked_failed_later() {
+        let s = spec(1, Some("1s"), OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 1,
+            failed: Some("TimedOut".into()),
+            ..Default::default()
+        };
+        let out = observe(
+            &s,
+            &node(data, vec![child("a", 1, 2, ""), child(READY, 2, 3, "")]),
+            &BarrierStatus::default(),
+            5_000,
+        );
+        assert_eq!(out.status.phase, Some(BarrierPhase::Open));
+        assert_eq!(out.fail, None);
+    }
+
+    #[test]
+    fn lock_holders_waiters_and_revocation() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::ReadWrite,
+            lease_duration: Some("10s".into()),
+        };
+        let who = |p: &str| format!(r#"{{"pod":"{p}"}}"#);
+        let n = Snapshot {
+            data: vec![],
+            stat: stat(0, 1, 0),
+            children: vec![
+                child("_c_a-__READ__0000000001", 0, 100, &who("r1")),
+                child("_c_b-__READ__0000000002", 5_000, 101, &who("r2")),
+                child("_c_c-__WRIT__0000000003", 6_000, 102, &who("w")),
+                child("_c_d-__READ__0000000004", 7_000, 103, &who("r3")),
+            ],
+        };
+        let out = lock(
+            &s,
+            &n,
+            &LockLeaseStatus::default(),
+            Some(1),
+            "/l",
+            at(9_000),
+        );
+        assert_eq!(
+            out.status
+                .holders
+                .iter()
+                .map(|h| h.id.as_str())
+                .collect::<Vec<_>>(),
+            ["r1", "r2"]
+        );
+        assert_eq!(
+            out.status.waiting,
+            ["w", "r3"],
+            "queue order; a later reader waits behind the writer"
+        );
+        assert!(out.revoke.is_empty());
+        assert_eq!(
+            out.requeue,
+            Some(Duration::from_millis(1_050)),
+            "looked at again when r1's lease ends"
+        );
+        let later = lock(&s, &n, &out.status, Some(1), "/l", at(10_000));
+        assert_eq!(later.revoke, ["_c_a-__READ__0000000001"]);
+        assert!(later.notes.iter().any(|n| n.reason == "Revoked"));
+    }
+}
