@@ -620,3 +620,20 @@ fn crds_in_the_repository_match_the_generated_ones() {
         );
     }
 }
+
+#[tokio::test]
+async fn sigterm_stops_the_controller_and_hands_leadership_over_at_once() {
+    let mut s = setup().await;
+    create_barrier(&s, "b", json!({ "participants": 1 })).await;
+    barrier_where(&s, "b", "reconciled", |b| phase(b).is_some()).await;
+    let pid = s.controller.child.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(WITHIN, s.controller.child.wait())
+        .await
+        .expect("stops")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    // The leader lock was released, not left to the session timeout.
+    let observer = session(&s.zk).await;
+    assert!(children(&observer, "/zkgate/leader").await.is_empty());
+}

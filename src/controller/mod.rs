@@ -215,7 +215,9 @@ async fn lead(
     let (lock_tx, lock_rx) = unbounded_channel();
     let (all_barriers_tx, all_barriers_rx) = unbounded_channel();
     let (all_locks_tx, all_locks_rx) = unbounded_channel();
-    let stop = shutdown.child_token();
+    // Stops the controllers gracefully; cancelled only by the shutdown branch
+    // below, so that branch (not "the controllers stopped") decides the outcome.
+    let stop = CancellationToken::new();
 
     let barriers = Controller::new(options.api::<Barrier>(client), watcher::Config::default())
         .watches(
