@@ -637,3 +637,49 @@ async fn sigterm_stops_the_controller_and_hands_leadership_over_at_once() {
     let observer = session(&s.zk).await;
     assert!(children(&observer, "/zkgate/leader").await.is_empty());
 }
+
+#[tokio::test]
+async fn deleting_a_locklease_stops_its_holder_and_waiters() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "gone" }, "spec": {} })).unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let holder = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "gone",
+            "--id",
+            "h",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let waiter = zkgate(&s, &["lock", "run", "gone", "--id", "w", "--", "true"])
+        .spawn()
+        .unwrap();
+    eventually(WITHIN, "holder and waiter in status", || async {
+        let st = api.get("gone").await.ok()?.status?;
+        (st.holder_count == 1 && st.waiting_count == 1).then_some(())
+    })
+    .await;
+    api.delete("gone", &DeleteParams::default()).await.unwrap();
+    let (code, err) = finished(holder).await;
+    assert_eq!(code, Some(6), "the holder's lock is gone: {err}");
+    let (code, err) = finished(waiter).await;
+    assert_eq!(
+        code,
+        Some(4),
+        "the waiter learns the lock was deleted: {err}"
+    );
+    eventually(WITHIN, "the resource gone", || async {
+        api.get_opt("gone").await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
