@@ -661,6 +661,11 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
     )
     .spawn()
     .unwrap();
+    eventually(WITHIN, "the holder holds", || async {
+        let st = api.get("gone").await.ok()?.status?;
+        (st.holder_count == 1).then_some(())
+    })
+    .await;
     let waiter = zkgate(&s, &["lock", "run", "gone", "--id", "w", "--", "true"])
         .spawn()
         .unwrap();

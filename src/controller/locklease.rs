@@ -171,7 +171,19 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
 async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let name = lock.name_any();
     let path = ctx.layout.lock(namespace, &name)?;
-    tree::delete_tree(&ctx.zk, &path).await?;
+    let zk = &*ctx.zk;
+    // Contenders go last-in-queue first: each waiter's own node is gone
+    // before the node it watches, so when it wakes it finds itself removed
+    // (exit 4) instead of finding itself first in line. The holder goes last.
+    let names = match zk.client().list_children(&path).await {
+        Ok(names) => names,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => return Err(ZkError::Zk { op: "list", path: path.clone(), source: e }.into()),
+    };
+    for contender in crate::zk::contender::queue(&names).iter().rev() {
+        tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
+    }
+    tree::delete_tree(zk, &path).await?;
     ctx.metrics.lock_gone(namespace, &name);
     info!(lock = %name, %path, "deleted the lock's znodes");
     Ok(Action::await_change())
