@@ -178,7 +178,14 @@ async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Act
     let names = match zk.client().list_children(&path).await {
         Ok(names) => names,
         Err(zk::Error::NoNode) => Vec::new(),
-        Err(e) => return Err(ZkError::Zk { op: "list", path: path.clone(), source: e }.into()),
+        Err(e) => {
+            return Err(ZkError::Zk {
+                op: "list",
+                path: path.clone(),
+                source: e,
+            }
+            .into())
+        }
     };
     for contender in crate::zk::contender::queue(&names).iter().rev() {
         tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
