@@ -85,8 +85,12 @@ async fn a_release_wakes_only_the_next_waiter() {
             token
         }));
     }
-    eventually(Duration::from_secs(10), "10 waiters queued", || async {
-        (children(&holder, LOCK).await.len() == 11).then_some(())
+    // Queued is not enough: wait until every waiter has set its watch.
+    let chroot = format!("/{}", connect.split_once('/').unwrap().1);
+    eventually(Duration::from_secs(10), "10 waiters watching", || async {
+        (children(&holder, LOCK).await.len() == 11
+            && support::watches_under(&format!("{chroot}{LOCK}/")) == 10)
+            .then_some(())
     })
     .await;
     let wakeups = |sessions: &Vec<Arc<zkgate::zk::Session>>| {

@@ -75,3 +75,25 @@ pub async fn children(session: &Session, path: &str) -> Vec<String> {
     c.sort();
     c
 }
+
+/// How many watches the shared server holds on paths starting with
+/// `prefix` (server-side paths, chroot included), from the `wchp` command.
+pub fn watches_under(prefix: &str) -> usize {
+    let server = shared_zookeeper();
+    let port: u16 = server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let dump = zookeeper::four_letter(port, "wchp").unwrap_or_default();
+    let mut count = 0;
+    let mut counting = false;
+    for line in dump.lines() {
+        if line.starts_with('/') {
+            counting = line.starts_with(prefix);
+        } else if counting && line.trim().starts_with("0x") {
+            count += 1;
+        }
+    }
+    count
+}
