@@ -1,7 +1,7 @@
 //! The `LockLease` resource: a lock, exclusive or read/write, with a bounded
 //! hold time and a fencing token for each holder.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -111,12 +111,12 @@ pub struct HolderStatus {
     pub pod: Option<String>,
     /// `Exclusive`, `Read` or `Write`.
     pub mode: String,
-    /// Since when it holds the lock.
+    /// Since when it holds the lock (microseconds: the lease is measured from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Time>,
+    pub since: Option<MicroTime>,
     /// Its fencing token (the czxid of its node): larger for every later hold.
     pub fencing_token: i64,
     /// When the controller revokes the hold (with a lease duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<Time>,
+    pub expires_at: Option<MicroTime>,
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
@@ -360,7 +360,15 @@ pub fn lock(
             waiting.push(id);
             continue;
         }
-        let since = Timestamp::from_millisecond(child.stat.ctime).unwrap_or(now);
+        // ZooKeeper does not record when a waiter became the holder (its
+        // ctime is when it queued): the hold starts when the controller first
+        // saw this token holding, remembered in the status across restarts.
+        let since = previous
+            .holders
+            .iter()
+            .find(|h| h.fencing_token == child.stat.czxid)
+            .and_then(|h| h.since.as_ref().map(|t| t.0))
+            .unwrap_or(now);
         let expires = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
         if let Some(expires) = expires {
             if now >= expires {
@@ -388,9 +396,9 @@ pub fn lock(
                 ContenderKind::Write => "Write",
             }
             .to_owned(),
-            since: Some(Time(since)),
+            since: Some(MicroTime(since)),
             fencing_token: child.stat.czxid,
-            expires_at: expires.map(Time),
+            expires_at: expires.map(MicroTime),
         });
     }
     for h in &holders {
@@ -693,9 +701,9 @@ mod tests {
             stat: stat(0, 1, 0),
             children: vec![
                 child("_c_a-__READ__0000000001", 0, 100, &who("r1")),
-                child("_c_b-__READ__0000000002", 5_000, 101, &who("r2")),
-                child("_c_c-__WRIT__0000000003", 6_000, 102, &who("w")),
-                child("_c_d-__READ__0000000004", 7_000, 103, &who("r3")),
+                child("_c_b-__READ__0000000002", 500, 101, &who("r2")),
+                child("_c_c-__WRIT__0000000003", 600, 102, &who("w")),
+                child("_c_d-__READ__0000000004", 700, 103, &who("r3")),
             ],
         };
         let out = lock(
@@ -704,7 +712,7 @@ mod tests {
             &LockLeaseStatus::default(),
             Some(1),
             "/l",
-            at(9_000),
+            at(1_000),
         );
         assert_eq!(
             out.status
@@ -722,11 +730,59 @@ mod tests {
         assert!(out.revoke.is_empty());
         assert_eq!(
             out.requeue,
-            Some(Duration::from_millis(1_050)),
-            "looked at again when r1's lease ends"
+            Some(Duration::from_millis(10_050)),
+            "looked at again when the leases end"
         );
-        let later = lock(&s, &n, &out.status, Some(1), "/l", at(10_000));
-        assert_eq!(later.revoke, ["_c_a-__READ__0000000001"]);
+        let later = lock(&s, &n, &out.status, Some(1), "/l", at(11_000));
+        assert_eq!(
+            later.revoke,
+            ["_c_a-__READ__0000000001", "_c_b-__READ__0000000002"]
+        );
         assert!(later.notes.iter().any(|n| n.reason == "Revoked"));
+    }
+
+    #[test]
+    fn a_hold_starts_when_the_waiter_becomes_the_holder_not_when_it_queued() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::Exclusive,
+            lease_duration: Some("3s".into()),
+        };
+        let first = child("_c_a-lock-0000000001", 0, 100, "");
+        let second = child("_c_b-lock-0000000002", 100, 101, "");
+        let both = Snapshot {
+            data: vec![],
+            stat: stat(0, 1, 0),
+            children: vec![first, second.clone()],
+        };
+        let before = lock(
+            &s,
+            &both,
+            &LockLeaseStatus::default(),
+            Some(1),
+            "/l",
+            at(200),
+        );
+        // The first holder is revoked at 3.2 s; the second, queued since 0.1 s, takes over.
+        let revoked = lock(&s, &both, &before.status, Some(1), "/l", at(3_200));
+        assert_eq!(revoked.revoke, ["_c_a-lock-0000000001"]);
+        let next = Snapshot {
+            data: vec![],
+            stat: stat(0, 1, 0),
+            children: vec![second],
+        };
+        let taken = lock(&s, &next, &revoked.status, Some(1), "/l", at(3_250));
+        assert!(
+            taken.revoke.is_empty(),
+            "a full lease for the new holder, not what is left since it queued"
+        );
+        assert_eq!(taken.status.holders[0].since, Some(MicroTime(at(3_250))));
+        let still = lock(&s, &next, &taken.status, Some(1), "/l", at(6_000));
+        assert!(still.revoke.is_empty());
+        assert_eq!(
+            lock(&s, &next, &taken.status, Some(1), "/l", at(6_300))
+                .revoke
+                .len(),
+            1
+        );
     }
 }
