@@ -432,11 +432,31 @@ async fn a_lease_duration_revokes_the_holder_and_the_next_waiter_acquires() {
     assert!(err.contains("revoked"), "{err}");
     let (code, err) = finished(waiter).await;
     assert_eq!(code, Some(0), "{err}");
+    let messages = |s: &Setup| {
+        let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+                .collect::<Vec<_>>()
+        }
+    };
     eventually(WITHIN, "Revoked and Acquired events", || async {
         let r = event_reasons(&s).await;
         (r.contains(&"Revoked".into()) && r.contains(&"Acquired".into())).then_some(())
     })
     .await;
+    let recorded = messages(&s).await;
+    assert!(
+        !recorded
+            .iter()
+            .any(|(reason, note)| reason == "Released" && note.starts_with("holder ")),
+        "a revoked hold is not also released: {recorded:?}"
+    );
     eventually(WITHIN, "the lock free again", || async {
         let st = api.get("db").await.ok()?.status?;
         (st.holder_count == 0 && st.waiting_count == 0).then_some(())

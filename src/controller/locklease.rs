@@ -135,12 +135,23 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     }
     if !outcome.revoke.is_empty() {
         // The next in line may hold it now: look again at once.
+        let revoked_tokens: Vec<i64> = node
+            .children
+            .iter()
+            .filter(|c| outcome.revoke.contains(&c.name))
+            .map(|c| c.stat.czxid)
+            .collect();
         node.children.retain(|c| !outcome.revoke.contains(&c.name));
         let notes = std::mem::take(&mut outcome.notes);
+        // Revoked holds were not released: leave them out of what came before.
+        let mut before = previous.clone();
+        before
+            .holders
+            .retain(|h| !revoked_tokens.contains(&h.fencing_token));
         outcome = status::lock(
             &lock.spec,
             &node,
-            &previous,
+            &before,
             lock.metadata.generation,
             &path,
             Timestamp::now(),
