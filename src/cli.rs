@@ -89,15 +89,21 @@ pub struct ControllerArgs {
     /// How long each attempt to reach ZooKeeper may take.
     #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
     pub connect_timeout: Duration,
+    /// ZooKeeper digest credentials, `user:password`.
+    #[arg(long, env = "ZKGATE_AUTH", value_parser = digest, hide_env_values = true)]
+    pub auth: Option<(String, String)>,
 }
 
 impl ControllerArgs {
     /// The controller's options.
     pub fn options(&self) -> Result<crate::controller::ControllerOptions, AgentError> {
         Ok(crate::controller::ControllerOptions {
-            zookeeper: SessionOptions::new(self.zookeeper.clone())
-                .session_timeout(self.session_timeout)
-                .connect_timeout(self.connect_timeout),
+            zookeeper: with_auth(
+                SessionOptions::new(self.zookeeper.clone())
+                    .session_timeout(self.session_timeout)
+                    .connect_timeout(self.connect_timeout),
+                &self.auth,
+            ),
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
             metrics_addr: self.metrics_addr,
             identity: match &self.id {
@@ -218,6 +224,9 @@ pub struct Common {
     /// How long to keep trying to reach ZooKeeper before giving up (exit 5).
     #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
     pub connect_timeout: Duration,
+    /// ZooKeeper digest credentials, `user:password`.
+    #[arg(long, env = "ZKGATE_AUTH", value_parser = digest, hide_env_values = true)]
+    pub auth: Option<(String, String)>,
 }
 
 /// A barrier and how it is created without a controller.
@@ -299,6 +308,22 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn digest(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((user, password)) if !user.is_empty() && !password.is_empty() => {
+            Ok((user.to_owned(), password.to_owned()))
+        }
+        _ => Err("expected user:password".into()),
+    }
+}
+
+fn with_auth(options: SessionOptions, auth: &Option<(String, String)>) -> SessionOptions {
+    match auth {
+        Some((user, password)) => options.digest(user.clone(), password.clone()),
+        None => options,
+    }
+}
+
 fn connect_string(s: &str) -> Result<ConnectString, String> {
     s.parse::<ConnectString>().map_err(|e| e.to_string())
 }
@@ -328,9 +353,12 @@ impl Common {
             }
         };
         let layout = Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?;
-        let session = SessionOptions::new(self.zookeeper.clone())
-            .session_timeout(self.session_timeout)
-            .connect_timeout(self.connect_timeout);
+        let session = with_auth(
+            SessionOptions::new(self.zookeeper.clone())
+                .session_timeout(self.session_timeout)
+                .connect_timeout(self.connect_timeout),
+            &self.auth,
+        );
         Ok(Participant {
             session,
             layout,

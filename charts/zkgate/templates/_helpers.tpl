@@ -1,0 +1,38 @@
+{{- define "zkgate.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zkgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "zkgate.labels" -}}
+{{ include "zkgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "zkgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "zkgate.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The connect string: the quick-start ZooKeeper, or the given ensemble. */}}
+{{- define "zkgate.zookeeperConnect" -}}
+{{- if .Values.zookeeper.deploy -}}
+{{- printf "%s-zookeeper:2181" (include "zkgate.fullname" .) -}}
+{{- else if .Values.zookeeper.connect -}}
+{{- .Values.zookeeper.connect -}}
+{{- else -}}
+{{- fail "zookeeper.connect is required: the connect string of your ZooKeeper ensemble (host:port[,host:port...][/chroot]), or set zookeeper.deploy=true for a quick-start single node" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,311 @@
+//! The Helm chart: lint, render, validate against the real API server, and
+//! prove its RBAC by running the controller with the chart's ServiceAccount.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use support::kube::{client, install_crds, kubeconfig, namespace};
+use support::{isolated_connect, session};
+use zkgate::api::Barrier;
+use zkgate::zk::{DoubleBarrier, EnterOptions};
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/zkgate")
+}
+
+fn tool(name: &str) -> PathBuf {
+    let dir = std::env::var("ZKGATE_TOOLS")
+        .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap()));
+    let path = Path::new(&dir).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/install-helm (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+fn run(program: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn template(args: &[&str]) -> String {
+    let chart = chart();
+    let mut all = vec!["template", "t", chart.to_str().unwrap()];
+    all.extend_from_slice(args);
+    ok(run(&tool("helm"), &all, None))
+}
+
+#[test]
+fn the_chart_lints_strictly_and_refuses_a_missing_connect_string() {
+    let chart = chart();
+    ok(run(
+        &tool("helm"),
+        &[
+            "lint",
+            "--strict",
+            chart.to_str().unwrap(),
+            "--set",
+            "zookeeper.connect=zk-0:2181/apps",
+        ],
+        None,
+    ));
+    let out = run(
+        &tool("helm"),
+        &["lint", "--strict", chart.to_str().unwrap()],
+        None,
+    );
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("zookeeper/connect"),
+        "names the value: {text}"
+    );
+    let out = run(
+        &tool("helm"),
+        &[
+            "lint",
+            "--strict",
+            chart.to_str().unwrap(),
+            "--set",
+            "zookeeper.connect=zk:2181,replicaCount=0",
+        ],
+        None,
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("replicaCount"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_rendered_manifests_are_accepted_by_the_api_server() {
+    let kubectl = tool("kubectl");
+    let default = template(&["--set", "zookeeper.connect=zk-0:2181/apps"]);
+    assert!(
+        default.contains("readOnlyRootFilesystem: true") && default.contains("runAsNonRoot: true")
+    );
+    assert!(!default.contains("PodDisruptionBudget") && !default.contains("StatefulSet"));
+    ok(run(
+        &kubectl,
+        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        Some(&default),
+    ));
+
+    let custom = template(&[
+        "--set",
+        "zookeeper.deploy=true,replicaCount=2,controller.watchNamespace=jobs",
+        "--set",
+        "zookeeper.auth.existingSecret=zk-auth,metrics.serviceMonitor.enabled=true",
+    ]);
+    assert!(custom.contains("kind: StatefulSet") && custom.contains("t-zkgate-zookeeper:2181"));
+    assert!(
+        custom.contains("apiVersion: policy/v1beta1"),
+        "a 1.20 cluster gets policy/v1beta1"
+    );
+    assert!(custom.contains("secretKeyRef") && custom.contains("ZKGATE_WATCH_NAMESPACE"));
+    assert!(
+        !custom.contains("ServiceMonitor"),
+        "no ServiceMonitor where the cluster does not serve it"
+    );
+    ok(run(
+        &kubectl,
+        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        Some(&custom),
+    ));
+
+    let new_cluster = template(&[
+        "--set",
+        "zookeeper.connect=zk:2181,replicaCount=3,metrics.serviceMonitor.enabled=true",
+        "--api-versions",
+        "policy/v1/PodDisruptionBudget",
+        "--api-versions",
+        "monitoring.coreos.com/v1/ServiceMonitor",
+    ]);
+    assert!(
+        new_cluster.contains("apiVersion: policy/v1\n")
+            && new_cluster.contains("kind: ServiceMonitor")
+    );
+}
+
+#[test]
+fn the_charts_crds_are_the_generated_ones() {
+    for crd in zkgate::api::crds() {
+        let name = zkgate::api::file_name(&crd);
+        let in_chart =
+            std::fs::read_to_string(chart().join("crds").join(&name)).expect("chart CRD");
+        assert_eq!(
+            in_chart,
+            zkgate::api::to_yaml(&crd),
+            "charts/zkgate/crds/{name} drifted: copy crds/{name} there"
+        );
+    }
+}
+
+/// A kubeconfig that authenticates as the chart's ServiceAccount.
+fn service_account_kubeconfig(ns: &str, release: &str, dir: &Path) -> PathBuf {
+    let token = ok(run(
+        &tool("kubectl"),
+        &["create", "token", &format!("{release}-zkgate"), "-n", ns],
+        None,
+    ));
+    let admin = std::fs::read_to_string(kubeconfig()).unwrap();
+    let mut out = String::new();
+    for line in admin.lines() {
+        if let Some(rest) = line.strip_prefix("    token: ") {
+            let _ = rest;
+            out.push_str(&format!("    token: {}\n", token.trim()));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    let path = dir.join("sa-kubeconfig");
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> bool {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let release = format!("r{}", &ns[2..8]);
+    let zk = isolated_connect();
+    let chart = chart();
+    ok(run(
+        &tool("helm"),
+        &[
+            "install",
+            &release,
+            chart.to_str().unwrap(),
+            "-n",
+            &ns,
+            "--set",
+            &format!("zookeeper.connect={zk}"),
+            "--set",
+            "replicaCount=1",
+        ],
+        None,
+    ));
+    if let Some(rule) = remove_rule {
+        // Drop one rule from the installed ClusterRole: the controller must notice.
+        let role = format!("{release}-zkgate");
+        let current = ok(run(
+            &tool("kubectl"),
+            &["get", "clusterrole", &role, "-o", "json"],
+            None,
+        ));
+        let mut value: serde_json::Value = serde_json::from_str(&current).unwrap();
+        value["rules"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|r| !r["resources"].to_string().contains(rule));
+        ok(run(
+            &tool("kubectl"),
+            &["replace", "-f", "-"],
+            Some(&value.to_string()),
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sa = service_account_kubeconfig(&ns, &release, dir.path());
+    let metrics = support::zookeeper::free_port();
+    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args([
+            "controller",
+            "--zookeeper",
+            &zk,
+            "--watch-namespace",
+            &ns,
+            "--id",
+            "sa-controller",
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .env("KUBECONFIG", &sa)
+        .env("ZKGATE_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": { "participants": 1 } })).unwrap();
+    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let participant = session(&zk).await;
+    let path = format!("/zkgate/namespaces/{ns}/barriers/g");
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_secs(if remove_rule.is_some() { 8 } else { 30 });
+    loop {
+        let phase = barriers
+            .get("g")
+            .await
+            .ok()
+            .and_then(|b| b.status)
+            .and_then(|s| s.phase);
+        if phase == Some(zkgate::api::BarrierPhase::Waiting) {
+            DoubleBarrier::new(&path)
+                .enter(&participant, "p0", &EnterOptions::default(), None)
+                .await
+                .unwrap();
+        }
+        if phase == Some(zkgate::api::BarrierPhase::Open) {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_controller_works_with_exactly_the_charts_rbac() {
+    assert!(
+        controller_reconciles_with_chart_rbac(None).await,
+        "the chart's RBAC must be enough to reconcile a Barrier end to end"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
+    assert!(
+        !controller_reconciles_with_chart_rbac(Some("barriers/status")).await,
+        "without status patch the Barrier must not get a status"
+    );
+}
