@@ -53,6 +53,12 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Copy this binary into a directory (an init container fills a shared
+    /// emptyDir so the workload's container can run `zkgate ... run`).
+    Install {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
     Probe {
         /// The ready file the sidecar writes.
@@ -404,6 +410,22 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                     }
                 }
             }
+            Ok(0)
+        }
+        Command::Install { dir } => {
+            let failed = |e: std::io::Error| {
+                AgentError::new(
+                    Exit::Internal,
+                    format!("cannot install zkgate into {}: {e}", dir.display()),
+                )
+            };
+            let me = std::env::current_exe().map_err(failed)?;
+            std::fs::create_dir_all(&dir).map_err(failed)?;
+            let target = dir.join("zkgate");
+            let tmp = dir.join(".zkgate.tmp");
+            std::fs::copy(&me, &tmp).map_err(failed)?;
+            std::fs::rename(&tmp, &target).map_err(failed)?;
+            tracing::info!(to = %target.display(), "installed");
             Ok(0)
         }
         Command::Probe { ready_file } => {
