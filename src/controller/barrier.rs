@@ -1,19 +1,16 @@
 //! Reconciling a `Barrier`: its barrier node in ZooKeeper, the registrations
 //! of finished pods, the timeout, and the status.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{finalizer, Event as Finalized};
 use kube::ResourceExt;
-use serde_json::json;
 use tracing::{info, warn};
 
-use super::context::{Context, PodFate, FINALIZER, MANAGER};
+use super::context::{Context, PodFate};
 use super::error::Error;
+use super::reconciler::{write_status, Reconciled};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
@@ -22,22 +19,14 @@ use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
 /// again, for pods that carry no `zkgate.io/barrier` label to be watched.
 const POD_RECHECK: Duration = Duration::from_secs(15);
 
-/// Reconciles one Barrier (wrapped in the finalizer helper).
-pub async fn reconcile(barrier: Arc<Barrier>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let namespace = barrier.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), &namespace);
-    let started = std::time::Instant::now();
-    let result = finalizer(&api, FINALIZER, barrier, |event| async {
-        match event {
-            Finalized::Apply(b) => apply(&b, &namespace, &ctx).await,
-            Finalized::Cleanup(b) => cleanup(&b, &namespace, &ctx).await,
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .observe_reconcile("Barrier", started.elapsed(), result.is_err());
-    result
+impl Reconciled for Barrier {
+    async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+        apply(self, namespace, ctx).await
+    }
+
+    async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+        cleanup(self, namespace, ctx).await
+    }
 }
 
 async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -134,14 +123,7 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
         recipe.fail(zk, reason).await?;
     }
     if barrier.status.as_ref() != Some(&outcome.status) {
-        let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
-        let patch = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "status": outcome.status });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        write_status(barrier, namespace, &outcome.status, ctx).await?;
     }
     for note in &outcome.notes {
         ctx.record(barrier, note).await;

@@ -1,21 +1,18 @@
 //! Reconciling a `LockLease`: its lock node, the lease duration, released
 //! holds of finished pods, and the status.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{finalizer, Event as Finalized};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tracing::info;
 use zookeeper_client as zk;
 
-use super::context::{Context, PodFate, FINALIZER, MANAGER};
+use super::context::{Context, PodFate};
 use super::error::Error;
+use super::reconciler::{write_status, Reconciled};
 use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ParticipantData, ZkError};
@@ -30,22 +27,14 @@ pub struct LockNodeData {
     pub mode: LockMode,
 }
 
-/// Reconciles one LockLease (wrapped in the finalizer helper).
-pub async fn reconcile(lock: Arc<LockLease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let namespace = lock.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<LockLease> = Api::namespaced(ctx.client.clone(), &namespace);
-    let started = std::time::Instant::now();
-    let result = finalizer(&api, FINALIZER, lock, |event| async {
-        match event {
-            Finalized::Apply(l) => apply(&l, &namespace, &ctx).await,
-            Finalized::Cleanup(l) => cleanup(&l, &namespace, &ctx).await,
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .observe_reconcile("LockLease", started.elapsed(), result.is_err());
-    result
+impl Reconciled for LockLease {
+    async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+        apply(self, namespace, ctx).await
+    }
+
+    async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+        cleanup(self, namespace, ctx).await
+    }
 }
 
 async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -159,14 +148,7 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         outcome.notes.splice(0..0, notes);
     }
     if lock.status.as_ref() != Some(&outcome.status) {
-        let api: Api<LockLease> = Api::namespaced(ctx.client.clone(), namespace);
-        let patch = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "status": outcome.status });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        write_status(lock, namespace, &outcome.status, ctx).await?;
     }
     for note in &outcome.notes {
         ctx.record(lock, note).await;

@@ -15,6 +15,7 @@ mod error;
 pub mod http;
 mod locklease;
 pub mod metrics;
+mod reconciler;
 pub mod status;
 mod zkevents;
 
@@ -233,7 +234,7 @@ async fn lead(
         .reconcile_on(UnboundedReceiverStream::new(barrier_rx))
         .reconcile_all_on(UnboundedReceiverStream::new(all_barriers_rx))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(barrier::reconcile, error_policy, ctx.clone())
+        .run(reconciler::reconcile::<Barrier>, error_policy, ctx.clone())
         .for_each(|result| async move { log_result("Barrier", result) });
     let locks = Controller::new(options.api::<LockLease>(client), watcher::Config::default())
         .watches(
@@ -249,7 +250,11 @@ async fn lead(
         .reconcile_on(UnboundedReceiverStream::new(lock_rx))
         .reconcile_all_on(UnboundedReceiverStream::new(all_locks_rx))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(locklease::reconcile, error_policy, ctx.clone())
+        .run(
+            reconciler::reconcile::<LockLease>,
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move { log_result("LockLease", result) });
     let triggers = zkevents::Triggers {
         barriers: barrier_tx,

@@ -1,0 +1,82 @@
+//! What every reconcile does around its kind's own work: the finalizer,
+//! metrics, and writing the status by server-side apply.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as Finalized};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::context::{Context, FINALIZER, MANAGER};
+use super::error::Error;
+
+/// A kind the controller reconciles.
+pub trait Reconciled:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Serialize
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// Makes ZooKeeper and the status match the resource.
+    fn apply(
+        &self,
+        namespace: &str,
+        ctx: &Context,
+    ) -> impl Future<Output = Result<Action, Error>> + Send;
+    /// Removes what the resource owns; the finalizer goes once this succeeds.
+    fn cleanup(
+        &self,
+        namespace: &str,
+        ctx: &Context,
+    ) -> impl Future<Output = Result<Action, Error>> + Send;
+}
+
+/// Reconciles one object, wrapped in the finalizer helper.
+pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = object.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let started = std::time::Instant::now();
+    let result = finalizer(&api, FINALIZER, object, |event| async {
+        match event {
+            Finalized::Apply(o) => o.apply(&namespace, &ctx).await,
+            Finalized::Cleanup(o) => o.cleanup(&namespace, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .observe_reconcile(&K::kind(&()), started.elapsed(), result.is_err());
+    result
+}
+
+/// Writes `status` by server-side apply with the controller's field manager.
+pub async fn write_status<K: Reconciled>(
+    object: &K,
+    namespace: &str,
+    status: &impl Serialize,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &object.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
