@@ -219,29 +219,16 @@ async fn sidecars_report_ready_only_once_open_and_leave_on_sigterm() {
             .then_some(())
     })
     .await;
-    let http = |path: &'static str| {
-        let addr = probe_addr.clone();
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut s = tokio::net::TcpStream::connect(&addr).await.ok()?;
-            s.write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-            )
+    let http = |path: &'static str| async move {
+        support::http_get(port, path)
             .await
-            .ok()?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.ok()?;
-            out.lines().next().map(str::to_owned)
-        }
+            .map(|(status, _)| status)
     };
     let status = eventually(Duration::from_secs(5), "the probe endpoint", || {
         http("/readyz")
     })
     .await;
-    assert!(
-        status.contains("503"),
-        "not ready before the barrier opens: {status}"
-    );
+    assert_eq!(status, 503, "not ready before the barrier opens");
     assert!(!ready0.exists());
     assert_eq!(
         output(probe(&ready0)).await.0,
@@ -255,7 +242,7 @@ async fn sidecars_report_ready_only_once_open_and_leave_on_sigterm() {
     })
     .await;
     assert_eq!(output(probe(&ready0)).await.0, 0);
-    assert!(http("/readyz").await.unwrap().contains("200"));
+    assert_eq!(http("/readyz").await, Some(200));
 
     signal(&s0, libc::SIGTERM);
     signal(&s1, libc::SIGTERM);

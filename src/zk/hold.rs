@@ -285,7 +285,9 @@ impl<'s> HoldMonitor<'s> {
                 match self.lost_for(state) {
                     Some(reason) => Some(self.set(HoldState::Lost(reason))),
                     None => {
-                        warn!(path = %self.path, error = %e, "could not watch the hold");
+                        warn!(path = %self.path, error = %e, "could not watch the hold; retrying");
+                        // Not a connection problem (say, an ACL): do not spin.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                         None
                     }
                 }

@@ -112,41 +112,20 @@ impl ControllerProcess {
 
     /// The value of a metric without labels, if served.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let body = http_get(self.metrics_port, "/metrics").await?;
+        let (_, body) = super::http_get(self.metrics_port, "/metrics").await?;
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
-    /// The status line of `GET path`.
+    /// The status code of `GET path`.
     pub async fn status_of(&self, path: &str) -> Option<u16> {
-        let addr = format!("127.0.0.1:{}", self.metrics_port);
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&addr).await.ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        out.split_whitespace().nth(1)?.parse().ok()
+        super::http_get(self.metrics_port, path)
+            .await
+            .map(|(status, _)| status)
     }
 
     /// SIGKILL.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
-}
-
-async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
 }

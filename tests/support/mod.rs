@@ -97,3 +97,19 @@ pub fn watches_under(prefix: &str) -> usize {
     }
     count
 }
+
+/// `GET path` on a loopback port: the status line and the body, or `None`
+/// when nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, out))
+}
