@@ -1,0 +1,127 @@
+// Curator 5.4's side of the benchmarks: the same scenarios as bench/recipes.rs,
+// one per run, one JSON line out.
+//   java -cp <curator jars> CuratorBench SCENARIO CONNECT N [SESSIONS]
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.UUID;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessLock;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.retry.RetryNTimes;
+
+public class CuratorBench {
+    static CuratorFramework client(String connect) throws Exception {
+        CuratorFramework c = CuratorFrameworkFactory.newClient(connect, 10000, 10000, new RetryNTimes(3, 100));
+        c.start();
+        c.blockUntilConnected();
+        return c;
+    }
+
+    static double pct(List<Double> sorted, double p) {
+        if (sorted.isEmpty()) return 0.0;
+        return sorted.get((int) Math.round((sorted.size() - 1) * p));
+    }
+
+    static void report(String scenario, long ops, double seconds, List<Double> lat, List<Double> hand) {
+        Collections.sort(lat);
+        Collections.sort(hand);
+        System.out.printf("{\"impl\":\"curator\",\"scenario\":\"%s\",\"ops\":%d,\"seconds\":%f,\"ops_per_sec\":%f,\"p50_ms\":%f,\"p99_ms\":%f,\"handoff_p50_ms\":%f,\"handoff_p99_ms\":%f}%n",
+            scenario, ops, seconds, ops / seconds, pct(lat, 0.5), pct(lat, 0.99), pct(hand, 0.5), pct(hand, 0.99));
+    }
+
+    public static void main(String[] args) throws Exception {
+        String scenario = args[0];
+        String connect = args[1] + "/bench-" + UUID.randomUUID().toString().replace("-", "");
+        int n = Integer.parseInt(args[2]);
+        int sessions = args.length > 3 ? Integer.parseInt(args[3]) : 8;
+        CuratorFramework root = CuratorFrameworkFactory.newClient(args[1], new RetryNTimes(3, 100));
+        root.start();
+        root.blockUntilConnected();
+        root.create().forPath(connect.substring(args[1].length()));
+        root.close();
+        switch (scenario) {
+            case "raw": {
+                CuratorFramework c = client(connect);
+                List<Double> lat = new ArrayList<>();
+                long start = System.nanoTime();
+                for (int i = 0; i < n; i++) {
+                    long t = System.nanoTime();
+                    c.create().forPath("/node");
+                    c.delete().forPath("/node");
+                    lat.add((System.nanoTime() - t) / 1e6);
+                }
+                report(scenario, n, (System.nanoTime() - start) / 1e9, lat, new ArrayList<>());
+                c.close();
+                break;
+            }
+            case "lock": {
+                CuratorFramework c = client(connect);
+                InterProcessMutex lock = new InterProcessMutex(c, "/lock");
+                lock.acquire(); lock.release();
+                List<Double> lat = new ArrayList<>();
+                long start = System.nanoTime();
+                for (int i = 0; i < n; i++) {
+                    long t = System.nanoTime();
+                    lock.acquire();
+                    lock.release();
+                    lat.add((System.nanoTime() - t) / 1e6);
+                }
+                report(scenario, n, (System.nanoTime() - start) / 1e9, lat, new ArrayList<>());
+                c.close();
+                break;
+            }
+            case "contended":
+            case "rw":
+            case "many": {
+                boolean rw = scenario.equals("rw"), many = scenario.equals("many");
+                int writers = rw ? 2 : many ? 256 : sessions, readers = rw ? 8 : 0;
+                List<CuratorFramework> clients = new ArrayList<>();
+                for (int i = 0; i < writers + readers; i++) clients.add(client(connect));
+                AtomicLong released = new AtomicLong(0);
+                List<Double> lat = Collections.synchronizedList(new ArrayList<>());
+                List<Double> hand = Collections.synchronizedList(new ArrayList<>());
+                List<Thread> threads = new ArrayList<>();
+                long start = System.nanoTime();
+                for (int i = 0; i < writers + readers; i++) {
+                    final boolean reader = i >= writers;
+                    final CuratorFramework c = clients.get(i);
+                    final String path = many ? "/lock-" + (i % 64) : "/lock";
+                    Thread th = new Thread(() -> {
+                        try {
+                            InterProcessLock lock = rw
+                                ? (reader ? new InterProcessReadWriteLock(c, path).readLock() : new InterProcessReadWriteLock(c, path).writeLock())
+                                : new InterProcessMutex(c, path);
+                            for (int k = 0; k < n; k++) {
+                                long t = System.nanoTime();
+                                lock.acquire();
+                                long now = System.nanoTime();
+                                if (!rw || !reader) lat.add((now - t) / 1e6);
+                                if (!reader && !many) {
+                                    long r = released.getAndSet(0);
+                                    if (r != 0) hand.add((now - r) / 1e6);
+                                }
+                                lock.release();
+                                if (!reader && !many) released.set(System.nanoTime());
+                            }
+                        } catch (Exception e) {
+                            throw new RuntimeException(e);
+                        }
+                    });
+                    th.start();
+                    threads.add(th);
+                }
+                for (Thread th : threads) th.join();
+                report(scenario, (long) n * (writers + readers), (System.nanoTime() - start) / 1e9, new ArrayList<>(lat), new ArrayList<>(hand));
+                for (CuratorFramework c : clients) c.close();
+                break;
+            }
+            default:
+                System.err.println("unknown scenario " + scenario);
+                System.exit(2);
+        }
+    }
+}

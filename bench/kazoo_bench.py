@@ -1,0 +1,98 @@
+"""kazoo 2.11's side of the benchmarks: the same scenarios as
+bench/recipes.rs, one per run, one JSON line out.
+    python kazoo_bench.py SCENARIO CONNECT N [SESSIONS]
+"""
+import json
+import sys
+import threading
+import time
+import uuid
+
+from kazoo.client import KazooClient
+
+
+def client(connect):
+    c = KazooClient(hosts=connect, timeout=10)
+    c.start()
+    return c
+
+
+def pct(values, p):
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[round((len(values) - 1) * p)]
+
+
+def report(scenario, ops, seconds, lat, hand):
+    print(json.dumps({
+        "impl": "kazoo", "scenario": scenario, "ops": ops, "seconds": seconds,
+        "ops_per_sec": ops / seconds, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
+        "handoff_p50_ms": pct(hand, 0.5), "handoff_p99_ms": pct(hand, 0.99),
+    }))
+
+
+def main():
+    scenario, base, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    sessions = int(sys.argv[4]) if len(sys.argv) > 4 else 8
+    root = "/bench-" + uuid.uuid4().hex
+    setup = client(base)
+    setup.create(root)
+    setup.stop()
+    connect = base + root
+    if scenario in ("raw", "lock"):
+        c = client(connect)
+        lat = []
+        lock = c.Lock("/lock")
+        start = time.perf_counter()
+        for _ in range(n):
+            t = time.perf_counter()
+            if scenario == "raw":
+                c.create("/node")
+                c.delete("/node")
+            else:
+                lock.acquire()
+                lock.release()
+            lat.append((time.perf_counter() - t) * 1000)
+        report(scenario, n, time.perf_counter() - start, lat, [])
+        c.stop()
+        return
+    rw, many = scenario == "rw", scenario == "many"
+    writers, readers = (2, 8) if rw else ((256, 0) if many else (sessions, 0))
+    clients = [client(connect) for _ in range(writers + readers)]
+    lat, hand, released = [], [], [0.0]
+    guard = threading.Lock()
+
+    def work(i):
+        reader = i >= writers
+        c = clients[i]
+        path = "/lock-%d" % (i % 64) if many else "/lock"
+        lock = (c.ReadLock(path) if reader else c.WriteLock(path)) if rw else c.Lock(path)
+        for _ in range(n):
+            t = time.perf_counter()
+            lock.acquire()
+            now = time.perf_counter()
+            with guard:
+                if not rw or not reader:
+                    lat.append((now - t) * 1000)
+                if not reader and not many and released[0]:
+                    hand.append((now - released[0]) * 1000)
+                    released[0] = 0.0
+            lock.release()
+            if not reader and not many:
+                with guard:
+                    released[0] = time.perf_counter()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(writers + readers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report(scenario, n * (writers + readers), time.perf_counter() - start, lat, hand)
+    for c in clients:
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()

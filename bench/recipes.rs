@@ -1,0 +1,207 @@
+//! zkgate's side of the benchmarks (`bench/run` runs it beside Curator and
+//! kazoo). One scenario per run; prints one JSON line:
+//!   cargo bench --bench recipes -- SCENARIO CONNECT N [SESSIONS]
+//! Scenarios: raw (create+delete, one session), lock (acquire+release, one
+//! session), contended (SESSIONS sessions x N on one lock), rw (8 readers +
+//! 2 writers x N), many (64 locks x 4 sessions x N).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zkgate::zk::{ConnectString, LockOptions, Mutex, ReadWriteLock, Session, SessionOptions};
+use zookeeper_client as zk;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(
+    scenario: &str,
+    ops: usize,
+    elapsed: Duration,
+    mut latencies: Vec<f64>,
+    mut handoffs: Vec<f64>,
+) {
+    latencies.sort_by(f64::total_cmp);
+    handoffs.sort_by(f64::total_cmp);
+    println!(
+        "{}",
+        serde_json::json!({
+            "impl": "zkgate", "scenario": scenario, "ops": ops,
+            "seconds": elapsed.as_secs_f64(), "ops_per_sec": ops as f64 / elapsed.as_secs_f64(),
+            "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
+            "handoff_p50_ms": percentile(&handoffs, 0.5), "handoff_p99_ms": percentile(&handoffs, 0.99),
+        })
+    );
+}
+
+async fn session(connect: &str) -> Session {
+    let connect: ConnectString = connect.parse().expect("connect string");
+    Session::connect(&SessionOptions::new(connect))
+        .await
+        .expect("connect")
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let scenario = args.first().map(String::as_str).unwrap_or("lock");
+    let connect = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1:2181".into());
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let sessions: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(8);
+    let root = format!("/bench-{}", uuid::Uuid::new_v4().simple());
+    let connect = format!("{connect}{root}");
+    let options = LockOptions {
+        create_parent: true,
+        ..LockOptions::default()
+    };
+    match scenario {
+        "raw" => {
+            let s = session(&connect).await;
+            let create = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let mut lat = Vec::with_capacity(n);
+            let started = Instant::now();
+            for _ in 0..n {
+                let t = Instant::now();
+                s.client()
+                    .create("/node", b"", &create)
+                    .await
+                    .expect("create");
+                s.client().delete("/node", None).await.expect("delete");
+                lat.push(ms(t.elapsed()));
+            }
+            report(scenario, n, started.elapsed(), lat, vec![]);
+        }
+        "lock" => {
+            let s = session(&connect).await;
+            let lock = Mutex::new("/lock", options);
+            lock.acquire(&s, None)
+                .await
+                .expect("warm up")
+                .release()
+                .await
+                .expect("release");
+            let mut lat = Vec::with_capacity(n);
+            let started = Instant::now();
+            for _ in 0..n {
+                let t = Instant::now();
+                let hold = lock.acquire(&s, None).await.expect("acquire");
+                hold.release().await.expect("release");
+                lat.push(ms(t.elapsed()));
+            }
+            report(scenario, n, started.elapsed(), lat, vec![]);
+        }
+        "contended" | "rw" => {
+            let writers = if scenario == "rw" { 2 } else { sessions };
+            let readers = if scenario == "rw" { 8 } else { 0 };
+            // Handoff: from a release to the next grant, measured on one clock.
+            let released = Arc::new(std::sync::Mutex::new(None::<Instant>));
+            let mut all = Vec::new();
+            for _ in 0..writers + readers {
+                all.push(Arc::new(session(&connect).await));
+            }
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for (i, s) in all.into_iter().enumerate() {
+                let released = released.clone();
+                let options = options.clone();
+                let reader = i >= writers;
+                let scenario = scenario.to_owned();
+                tasks.push(tokio::spawn(async move {
+                    let (mut lat, mut hand) = (Vec::with_capacity(n), Vec::new());
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        let hold = if scenario == "rw" {
+                            let rw = ReadWriteLock::new("/lock", options.clone());
+                            if reader {
+                                rw.read(&s, None).await
+                            } else {
+                                rw.write(&s, None).await
+                            }
+                        } else {
+                            Mutex::new("/lock", options.clone()).acquire(&s, None).await
+                        }
+                        .expect("acquire");
+                        let now = Instant::now();
+                        lat.push(ms(now - t));
+                        if !reader {
+                            if let Some(r) = released.lock().unwrap().take() {
+                                hand.push(ms(now - r));
+                            }
+                        }
+                        hold.release().await.expect("release");
+                        if !reader {
+                            *released.lock().unwrap() = Some(Instant::now());
+                        }
+                    }
+                    (lat, hand, reader)
+                }));
+            }
+            let (mut lat, mut hand) = (Vec::new(), Vec::new());
+            for t in tasks {
+                let (l, h, reader) = t.await.expect("task");
+                // For rw, the figure of interest is the writers' acquire latency.
+                if scenario != "rw" || !reader {
+                    lat.extend(l);
+                }
+                hand.extend(h);
+            }
+            report(
+                scenario,
+                n * (writers + readers),
+                started.elapsed(),
+                lat,
+                hand,
+            );
+        }
+        "many" => {
+            let locks = 64;
+            let mut all = Vec::new();
+            for _ in 0..locks * 4 {
+                all.push(Arc::new(session(&connect).await));
+            }
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for (i, s) in all.into_iter().enumerate() {
+                let options = options.clone();
+                tasks.push(tokio::spawn(async move {
+                    let lock = Mutex::new(format!("/lock-{}", i % locks), options);
+                    let mut lat = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        lock.acquire(&s, None)
+                            .await
+                            .expect("acquire")
+                            .release()
+                            .await
+                            .expect("release");
+                        lat.push(ms(t.elapsed()));
+                    }
+                    lat
+                }));
+            }
+            let mut lat = Vec::new();
+            for t in tasks {
+                lat.extend(t.await.expect("task"));
+            }
+            report(scenario, n * locks * 4, started.elapsed(), lat, vec![]);
+        }
+        other => {
+            eprintln!("unknown scenario {other}: raw, lock, contended, rw, many");
+            std::process::exit(2);
+        }
+    }
+}
