@@ -119,6 +119,46 @@ public class CuratorBench {
                 for (CuratorFramework c : clients) c.close();
                 break;
             }
+            case "barrier": {
+                int count = n;
+                List<CuratorFramework> clients = new ArrayList<>();
+                for (int i = 0; i < count; i++) clients.add(client(connect));
+                long start = System.nanoTime();
+                long[] released = new long[count];
+                long[] done = new long[count];
+                List<Thread> threads = new ArrayList<>();
+                for (int i = 0; i < count; i++) {
+                    final int k = i;
+                    threads.add(new Thread(() -> {
+                        try {
+                            org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier b =
+                                new org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier(clients.get(k), "/barrier", count);
+                            b.enter();
+                            released[k] = System.nanoTime();
+                            b.leave();
+                            done[k] = System.nanoTime();
+                        } catch (Exception e) {
+                            throw new RuntimeException(e);
+                        }
+                    }));
+                }
+                for (int i = 0; i < count - 1; i++) threads.get(i).start();
+                while (true) {
+                    org.apache.zookeeper.data.Stat st = clients.get(0).checkExists().forPath("/barrier");
+                    if (st != null && st.getNumChildren() >= count - 1) break;
+                    Thread.sleep(2);
+                }
+                long lastEnter = System.nanoTime();
+                threads.get(count - 1).start();
+                for (Thread th : threads) th.join();
+                long rel = 0, end = 0;
+                for (int i = 0; i < count; i++) { rel = Math.max(rel, released[i]); end = Math.max(end, done[i]); }
+                double seconds = (end - start) / 1e9;
+                System.out.printf("{\"impl\":\"curator\",\"scenario\":\"barrier-%d\",\"ops\":%d,\"seconds\":%f,\"ops_per_sec\":%f,\"release_ms\":%f,\"round_ms\":%f,\"p50_ms\":0,\"p99_ms\":0,\"handoff_p50_ms\":0,\"handoff_p99_ms\":0}%n",
+                    count, count, seconds, count / seconds, (rel - lastEnter) / 1e6, (end - start) / 1e6);
+                for (CuratorFramework c : clients) c.close();
+                break;
+            }
             default:
                 System.err.println("unknown scenario " + scenario);
                 System.exit(2);

@@ -57,6 +57,9 @@ def main():
         report(scenario, n, time.perf_counter() - start, lat, [])
         c.stop()
         return
+    if scenario == "barrier":
+        barrier(connect, n)
+        return
     rw, many = scenario == "rw", scenario == "many"
     writers, readers = (2, 8) if rw else ((256, 0) if many else (sessions, 0))
     clients = [client(connect) for _ in range(writers + readers)]
@@ -90,6 +93,40 @@ def main():
     for t in threads:
         t.join()
     report(scenario, n * (writers + readers), time.perf_counter() - start, lat, hand)
+    for c in clients:
+        c.stop()
+
+
+def barrier(connect, count):
+    clients = [client(connect) for _ in range(count)]
+    released, done = [0.0] * count, [0.0] * count
+
+    def participant(i):
+        b = clients[i].DoubleBarrier("/barrier", count)
+        b.enter()
+        released[i] = time.perf_counter()
+        b.leave()
+        done[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=participant, args=(i,)) for i in range(count)]
+    start = time.perf_counter()
+    for t in threads[:-1]:
+        t.start()
+    while True:
+        stat = clients[0].exists("/barrier")
+        if stat is not None and stat.numChildren >= count - 1:
+            break
+        time.sleep(0.002)
+    last_enter = time.perf_counter()
+    threads[-1].start()
+    for t in threads:
+        t.join()
+    seconds = max(done) - start
+    print(json.dumps({
+        "impl": "kazoo", "scenario": "barrier-%d" % count, "ops": count, "seconds": seconds,
+        "ops_per_sec": count / seconds, "release_ms": (max(released) - last_enter) * 1000,
+        "round_ms": seconds * 1000, "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
+    }))
     for c in clients:
         c.stop()
 

@@ -85,6 +85,30 @@ async fn main() {
             }
             report(scenario, n, started.elapsed(), lat, vec![]);
         }
+        "raw-seq" => {
+            // A control for the lock's floor: the lock's node type
+            // (ephemeral-sequential, under a parent) without any listing.
+            let s = session(&connect).await;
+            let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            s.client().create("/lock", b"", &dir).await.expect("parent");
+            let seq = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let mut lat = Vec::with_capacity(n);
+            let started = Instant::now();
+            for _ in 0..n {
+                let t = Instant::now();
+                let (_, sequence) = s
+                    .client()
+                    .create("/lock/n-", b"", &seq)
+                    .await
+                    .expect("create");
+                s.client()
+                    .delete(&format!("/lock/n-{sequence}"), None)
+                    .await
+                    .expect("delete");
+                lat.push(ms(t.elapsed()));
+            }
+            report(scenario, n, started.elapsed(), lat, vec![]);
+        }
         "lock" => {
             let s = session(&connect).await;
             let lock = Mutex::new("/lock", options);
@@ -199,8 +223,70 @@ async fn main() {
             }
             report(scenario, n * locks * 4, started.elapsed(), lat, vec![]);
         }
+        "barrier" => {
+            // N participants, each its own session. N-1 enter and register;
+            // then the last one enters. Release: from that last enter() call
+            // until every enter() returned. Round: enter and leave of all.
+            let count = n;
+            let mut all = Vec::new();
+            for _ in 0..count {
+                all.push(Arc::new(session(&connect).await));
+            }
+            let barrier = zkgate::zk::DoubleBarrier::new("/barrier");
+            let data = zkgate::zk::BarrierData {
+                participants: count as u32,
+                ..Default::default()
+            };
+            barrier.create(&all[0], &data).await.expect("barrier node");
+            let started = Instant::now();
+            let enter = |s: Arc<Session>, i: usize| {
+                tokio::spawn(async move {
+                    let b = zkgate::zk::DoubleBarrier::new("/barrier");
+                    let opts = zkgate::zk::EnterOptions::default();
+                    b.enter(&s, &format!("p{i:05}"), &opts, None)
+                        .await
+                        .expect("enter");
+                    let released = Instant::now();
+                    b.leave(&s, &format!("p{i:05}"), None).await.expect("leave");
+                    (released, Instant::now())
+                })
+            };
+            let mut tasks = Vec::new();
+            for (i, s) in all.iter().enumerate().take(count - 1) {
+                tasks.push(enter(s.clone(), i));
+            }
+            let observer = all[count - 1].clone();
+            while observer
+                .client()
+                .list_children("/barrier")
+                .await
+                .expect("list")
+                .len()
+                < count - 1
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let last_enter = Instant::now();
+            tasks.push(enter(observer.clone(), count - 1));
+            let (mut released, mut done) = (last_enter, last_enter);
+            for t in tasks {
+                let (r, d) = t.await.expect("task");
+                released = released.max(r);
+                done = done.max(d);
+            }
+            let release_ms = ms(released - last_enter);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "impl": "zkgate", "scenario": format!("barrier-{count}"), "ops": count,
+                    "seconds": (done - started).as_secs_f64(), "ops_per_sec": count as f64 / (done - started).as_secs_f64(),
+                    "release_ms": release_ms, "round_ms": ms(done - started),
+                    "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
+                })
+            );
+        }
         other => {
-            eprintln!("unknown scenario {other}: raw, lock, contended, rw, many");
+            eprintln!("unknown scenario {other}: raw, lock, contended, rw, many, barrier");
             std::process::exit(2);
         }
     }
