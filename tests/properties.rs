@@ -1,0 +1,138 @@
+//! Property tests for the pure parts: sequence suffixes and queue order
+//! (including int32 overflow), connect strings, durations, and the mapping
+//! from a lock node's children to its status.
+
+use k8s_openapi::jiff::Timestamp;
+use proptest::prelude::*;
+use zkgate::api::{parse_duration, LockLeaseSpec, LockLeaseStatus, LockMode, DURATION_PATTERN};
+use zkgate::controller::status;
+use zkgate::zk::contender::{blocker, queue, sequence_key, ContenderKind};
+use zkgate::zk::tree::{ChildNode, Snapshot};
+use zkgate::zk::ConnectString;
+use zookeeper_client::Stat;
+
+/// How ZooKeeper prints the parent's 32-bit counter.
+fn suffix(counter: u32) -> String {
+    format!("{:010}", counter as i32)
+}
+
+fn stat(czxid: i64) -> Stat {
+    Stat {
+        czxid,
+        mzxid: czxid,
+        pzxid: czxid,
+        ctime: 0,
+        mtime: 0,
+        version: 0,
+        cversion: 0,
+        aversion: 0,
+        ephemeral_owner: 1,
+        data_length: 0,
+        num_children: 0,
+    }
+}
+
+proptest! {
+    #[test]
+    fn sequence_order_is_creation_order_across_int32_overflow(start in any::<u32>(), steps in 1u32..1000) {
+        // Counters created one after another, possibly wrapping past i32::MAX.
+        let a = start.min(u32::MAX - steps);
+        let b = a + steps;
+        prop_assert!(sequence_key(&suffix(a)).unwrap() < sequence_key(&suffix(b)).unwrap());
+    }
+
+    #[test]
+    fn anything_that_is_not_a_sequence_is_refused(s in "\\PC{0,24}") {
+        if let Some(key) = sequence_key(&s) {
+            prop_assert!(s.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit()));
+            prop_assert!(key <= u32::MAX as u64 || !s.starts_with('-'));
+        }
+    }
+
+    #[test]
+    fn the_queue_is_sorted_and_drops_only_foreign_children(
+        entries in prop::collection::vec((0u32..3, any::<u32>()), 0..30),
+        foreign in prop::collection::vec("[a-z]{1,8}", 0..5),
+    ) {
+        let markers = ["-lock-", "-__READ__", "-__WRIT__"];
+        let mut names: Vec<String> = entries.iter().enumerate()
+            .map(|(i, (m, c))| format!("_c_{i:08}{}{}", markers[*m as usize], suffix(*c)))
+            .collect();
+        names.extend(foreign.iter().cloned());
+        let q = queue(&names);
+        prop_assert_eq!(q.len(), entries.len());
+        prop_assert!(q.windows(2).all(|w| w[0].sequence <= w[1].sequence));
+        // Whoever has no blocker holds; all holders are compatible.
+        let holders: Vec<_> = (0..q.len()).filter(|&i| blocker(&q, i).is_none()).collect();
+        if !q.is_empty() {
+            prop_assert!(holders.contains(&0), "the head of the queue always holds");
+        }
+        if holders.iter().any(|&i| q[i].kind.is_exclusive()) {
+            prop_assert_eq!(holders.len(), 1, "an exclusive holder holds alone");
+        }
+        // A reader holds exactly when no exclusive contender is ahead of it.
+        for (i, c) in q.iter().enumerate() {
+            if c.kind == ContenderKind::Read {
+                let writer_ahead = q[..i].iter().any(|o| o.kind.is_exclusive());
+                prop_assert_eq!(blocker(&q, i).is_none(), !writer_ahead);
+            }
+        }
+    }
+
+    #[test]
+    fn connect_strings_round_trip(
+        hosts in prop::collection::vec(("[a-z][a-z0-9.-]{0,12}", 1u16..=65535, any::<bool>()), 1..5),
+        chroot in prop::option::of(prop::collection::vec("[a-z0-9_]{1,8}", 1..4)),
+    ) {
+        let servers: Vec<String> = hosts.iter()
+            .map(|(h, p, tls)| format!("{}{h}:{p}", if *tls { "tcp+tls://" } else { "" }))
+            .collect();
+        let text = format!("{}{}", servers.join(","), chroot.as_ref().map(|c| format!("/{}", c.join("/"))).unwrap_or_default());
+        let parsed: ConnectString = text.parse().unwrap();
+        prop_assert_eq!(parsed.servers().len(), hosts.len());
+        prop_assert_eq!(parsed.to_string(), text.clone());
+        prop_assert_eq!(parsed.to_string().parse::<ConnectString>().unwrap(), parsed);
+    }
+
+    #[test]
+    fn connect_string_parsing_never_panics(s in "\\PC{0,40}") {
+        let _ = s.parse::<ConnectString>();
+    }
+
+    #[test]
+    fn durations_the_schema_accepts_are_parsed(parts in prop::collection::vec((1u64..1000, 0usize..5), 1..4)) {
+        let units = ["ms", "s", "m", "h", "d"];
+        let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u])).collect();
+        prop_assert!(regex_lite::Regex::new(DURATION_PATTERN).unwrap().is_match(&text));
+        prop_assert!(parse_duration(&text).is_ok(), "{}", text);
+    }
+
+    #[test]
+    fn lock_status_accounts_for_every_contender(
+        entries in prop::collection::vec((0u32..3, 0u32..100_000), 0..20),
+        lease in prop::option::of(1u64..20),
+        now_s in 0i64..40,
+    ) {
+        let markers = ["-lock-", "-__READ__", "-__WRIT__"];
+        let mut seen = std::collections::HashSet::new();
+        let children: Vec<ChildNode> = entries.iter().enumerate()
+            .filter(|(_, (_, c))| seen.insert(*c))
+            .map(|(i, (m, c))| ChildNode {
+                name: format!("_c_{i:08}{}{}", markers[*m as usize], suffix(*c)),
+                data: format!(r#"{{"pod":"p{i}"}}"#).into_bytes(),
+                stat: stat(1000 + i as i64),
+            })
+            .collect();
+        let node = Snapshot { data: vec![], stat: stat(1), children: children.clone() };
+        let spec = LockLeaseSpec { mode: LockMode::ReadWrite, lease_duration: lease.map(|l| format!("{l}s")) };
+        let previous = LockLeaseStatus::default();
+        let out = status::lock(&spec, &node, &previous, Some(1), "/l", Timestamp::from_second(now_s).unwrap());
+        let st = &out.status;
+        prop_assert_eq!(st.holders.len() + st.waiting.len() + out.revoke.len(), children.len());
+        prop_assert_eq!(st.holder_count as usize, st.holders.len());
+        prop_assert_eq!(st.waiting_count as usize, st.waiting.len());
+        if st.holders.iter().any(|h| h.mode != "Read") {
+            prop_assert_eq!(st.holders.len(), 1);
+        }
+    }
+}
