@@ -708,3 +708,120 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
     })
     .await;
 }
+
+fn accepted<'a>(
+    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<&'a str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == "SpecAccepted")
+        .map(|c| c.status.as_str())
+}
+
+#[tokio::test]
+async fn a_spec_the_controller_cannot_apply_is_refused_with_a_condition_and_an_event() {
+    let s = setup().await;
+    // participants lowered below those already entered.
+    create_barrier(&s, "gang", json!({ "participants": 3 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    let mut sessions = Vec::new();
+    for i in 0..2 {
+        let p = session(&s.zk).await;
+        let eph =
+            zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+        p.client()
+            .create(&format!("{path}/p{i}"), b"", &eph)
+            .await
+            .unwrap();
+        sessions.push(p);
+    }
+    barrier_where(&s, "gang", "2 entered", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 2)
+    })
+    .await;
+    let api: Api<Barrier> = Api::namespaced(s.client.clone(), &s.ns);
+    api.patch(
+        "gang",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "spec": { "participants": 1 } })),
+    )
+    .await
+    .unwrap();
+    let b = barrier_where(&s, "gang", "SpecAccepted=False", |b| {
+        b.status
+            .as_ref()
+            .is_some_and(|s| accepted(&s.conditions) == Some("False"))
+    })
+    .await;
+    let condition = b
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "SpecAccepted")
+        .unwrap();
+    assert!(
+        condition.message.contains("2 have already entered"),
+        "{}",
+        condition.message
+    );
+    let observer = session(&s.zk).await;
+    let (data, _) = observer.client().get_data(&path).await.unwrap();
+    assert_eq!(
+        BarrierData::parse(&path, &data)
+            .unwrap()
+            .unwrap()
+            .participants,
+        3,
+        "not applied"
+    );
+    eventually(WITHIN, "an InvalidSpec event", || async {
+        event_reasons(&s)
+            .await
+            .contains(&"InvalidSpec".into())
+            .then_some(())
+    })
+    .await;
+
+    // The mode of a LockLease changed while it is held.
+    let locks: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": { "mode": "Exclusive" } })).unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let holder = zkgate(&s, &["lock", "run", "db", "--id", "h", "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    eventually(WITHIN, "held", || async {
+        (locks.get("db").await.ok()?.status?.holder_count == 1).then_some(())
+    })
+    .await;
+    locks
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "mode": "ReadWrite" } })),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "SpecAccepted=False on the lock", || async {
+        (accepted(&locks.get("db").await.ok()?.status?.conditions) == Some("False")).then_some(())
+    })
+    .await;
+    let (code, _) = finished(holder).await;
+    assert_eq!(code, Some(0));
+    // Free again: the new mode is applied.
+    eventually(WITHIN, "SpecAccepted=True once free", || async {
+        (accepted(&locks.get("db").await.ok()?.status?.conditions) == Some("True")).then_some(())
+    })
+    .await;
+    let (data, _) = observer
+        .client()
+        .get_data(&format!("/zkgate/namespaces/{}/locks/db", s.ns))
+        .await
+        .unwrap();
+    let node: zkgate::controller::LockNodeData = serde_json::from_slice(&data).unwrap();
+    assert_eq!(node.mode, zkgate::api::LockMode::ReadWrite);
+}

@@ -64,26 +64,42 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
 
-    // x can change while the barrier waits; once open it is history.
+    // x can change while the barrier waits, but not below those already
+    // in (nobody would make `ready`), and not once it opened.
     let current = BarrierData::parse(&path, &node.data)
         .ok()
         .flatten()
         .unwrap_or_default();
     let opened = node.children.iter().any(|c| c.name == READY);
-    if !opened && current.failed.is_none() && current.participants != barrier.spec.participants {
-        let data = BarrierData {
-            participants: barrier.spec.participants,
-            ..current
-        };
-        zk.client()
-            .set_data(&path, &data.to_bytes(), Some(node.stat.version))
-            .await
-            .map_err(|e| crate::zk::ZkError::Zk {
-                op: "write",
-                path: path.clone(),
-                source: e,
-            })?;
-        node.data = data.to_bytes();
+    let entered = node.children.iter().filter(|c| c.name != READY).count();
+    let wanted_x = barrier.spec.participants;
+    let mut spec_problem = None;
+    if current.participants != wanted_x && current.failed.is_none() {
+        if opened {
+            spec_problem = Some(format!(
+                "participants changed to {wanted_x} after the barrier opened with {}; it has no effect",
+                current.participants
+            ));
+        } else if (wanted_x as usize) <= entered && entered > 0 {
+            spec_problem = Some(format!(
+                "participants lowered to {wanted_x}, but {entered} have already entered; keeping {}",
+                current.participants
+            ));
+        } else {
+            let data = BarrierData {
+                participants: wanted_x,
+                ..current
+            };
+            zk.client()
+                .set_data(&path, &data.to_bytes(), Some(node.stat.version))
+                .await
+                .map_err(|e| crate::zk::ZkError::Zk {
+                    op: "write",
+                    path: path.clone(),
+                    source: e,
+                })?;
+            node.data = data.to_bytes();
+        }
     }
 
     // Registrations made by init containers outlive them: remove those whose
@@ -117,6 +133,7 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
         generation: barrier.metadata.generation,
         znode: &path,
         now: Timestamp::now(),
+        spec_problem: spec_problem.as_deref(),
     });
     if let Some(reason) = &outcome.fail {
         warn!(barrier = %name, %reason, "failing the barrier");

@@ -92,6 +92,33 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
 
+    // The mode can change while nobody holds or waits; not under their feet.
+    let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
+    let in_use = node
+        .children
+        .iter()
+        .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
+    let mut spec_problem = None;
+    if current.mode != lock.spec.mode {
+        if in_use {
+            spec_problem = Some(format!(
+                "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
+                current.mode, lock.spec.mode, current.mode
+            ));
+        } else {
+            let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
+            zk.client()
+                .set_data(&path, &bytes, Some(node.stat.version))
+                .await
+                .map_err(|e| ZkError::Zk {
+                    op: "write",
+                    path: path.clone(),
+                    source: e,
+                })?;
+            node.data = bytes;
+        }
+    }
+
     // Holds taken by init containers outlive them: release those whose pod
     // has finished or is gone.
     let mut persistent = false;
@@ -110,13 +137,14 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     node.children.retain(|c| !removed.contains(&c.name));
 
     let previous = lock.status.clone().unwrap_or_default();
-    let mut outcome = status::lock(
+    let mut outcome = status::lock_with(
         &lock.spec,
         &node,
         &previous,
         lock.metadata.generation,
         &path,
         Timestamp::now(),
+        spec_problem.as_deref(),
     );
     for revoked in &outcome.revoke {
         info!(lock = %name, node = %revoked, "revoking a hold past its lease duration");
@@ -137,13 +165,14 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         before
             .holders
             .retain(|h| !revoked_tokens.contains(&h.fencing_token));
-        outcome = status::lock(
+        outcome = status::lock_with(
             &lock.spec,
             &node,
             &before,
             lock.metadata.generation,
             &path,
             Timestamp::now(),
+            spec_problem.as_deref(),
         );
         outcome.notes.splice(0..0, notes);
     }

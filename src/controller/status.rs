@@ -103,6 +103,37 @@ pub struct BarrierObservation<'a> {
     pub znode: &'a str,
     /// Now.
     pub now: Timestamp,
+    /// What in the spec could not be applied, if anything.
+    pub spec_problem: Option<&'a str>,
+}
+
+/// The `SpecAccepted` condition, and a warning the first time a problem is seen.
+fn spec_accepted(
+    problem: Option<&str>,
+    generation: Option<i64>,
+    now: Timestamp,
+    previous: &[Condition],
+    notes: &mut Vec<Note>,
+) -> Condition {
+    let was = previous.iter().find(|c| c.type_ == "SpecAccepted");
+    if let Some(problem) = problem {
+        if was.is_none_or(|c| c.status != "False" || c.message != problem) {
+            notes.push(warning("InvalidSpec", problem.to_owned()));
+        }
+    }
+    condition(
+        "SpecAccepted",
+        problem.is_none(),
+        if problem.is_some() {
+            "InvalidSpec"
+        } else {
+            "Accepted"
+        },
+        problem.unwrap_or("the spec is applied"),
+        generation,
+        now,
+        previous,
+    )
 }
 
 /// Computes a barrier's status.
@@ -293,6 +324,13 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
         obs.now,
         &obs.previous.conditions,
     );
+    let accepted = spec_accepted(
+        obs.spec_problem,
+        obs.generation,
+        obs.now,
+        &obs.previous.conditions,
+        &mut notes,
+    );
     BarrierOutcome {
         status: BarrierStatus {
             phase: Some(phase),
@@ -303,7 +341,7 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             participants,
             opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
             completed_at,
-            conditions: vec![ready_condition],
+            conditions: vec![ready_condition, accepted],
             observed_generation: obs.generation,
             znode: Some(obs.znode.to_owned()),
         },
@@ -338,6 +376,20 @@ pub fn lock(
     generation: Option<i64>,
     znode: &str,
     now: Timestamp,
+) -> LockOutcome {
+    lock_with(spec, node, previous, generation, znode, now, None)
+}
+
+/// [`lock`], with what in the spec could not be applied (reported as the
+/// `SpecAccepted` condition and an `InvalidSpec` event).
+pub fn lock_with(
+    spec: &LockLeaseSpec,
+    node: &Snapshot,
+    previous: &LockLeaseStatus,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+    spec_problem: Option<&str>,
 ) -> LockOutcome {
     let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
     let queue = contender::queue(&names);
@@ -429,6 +481,13 @@ pub fn lock(
             ));
         }
     }
+    let accepted = spec_accepted(
+        spec_problem,
+        generation,
+        now,
+        &previous.conditions,
+        &mut notes,
+    );
     let held = !holders.is_empty();
     let message = if held {
         format!(
@@ -453,15 +512,18 @@ pub fn lock(
             waiting_count: waiting.len() as u32,
             holders,
             waiting,
-            conditions: vec![condition(
-                "Held",
-                held,
-                if held { "Held" } else { "Free" },
-                &message,
-                generation,
-                now,
-                &previous.conditions,
-            )],
+            conditions: vec![
+                condition(
+                    "Held",
+                    held,
+                    if held { "Held" } else { "Free" },
+                    &message,
+                    generation,
+                    now,
+                    &previous.conditions,
+                ),
+                accepted,
+            ],
             observed_generation: generation,
             znode: Some(znode.to_owned()),
         },
@@ -535,6 +597,7 @@ mod tests {
             generation: Some(1),
             znode: "/b",
             now: at(now),
+            spec_problem: None,
         })
     }
 
@@ -669,6 +732,56 @@ mod tests {
             10_001,
         );
         assert_eq!(late.fail.as_deref(), Some("TimedOut"));
+    }
+
+    #[test]
+    fn a_spec_problem_is_a_condition_and_one_warning() {
+        let s = spec(1, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let n = node(data, vec![child("a", 1, 2, ""), child("b", 1, 3, "")]);
+        let problem = "participants lowered to 1, but 2 have already entered; keeping 3";
+        let obs = |previous| BarrierObservation {
+            spec: &s,
+            created: Some(at(0)),
+            node: &n,
+            previous,
+            generation: Some(2),
+            znode: "/b",
+            now: at(5),
+            spec_problem: Some(problem),
+        };
+        let empty = BarrierStatus::default();
+        let first = barrier(&obs(&empty));
+        let accepted = first
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SpecAccepted")
+            .unwrap();
+        assert_eq!(
+            (
+                accepted.status.as_str(),
+                accepted.reason.as_str(),
+                accepted.message.as_str()
+            ),
+            ("False", "InvalidSpec", problem)
+        );
+        assert_eq!(
+            first
+                .notes
+                .iter()
+                .filter(|n| n.reason == "InvalidSpec")
+                .count(),
+            1
+        );
+        let again = barrier(&obs(&first.status));
+        assert!(
+            again.notes.iter().all(|n| n.reason != "InvalidSpec"),
+            "reported once, not on every reconcile"
+        );
     }
 
     #[test]
