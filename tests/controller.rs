@@ -709,9 +709,9 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
     .await;
 }
 
-fn accepted<'a>(
-    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-) -> Option<&'a str> {
+fn accepted(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<&str> {
     conditions
         .iter()
         .find(|c| c.type_ == "SpecAccepted")
