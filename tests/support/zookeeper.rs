@@ -39,6 +39,10 @@ pub struct ZkServer {
     config: PathBuf,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
+    /// Kill the server when the spawning thread ends: only for the shared
+    /// server, whose spawner lives as long as the process (the signal
+    /// follows the thread, and tokio retires idle blocking threads).
+    die_with_spawner: bool,
 }
 
 impl ZkServer {
@@ -54,6 +58,7 @@ impl ZkServer {
             config,
             child: None,
             _tmp: Some(tmp),
+            die_with_spawner: false,
         };
         server.start();
         server.wait_serving(Duration::from_secs(30));
@@ -80,12 +85,14 @@ impl ZkServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; it only sets a flag of the child.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
+        if self.die_with_spawner {
+            // SAFETY: prctl is async-signal-safe; it only sets a flag of the child.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
         }
         self.child = Some(
             command
@@ -174,7 +181,20 @@ pub fn process_server() -> &'static str {
     ADDRESS.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let server = ZkServer::standalone();
+            let tmp = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let dir = tmp.path().to_owned();
+            let config = write_config(&dir, port, &[], 0);
+            let mut server = ZkServer {
+                port,
+                dir,
+                config,
+                child: None,
+                _tmp: Some(tmp),
+                die_with_spawner: true,
+            };
+            server.start();
+            server.wait_serving(Duration::from_secs(30));
             tx.send(server.address()).expect("report address");
             // Keep the server (and this thread) for the life of the process.
             loop {
@@ -210,6 +230,7 @@ impl Ensemble {
                     config,
                     child: None,
                     _tmp: None,
+                    die_with_spawner: false,
                 }
             })
             .collect();
