@@ -121,3 +121,141 @@ async fn zookeeper_down_and_back_the_controller_is_unready_then_recovers_and_con
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_stalled_holder_is_told_its_hold_is_lost_while_another_holds_the_lock() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let through_proxy = format!("{}{chroot}", proxy.address());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!("touch {}; exec sleep 120", started.display());
+    let zkgate = |connect: &str, args: &[&str]| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+        c.args(args)
+            .env("ZKGATE_ZOOKEEPER", connect)
+            .env("ZKGATE_LOG", "warn")
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    let holder = zkgate(
+        &through_proxy,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "stalled",
+            "--session-timeout",
+            "2s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the holder's command", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let next = zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "next",
+            "--timeout",
+            "30s",
+            "--",
+            "sleep",
+            "3",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    proxy.stall();
+    // Without any traffic getting through, the holder gives the hold up on
+    // its own once the server may have expired its session: exit 6.
+    let out = tokio::time::timeout(Duration::from_secs(20), holder.wait_with_output())
+        .await
+        .expect("the stalled holder stops")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("lost the lock") && err.contains("terminated"),
+        "{err}"
+    );
+    // Meanwhile the other process got the lock and finishes normally.
+    let out = tokio::time::timeout(Duration::from_secs(30), next.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    proxy.resume();
+}
+
+#[tokio::test]
+async fn a_stalled_sidecar_loses_its_registration_and_the_barrier_status_shows_it() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let _controller = ControllerProcess::start(&ns, &direct, "controller-s");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
+    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _sidecar = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args([
+            "barrier",
+            "sidecar",
+            "gang",
+            "--id",
+            "s0",
+            "--namespace",
+            &ns,
+            "--session-timeout",
+            "2s",
+        ])
+        .arg("--ready-file")
+        .arg(dir.path().join("ready"))
+        .env("ZKGATE_ZOOKEEPER", format!("{}{chroot}", proxy.address()))
+        .env("ZKGATE_LOG", "off")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "s0 entered", || async {
+        (barriers.get("gang").await.ok()?.status?.entered == 1).then_some(())
+    })
+    .await;
+    proxy.stall();
+    let status = eventually(within, "s0 lost in the status", || async {
+        let st = barriers.get("gang").await.ok()?.status?;
+        st.participants
+            .iter()
+            .any(|p| p.id == "s0" && p.lost)
+            .then_some(st)
+    })
+    .await;
+    assert_eq!(status.entered, 0, "a lost participant no longer counts");
+    assert_eq!(status.phase, Some(BarrierPhase::Waiting));
+    proxy.resume();
+}
