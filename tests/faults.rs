@@ -259,3 +259,99 @@ async fn a_stalled_sidecar_loses_its_registration_and_the_barrier_status_shows_i
     assert_eq!(status.phase, Some(BarrierPhase::Waiting));
     proxy.resume();
 }
+
+#[tokio::test]
+async fn garbage_in_a_barrier_node_is_repaired_without_losing_registrations() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start(&ns, &zk, "controller-g");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
+    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "Waiting", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+    let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let participant = support::session(&zk).await;
+    let eph =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    participant
+        .client()
+        .create(&format!("{path}/p0"), b"", &eph)
+        .await
+        .unwrap();
+    eventually(within, "p0 entered", || async {
+        (barriers.get("gang").await.ok()?.status?.entered == 1).then_some(())
+    })
+    .await;
+
+    // A waiter meets the garbage: a clear error, not a panic.
+    participant
+        .client()
+        .set_data(&path, b"\x00not json", None)
+        .await
+        .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args([
+            "barrier",
+            "enter",
+            "gang",
+            "--id",
+            "p9",
+            "--namespace",
+            &ns,
+            "--timeout",
+            "1s",
+        ])
+        .env("ZKGATE_ZOOKEEPER", &zk)
+        .env("ZKGATE_LOG", "off")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Either it met the garbage (a clear error) or the controller had already repaired it.
+    assert!(
+        out.status.code() == Some(1) && err.contains("not barrier JSON")
+            || out.status.code() == Some(3),
+        "{err}"
+    );
+
+    // The controller repairs the data and keeps the registration.
+    participant
+        .client()
+        .set_data(&path, b"\x00not json", None)
+        .await
+        .unwrap();
+    eventually(within, "the data repaired", || async {
+        let (data, _) = participant.client().get_data(&path).await.ok()?;
+        zkgate::zk::BarrierData::parse(&path, &data)
+            .ok()
+            .flatten()
+            .filter(|d| d.participants == 3)
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        support::children(&participant, &path)
+            .await
+            .contains(&"p0".to_string()),
+        "the registration survived"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    eventually(within, "a Repaired event", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Repaired"))
+            .then_some(())
+    })
+    .await;
+}

@@ -42,19 +42,44 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     };
 
     let mut node = tree::snapshot(zk, &path).await?;
-    let stale = node.as_ref().is_some_and(|n| {
-        BarrierData::parse(&path, &n.data)
-            .ok()
-            .flatten()
-            .and_then(|d| d.uid)
-            .as_deref()
-            != Some(uid.as_str())
-    });
-    if stale {
-        // Left from an earlier resource of the same name: start clean.
-        info!(%path, "replacing the subtree of an earlier barrier with the same name");
-        tree::delete_tree(zk, &path).await?;
-        node = None;
+    // Readable data naming another uid: left from an earlier resource of the
+    // same name, so start clean. Unreadable data (someone wrote garbage) is
+    // repaired in place: the registrations under it are real.
+    let existing = node
+        .as_ref()
+        .map(|n| (BarrierData::parse(&path, &n.data), n.stat.version));
+    match existing {
+        Some((Ok(data), _))
+            if data.as_ref().and_then(|d| d.uid.as_deref()) != Some(uid.as_str()) =>
+        {
+            info!(%path, "replacing the subtree of an earlier barrier with the same name");
+            tree::delete_tree(zk, &path).await?;
+            node = None;
+        }
+        Some((Err(e), version)) => {
+            warn!(%path, error = %e, "repairing the barrier node's data");
+            let repaired = wanted.to_bytes();
+            let stat = zk
+                .client()
+                .set_data(&path, &repaired, Some(version))
+                .await
+                .map_err(|e| crate::zk::ZkError::Zk {
+                    op: "write",
+                    path: path.clone(),
+                    source: e,
+                })?;
+            let note = status::Note {
+                reason: "Repaired",
+                message: format!("the data of {path} was not barrier JSON ({e}); rewrote it"),
+                warning: true,
+            };
+            ctx.record(barrier, &note).await;
+            if let Some(n) = node.as_mut() {
+                n.data = repaired;
+                n.stat = stat;
+            }
+        }
+        _ => {}
     }
     if node.is_none() {
         recipe.create(zk, &wanted).await?;
