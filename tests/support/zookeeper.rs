@@ -48,6 +48,12 @@ pub struct ZkServer {
 impl ZkServer {
     /// Starts a standalone server and waits until it answers `ruok`.
     pub fn standalone() -> ZkServer {
+        Self::standalone_tied(false)
+    }
+
+    /// [`ZkServer::standalone`]; with `die_with_spawner`, the server is
+    /// killed when the calling thread ends (see the field).
+    fn standalone_tied(die_with_spawner: bool) -> ZkServer {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let dir = tmp.path().to_owned();
@@ -58,7 +64,7 @@ impl ZkServer {
             config,
             child: None,
             _tmp: Some(tmp),
-            die_with_spawner: false,
+            die_with_spawner,
         };
         server.start();
         server.wait_serving(Duration::from_secs(30));
@@ -181,20 +187,7 @@ pub fn process_server() -> &'static str {
     ADDRESS.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let tmp = tempfile::tempdir().expect("temp dir");
-            let port = free_port();
-            let dir = tmp.path().to_owned();
-            let config = write_config(&dir, port, &[], 0);
-            let mut server = ZkServer {
-                port,
-                dir,
-                config,
-                child: None,
-                _tmp: Some(tmp),
-                die_with_spawner: true,
-            };
-            server.start();
-            server.wait_serving(Duration::from_secs(30));
+            let server = ZkServer::standalone_tied(true);
             tx.send(server.address()).expect("report address");
             // Keep the server (and this thread) for the life of the process.
             loop {
