@@ -355,3 +355,52 @@ async fn garbage_in_a_barrier_node_is_repaired_without_losing_registrations() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn garbage_in_a_lock_node_is_repaired_without_revoking_the_holder() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start(&ns, &zk, "controller-l");
+    let locks: Api<zkgate::api::LockLease> = Api::namespaced(client.clone(), &ns);
+    let lock: zkgate::api::LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": {} })).unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "reconciled", || async {
+        locks.get("db").await.ok()?.status.map(|_| ())
+    })
+    .await;
+    let path = format!("/zkgate/namespaces/{ns}/locks/db");
+    let holder = support::session(&zk).await;
+    let hold = zkgate::zk::Mutex::new(&path, Default::default())
+        .acquire(&holder, None)
+        .await
+        .unwrap();
+    eventually(within, "held", || async {
+        (locks.get("db").await.ok()?.status?.holder_count == 1).then_some(())
+    })
+    .await;
+    holder
+        .client()
+        .set_data(&path, b"garbage", None)
+        .await
+        .unwrap();
+    eventually(within, "the data repaired", || async {
+        let (data, _) = holder.client().get_data(&path).await.ok()?;
+        serde_json::from_slice::<zkgate::controller::LockNodeData>(&data)
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        holder
+            .client()
+            .check_stat(hold.path())
+            .await
+            .unwrap()
+            .is_some(),
+        "the hold was not revoked"
+    );
+    hold.release().await.expect("still ours to release");
+}

@@ -48,16 +48,45 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     };
 
     let mut node = tree::snapshot(zk, &path).await?;
-    let stale = node.as_ref().is_some_and(|n| {
-        serde_json::from_slice::<LockNodeData>(&n.data)
-            .ok()
-            .map(|d| d.uid)
-            != Some(uid.clone())
+    // Readable data naming another uid: an earlier lock of the same name,
+    // so start clean. Unreadable data is repaired in place: the holds under
+    // it are real.
+    let existing = node.as_ref().map(|n| {
+        (
+            serde_json::from_slice::<LockNodeData>(&n.data),
+            n.stat.version,
+        )
     });
-    if stale {
-        info!(%path, "replacing the subtree of an earlier lock with the same name");
-        tree::delete_tree(zk, &path).await?;
-        node = None;
+    match existing {
+        Some((Ok(data), _)) if data.uid != uid => {
+            info!(%path, "replacing the subtree of an earlier lock with the same name");
+            tree::delete_tree(zk, &path).await?;
+            node = None;
+        }
+        Some((Err(e), version)) => {
+            tracing::warn!(%path, error = %e, "repairing the lock node's data");
+            let repaired = serde_json::to_vec(&wanted).unwrap_or_default();
+            let stat = zk
+                .client()
+                .set_data(&path, &repaired, Some(version))
+                .await
+                .map_err(|e| ZkError::Zk {
+                    op: "write",
+                    path: path.clone(),
+                    source: e,
+                })?;
+            let note = status::Note {
+                reason: "Repaired",
+                message: format!("the data of {path} was not lock JSON ({e}); rewrote it"),
+                warning: true,
+            };
+            ctx.record(lock, &note).await;
+            if let Some(n) = node.as_mut() {
+                n.data = repaired;
+                n.stat = stat;
+            }
+        }
+        _ => {}
     }
     if node.is_none() {
         let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
