@@ -826,3 +826,25 @@ async fn a_killed_wrapper_takes_its_command_with_it() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn invalid_values_from_the_environment_are_refused_up_front() {
+    let connect = isolated_connect();
+    for (var, value) in [
+        ("ZKGATE_ID", "a/b"),
+        ("ZKGATE_NAMESPACE", ".."),
+        ("ZKGATE_TIMEOUT", "soon"),
+        ("ZKGATE_ROOT", "relative"),
+    ] {
+        let mut cmd = zkgate(&connect, &["barrier", "enter", "b", "--participants", "1"]);
+        cmd.env(var, value);
+        let (code, err) = output(cmd).await;
+        assert_eq!(code, 2, "{var}={value}: {err}");
+        assert!(err.contains("Usage:"), "{var}={value}: {err}");
+    }
+    let observer = session(&connect).await;
+    assert!(
+        children(&observer, "/").await.is_empty(),
+        "nothing was created"
+    );
+}

@@ -404,3 +404,65 @@ async fn garbage_in_a_lock_node_is_repaired_without_revoking_the_holder() {
     );
     hold.release().await.expect("still ours to release");
 }
+
+#[tokio::test]
+async fn a_barrier_node_deleted_by_hand_stops_its_waiters_and_is_made_again() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start(&ns, &zk, "controller-d");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    let created = barriers.create(&PostParams::default(), &b).await.unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "Waiting", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+    let waiter = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args([
+            "barrier",
+            "run",
+            "gang",
+            "--id",
+            "p0",
+            "--namespace",
+            &ns,
+            "--timeout",
+            "30s",
+            "--",
+            "true",
+        ])
+        .env("ZKGATE_ZOOKEEPER", &zk)
+        .env("ZKGATE_LOG", "off")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    eventually(within, "p0 entered", || async {
+        (barriers.get("gang").await.ok()?.status?.entered == 1).then_some(())
+    })
+    .await;
+    let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let admin = support::session(&zk).await;
+    zkgate::zk::tree::delete_tree(&admin, &path).await.unwrap();
+    let out = tokio::time::timeout(within, waiter.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The controller makes the node again, for the same resource.
+    let data = eventually(within, "the node made again", || async {
+        let (data, _) = admin.client().get_data(&path).await.ok()?;
+        zkgate::zk::BarrierData::parse(&path, &data).ok().flatten()
+    })
+    .await;
+    assert_eq!(data.uid, kube::ResourceExt::uid(&created));
+}
