@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::context::{Context, PodFate};
 use super::error::Error;
-use super::reconciler::{write_status, Reconciled};
+use super::reconciler::{repair_node_data, write_status, Reconciled};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
@@ -45,38 +45,16 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     // Readable data naming another uid: left from an earlier resource of the
     // same name, so start clean. Unreadable data (someone wrote garbage) is
     // repaired in place: the registrations under it are real.
-    let existing = node
-        .as_ref()
-        .map(|n| (BarrierData::parse(&path, &n.data), n.stat.version));
+    let existing = node.as_ref().map(|n| BarrierData::parse(&path, &n.data));
     match existing {
-        Some((Ok(data), _))
-            if data.as_ref().and_then(|d| d.uid.as_deref()) != Some(uid.as_str()) =>
-        {
+        Some(Ok(data)) if data.as_ref().and_then(|d| d.uid.as_deref()) != Some(uid.as_str()) => {
             info!(%path, "replacing the subtree of an earlier barrier with the same name");
             tree::delete_tree(zk, &path).await?;
             node = None;
         }
-        Some((Err(e), version)) => {
-            warn!(%path, error = %e, "repairing the barrier node's data");
-            let repaired = wanted.to_bytes();
-            let stat = zk
-                .client()
-                .set_data(&path, &repaired, Some(version))
-                .await
-                .map_err(|e| crate::zk::ZkError::Zk {
-                    op: "write",
-                    path: path.clone(),
-                    source: e,
-                })?;
-            let note = status::Note {
-                reason: "Repaired",
-                message: format!("the data of {path} was not barrier JSON ({e}); rewrote it"),
-                warning: true,
-            };
-            ctx.record(barrier, &note).await;
+        Some(Err(e)) => {
             if let Some(n) = node.as_mut() {
-                n.data = repaired;
-                n.stat = stat;
+                repair_node_data(barrier, ctx, n, &path, wanted.to_bytes(), &e.to_string()).await?;
             }
         }
         _ => {}

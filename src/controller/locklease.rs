@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 
 use super::context::{Context, PodFate};
 use super::error::Error;
-use super::reconciler::{write_status, Reconciled};
+use super::reconciler::{repair_node_data, write_status, Reconciled};
 use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ParticipantData, ZkError};
@@ -51,39 +51,26 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     // Readable data naming another uid: an earlier lock of the same name,
     // so start clean. Unreadable data is repaired in place: the holds under
     // it are real.
-    let existing = node.as_ref().map(|n| {
-        (
-            serde_json::from_slice::<LockNodeData>(&n.data),
-            n.stat.version,
-        )
-    });
+    let existing = node
+        .as_ref()
+        .map(|n| serde_json::from_slice::<LockNodeData>(&n.data));
     match existing {
-        Some((Ok(data), _)) if data.uid != uid => {
+        Some(Ok(data)) if data.uid != uid => {
             info!(%path, "replacing the subtree of an earlier lock with the same name");
             tree::delete_tree(zk, &path).await?;
             node = None;
         }
-        Some((Err(e), version)) => {
-            tracing::warn!(%path, error = %e, "repairing the lock node's data");
-            let repaired = serde_json::to_vec(&wanted).unwrap_or_default();
-            let stat = zk
-                .client()
-                .set_data(&path, &repaired, Some(version))
-                .await
-                .map_err(|e| ZkError::Zk {
-                    op: "write",
-                    path: path.clone(),
-                    source: e,
-                })?;
-            let note = status::Note {
-                reason: "Repaired",
-                message: format!("the data of {path} was not lock JSON ({e}); rewrote it"),
-                warning: true,
-            };
-            ctx.record(lock, &note).await;
+        Some(Err(e)) => {
             if let Some(n) = node.as_mut() {
-                n.data = repaired;
-                n.stat = stat;
+                repair_node_data(
+                    lock,
+                    ctx,
+                    n,
+                    &path,
+                    serde_json::to_vec(&wanted).unwrap_or_default(),
+                    &e.to_string(),
+                )
+                .await?;
             }
         }
         _ => {}

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::context::{Context, FINALIZER, MANAGER};
 use super::error::Error;
+use crate::zk::tree::Snapshot;
 
 /// A kind the controller reconciles.
 pub trait Reconciled:
@@ -78,5 +79,38 @@ pub async fn write_status<K: Reconciled>(
         &Patch::Apply(&patch),
     )
     .await?;
+    Ok(())
+}
+
+/// Rewrites a node whose data could not be read (someone wrote garbage) with
+/// `data`, records a `Repaired` warning on `object`, and updates `node`.
+/// The node's children are real registrations or holds: they stay.
+pub async fn repair_node_data<K: Reconciled>(
+    object: &K,
+    ctx: &Context,
+    node: &mut Snapshot,
+    path: &str,
+    data: Vec<u8>,
+    problem: &str,
+) -> Result<(), Error> {
+    tracing::warn!(%path, %problem, "repairing the node's data");
+    let stat = ctx
+        .zk
+        .client()
+        .set_data(path, &data, Some(node.stat.version))
+        .await
+        .map_err(|e| crate::zk::ZkError::Zk {
+            op: "write",
+            path: path.to_owned(),
+            source: e,
+        })?;
+    let note = super::status::Note {
+        reason: "Repaired",
+        message: format!("the data of {path} could not be read ({problem}); rewrote it"),
+        warning: true,
+    };
+    ctx.record(object, &note).await;
+    node.data = data;
+    node.stat = stat;
     Ok(())
 }
