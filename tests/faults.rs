@@ -23,6 +23,41 @@ fn downtime() -> Duration {
     )
 }
 
+/// A namespace with a controller of its own (on an isolated ZooKeeper
+/// chroot) and a Barrier `gang` of `x` that it has reconciled.
+struct Reconciled {
+    client: kube::Client,
+    ns: String,
+    zk: String,
+    barriers: Api<Barrier>,
+    created: Barrier,
+    _controller: ControllerProcess,
+}
+
+async fn reconciled_barrier(x: u32, id: &str) -> Reconciled {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let controller = ControllerProcess::start(&ns, &zk, id);
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": x } })).unwrap();
+    let created = barriers.create(&PostParams::default(), &b).await.unwrap();
+    eventually(Duration::from_secs(30), "Waiting", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+    Reconciled {
+        client,
+        ns,
+        zk,
+        barriers,
+        created,
+        _controller: controller,
+    }
+}
+
 #[tokio::test]
 async fn zookeeper_down_and_back_the_controller_is_unready_then_recovers_and_converges() {
     let mut server = tokio::task::spawn_blocking(ZkServer::standalone)
@@ -262,20 +297,15 @@ async fn a_stalled_sidecar_loses_its_registration_and_the_barrier_status_shows_i
 
 #[tokio::test]
 async fn garbage_in_a_barrier_node_is_repaired_without_losing_registrations() {
-    let client = client().await;
-    install_crds(&client).await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let _controller = ControllerProcess::start(&ns, &zk, "controller-g");
-    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
-    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let Reconciled {
+        client,
+        ns,
+        zk,
+        barriers,
+        _controller,
+        ..
+    } = reconciled_barrier(3, "controller-g").await;
     let within = Duration::from_secs(30);
-    eventually(within, "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
     let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
     let participant = support::session(&zk).await;
     let eph =
@@ -407,20 +437,15 @@ async fn garbage_in_a_lock_node_is_repaired_without_revoking_the_holder() {
 
 #[tokio::test]
 async fn a_barrier_node_deleted_by_hand_stops_its_waiters_and_is_made_again() {
-    let client = client().await;
-    install_crds(&client).await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let _controller = ControllerProcess::start(&ns, &zk, "controller-d");
-    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
-    let created = barriers.create(&PostParams::default(), &b).await.unwrap();
+    let Reconciled {
+        ns,
+        zk,
+        barriers,
+        created,
+        _controller,
+        ..
+    } = reconciled_barrier(2, "controller-d").await;
     let within = Duration::from_secs(30);
-    eventually(within, "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
     let waiter = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
         .args([
             "barrier",
