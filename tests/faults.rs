@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use support::kube::{client, install_crds, namespace, ControllerProcess};
+use support::kube::{
+    client, client_of, install_crds, namespace, ControllerProcess, PrivateApiServer,
+};
 use support::{eventually, ZkServer};
 use zkgate::api::{Barrier, BarrierPhase};
 use zkgate::zk::{DoubleBarrier, EnterOptions};
@@ -490,4 +492,92 @@ async fn a_barrier_node_deleted_by_hand_stops_its_waiters_and_is_made_again() {
     })
     .await;
     assert_eq!(data.uid, kube::ResourceExt::uid(&created));
+}
+
+#[tokio::test]
+async fn the_api_server_crashing_mid_barrier_watches_resume_and_status_converges() {
+    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
+        .await
+        .unwrap();
+    let client = client_of(&api.kubeconfig()).await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start_on(&api.kubeconfig(), &ns, &zk, "controller-api");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let gang: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
+    barriers
+        .create(&PostParams::default(), &gang)
+        .await
+        .unwrap();
+    let within = Duration::from_secs(60);
+    eventually(within, "Waiting", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+
+    let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let enter = |id: &'static str| {
+        let (zk, path) = (zk.clone(), path.clone());
+        tokio::spawn(async move {
+            let s = support::session(&zk).await;
+            let deadline = Some(tokio::time::Instant::now() + Duration::from_secs(90));
+            DoubleBarrier::new(&path)
+                .enter(&s, id, &EnterOptions::default(), deadline)
+                .await
+                .expect("enter");
+            s // held open: the registrations stay until the test ends
+        })
+    };
+    let first = [enter("p0"), enter("p1")];
+    eventually(within, "2 entered in the status", || async {
+        (barriers.get("gang").await.ok()?.status?.entered == 2).then_some(())
+    })
+    .await;
+
+    // The API server dies; the gang completes while it is away.
+    api.crash();
+    let last = enter("p2");
+    let mut sessions = vec![last.await.unwrap()];
+    for f in first {
+        sessions.push(f.await.unwrap());
+    }
+    let api = tokio::task::spawn_blocking(move || {
+        api.restart();
+        api
+    })
+    .await
+    .unwrap();
+
+    // The status converges: open with exactly three, counted once.
+    let status = eventually(within, "Open after the restart", || async {
+        let status = barriers.get("gang").await.ok()?.status?;
+        (status.phase == Some(BarrierPhase::Open)).then_some(status)
+    })
+    .await;
+    assert_eq!(status.entered, 3, "{status:?}");
+    // The controller's watches resumed: a Barrier made after the restart is
+    // reconciled, its znode made.
+    let later: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "later" }, "spec": { "participants": 1 } })).unwrap();
+    barriers
+        .create(&PostParams::default(), &later)
+        .await
+        .unwrap();
+    eventually(within, "the new Barrier reconciled", || async {
+        (barriers.get("later").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+    let observer = support::session(&zk).await;
+    assert!(observer
+        .client()
+        .check_stat(&format!("/zkgate/namespaces/{ns}/barriers/later"))
+        .await
+        .unwrap()
+        .is_some());
+    for s in sessions {
+        s.close().await.ok();
+    }
+    drop(api);
 }

@@ -22,7 +22,12 @@ pub fn kubeconfig() -> PathBuf {
 
 /// A client of the test API server.
 pub async fn client() -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig()).expect("kubeconfig");
+    client_of(&kubeconfig()).await
+}
+
+/// A client of the API server that `kubeconfig` names.
+pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("config");
@@ -79,6 +84,16 @@ pub struct ControllerProcess {
 impl ControllerProcess {
     /// Starts a controller for `namespace` against ZooKeeper `zookeeper`.
     pub fn start(namespace: &str, zookeeper: &str, id: &str) -> ControllerProcess {
+        Self::start_on(&kubeconfig(), namespace, zookeeper, id)
+    }
+
+    /// [`ControllerProcess::start`] against the API server of `kubeconfig`.
+    pub fn start_on(
+        kubeconfig: &std::path::Path,
+        namespace: &str,
+        zookeeper: &str,
+        id: &str,
+    ) -> ControllerProcess {
         let metrics_port = super::zookeeper::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_zkgate"))
             .args([
@@ -96,7 +111,7 @@ impl ControllerProcess {
                 "--session-timeout",
                 "4s",
             ])
-            .env("KUBECONFIG", kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .env("ZKGATE_LOG", "zkgate=debug,warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -127,5 +142,67 @@ impl ControllerProcess {
     /// SIGKILL.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
+    }
+}
+
+/// A kube-apiserver + etcd of a test's own (`scripts/kube-apiserver`), for
+/// faults that would disturb the shared one. Stopped when dropped.
+pub struct PrivateApiServer {
+    dir: tempfile::TempDir,
+}
+
+impl PrivateApiServer {
+    fn script(action: &str, dir: &std::path::Path) -> bool {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kube-apiserver");
+        std::process::Command::new(script)
+            .args([action, &dir.to_string_lossy()])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Starts one (blocking: a few seconds).
+    pub fn start() -> PrivateApiServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert!(
+            Self::script("start", dir.path()),
+            "scripts/kube-apiserver start failed"
+        );
+        PrivateApiServer { dir }
+    }
+
+    /// Its kubeconfig (cluster admin).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// SIGKILLs kube-apiserver (etcd keeps running) and waits until it is gone.
+    pub fn crash(&self) {
+        let pid = std::fs::read_to_string(self.dir.path().join("apiserver.pid")).expect("pid");
+        let pid: i32 = pid.trim().parse().expect("pid");
+        // SAFETY: kill(2) on a pid we started; no memory is involved.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        while std::path::Path::new(&format!("/proc/{pid}/stat")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts kube-apiserver again on the same port and waits until ready
+    /// (blocking).
+    pub fn restart(&self) {
+        assert!(
+            Self::script("restart", self.dir.path()),
+            "scripts/kube-apiserver restart failed"
+        );
+    }
+}
+
+impl Drop for PrivateApiServer {
+    fn drop(&mut self) {
+        Self::script("stop", self.dir.path());
     }
 }

@@ -3,6 +3,7 @@
 //! and a TCP proxy that injects connection faults.
 #![allow(dead_code, unused_imports)]
 
+pub mod checker;
 pub mod kube;
 pub mod proxy;
 pub mod zookeeper;

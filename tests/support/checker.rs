@@ -1,0 +1,126 @@
+//! The invariant checker the fault tests share: every holder records the
+//! interval it believed it held a lock and the fencing token it was given;
+//! at the end the record must show no conflicting overlap and tokens that
+//! order every writer against everything else.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How a hold shares its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Share {
+    /// Exclusive: a mutex hold or a write hold.
+    Exclusive,
+    /// Shared with other readers.
+    Read,
+}
+
+#[derive(Clone, Debug)]
+struct Interval {
+    lock: String,
+    share: Share,
+    token: i64,
+    start: Instant,
+    end: Instant,
+    holder: String,
+}
+
+/// Records hold intervals from many tasks; cheap to clone.
+#[derive(Clone, Default)]
+pub struct HoldLog {
+    intervals: Arc<Mutex<Vec<Interval>>>,
+}
+
+/// One hold being recorded: started when the acquire returned.
+pub struct Recording {
+    log: HoldLog,
+    lock: String,
+    share: Share,
+    token: i64,
+    start: Instant,
+    holder: String,
+}
+
+impl HoldLog {
+    /// Starts recording a hold of `lock` with fencing token `token`; call
+    /// right after the acquire returned.
+    pub fn held(&self, lock: &str, share: Share, token: i64, holder: &str) -> Recording {
+        Recording {
+            log: self.clone(),
+            lock: lock.to_owned(),
+            share,
+            token,
+            start: Instant::now(),
+            holder: holder.to_owned(),
+        }
+    }
+
+    /// How many holds were recorded.
+    pub fn len(&self) -> usize {
+        self.intervals.lock().unwrap().len()
+    }
+
+    /// Panics with the first violation: an exclusive hold overlapping any
+    /// other hold of the same lock, or a token that does not order an
+    /// exclusive hold against a hold that ended before it began (or began
+    /// after it ended). Readers may overlap and need no order among
+    /// themselves.
+    pub fn assert_invariants(&self) {
+        let intervals = self.intervals.lock().unwrap().clone();
+        let mut by_lock: std::collections::BTreeMap<&str, Vec<&Interval>> = Default::default();
+        for i in &intervals {
+            by_lock.entry(&i.lock).or_default().push(i);
+        }
+        for (lock, holds) in by_lock {
+            let mut tokens = std::collections::HashSet::new();
+            for h in &holds {
+                assert!(
+                    tokens.insert(h.token),
+                    "{lock}: token {} handed out twice",
+                    h.token
+                );
+            }
+            for (n, a) in holds.iter().enumerate() {
+                for b in &holds[n + 1..] {
+                    if a.share == Share::Read && b.share == Share::Read {
+                        continue;
+                    }
+                    let (first, second) = if a.start <= b.start { (a, b) } else { (b, a) };
+                    assert!(
+                        first.end <= second.start,
+                        "{lock}: {} ({:?}, token {}) and {} ({:?}, token {}) held at once",
+                        first.holder,
+                        first.share,
+                        first.token,
+                        second.holder,
+                        second.share,
+                        second.token
+                    );
+                    assert!(
+                        first.token < second.token,
+                        "{lock}: {} held before {} but its token {} is not below {}",
+                        first.holder,
+                        second.holder,
+                        first.token,
+                        second.token
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Recording {
+    /// Ends the interval; call right before releasing.
+    pub fn released(self) {
+        let end = Instant::now();
+        self.log.intervals.lock().unwrap().push(Interval {
+            lock: self.lock,
+            share: self.share,
+            token: self.token,
+            start: self.start,
+            end,
+            holder: self.holder,
+        });
+    }
+}
