@@ -581,3 +581,97 @@ async fn the_api_server_crashing_mid_barrier_watches_resume_and_status_converges
     }
     drop(api);
 }
+
+/// Foreign children are part of the contract: under a barrier node every
+/// child but `ready` is a participant (Curator's layout, which is what lets
+/// a Curator `DistributedDoubleBarrier` share a barrier with zkgate), so a
+/// foreign node counts, shows in the status, and is removed with the
+/// resource; under a lock node, children whose names are not contender
+/// names are ignored by the queue and removed with the resource.
+#[tokio::test]
+async fn foreign_children_count_in_a_barrier_are_ignored_in_a_lock_and_go_with_the_resource() {
+    let Reconciled {
+        client,
+        ns,
+        zk,
+        barriers,
+        _controller,
+        ..
+    } = reconciled_barrier(2, "controller-fc").await;
+    let within = Duration::from_secs(30);
+    let barrier = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let s = support::session(&zk).await;
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    // A foreign child with garbage data and a subtree of its own.
+    s.client()
+        .create(&format!("{barrier}/intruder"), b"\xffnot json", &persistent)
+        .await
+        .unwrap();
+    s.client()
+        .create(&format!("{barrier}/intruder/deeper"), b"", &persistent)
+        .await
+        .unwrap();
+    let status = eventually(within, "the intruder in the status", || async {
+        let status = barriers.get("gang").await.ok()?.status?;
+        (status.entered == 1).then_some(status)
+    })
+    .await;
+    assert_eq!(status.participants[0].id, "intruder", "{status:?}");
+    // It counts: one more participant opens the barrier of two.
+    let deadline = Some(tokio::time::Instant::now() + Duration::from_secs(30));
+    let entered = DoubleBarrier::new(&barrier)
+        .enter(&s, "p0", &EnterOptions::default(), deadline)
+        .await
+        .expect("enter");
+    assert_eq!(entered.participants, 2);
+    eventually(within, "Open", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Open)).then_some(())
+    })
+    .await;
+
+    // A lock node with foreign children: the queue ignores them.
+    let locks: Api<zkgate::api::LockLease> = Api::namespaced(client.clone(), &ns);
+    let lock: zkgate::api::LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": {} })).unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let lock_path = format!("/zkgate/namespaces/{ns}/locks/db");
+    s.await_node(&lock_path).await.unwrap();
+    for junk in ["junk", "lock-", "_c_x-lock-notanumber"] {
+        s.client()
+            .create(&format!("{lock_path}/{junk}"), b"", &persistent)
+            .await
+            .unwrap();
+    }
+    s.client()
+        .create(&format!("{lock_path}/junk/deeper"), b"", &persistent)
+        .await
+        .unwrap();
+    let hold = zkgate::zk::Mutex::new(&lock_path, Default::default())
+        .acquire(&s, deadline)
+        .await
+        .expect("foreign children do not block the lock");
+    let status = eventually(within, "held", || async {
+        let status = locks.get("db").await.ok()?.status?;
+        (status.holder_count == 1).then_some(status)
+    })
+    .await;
+    assert_eq!(status.waiting_count, 0, "{status:?}");
+    hold.release().await.unwrap();
+
+    // Deleting the resources removes their whole subtrees, foreign nodes
+    // included, and the finalizers with them.
+    barriers.delete("gang", &Default::default()).await.unwrap();
+    locks.delete("db", &Default::default()).await.unwrap();
+    eventually(within, "both resources gone", || async {
+        (barriers.get_opt("gang").await.ok()?.is_none()
+            && locks.get_opt("db").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    for gone in [&barrier, &lock_path] {
+        assert!(
+            s.client().check_stat(gone).await.unwrap().is_none(),
+            "{gone} left behind"
+        );
+    }
+}

@@ -134,7 +134,7 @@ fn parse_server(s: &str, tls: bool) -> Result<Server, String> {
     if s.is_empty() {
         return Err("a server is empty (stray comma?)".into());
     }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+    let (host, port, bracketed) = if let Some(rest) = s.strip_prefix('[') {
         let end = rest
             .find(']')
             .ok_or_else(|| format!("{s:?}: unclosed '[' in IPv6 address"))?;
@@ -145,19 +145,26 @@ fn parse_server(s: &str, tls: bool) -> Result<Server, String> {
             None if after.is_empty() => None,
             None => return Err(format!("{s:?}: expected ':port' after ']'")),
         };
-        (host, port)
+        (host, port, true)
     } else {
         match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
+            Some((h, p)) => (h, Some(p), false),
+            None => (s, None, false),
         }
     };
     if host.is_empty() {
         return Err(format!("{s:?}: the host is empty"));
     }
+    // Found by fuzzing: an unbracketed host with a ':' ("zk:2::1]:282")
+    // printed back as a different connect string.
+    if !bracketed && host.contains(':') {
+        return Err(format!(
+            "{s:?}: an IPv6 address goes in brackets, e.g. [::1]:2181"
+        ));
+    }
     if host
         .chars()
-        .any(|c| c.is_whitespace() || c == '/' || c == '@')
+        .any(|c| c.is_whitespace() || matches!(c, '/' | '@' | '[' | ']'))
     {
         return Err(format!(
             "{s:?}: the host has a character that cannot be in a host name"
@@ -191,6 +198,13 @@ mod tests {
         assert_eq!(c.chroot(), Some("/apps/zkgate"));
         assert_eq!(c.servers_string(), "zk-0:2181,zk-1:2182");
         assert_eq!(c.to_string(), "zk-0:2181,zk-1:2182/apps/zkgate");
+    }
+
+    #[test]
+    fn an_unbracketed_colon_in_a_host_is_refused() {
+        for bad in ["zk-0.zk:2::1]:282", "::1", "a:b:2181", "[a]b]:1", "[::1]]:2"] {
+            assert!(bad.parse::<ConnectString>().is_err(), "{bad}");
+        }
     }
 
     #[test]
