@@ -835,12 +835,28 @@ async fn invalid_values_from_the_environment_are_refused_up_front() {
         ("ZKGATE_NAMESPACE", ".."),
         ("ZKGATE_TIMEOUT", "soon"),
         ("ZKGATE_ROOT", "relative"),
+        ("ZKGATE_ZOOKEEPER", "zk:2::1]:282"),
+        ("ZKGATE_ZOOKEEPER", "zk:99999"),
     ] {
         let mut cmd = zkgate(&connect, &["barrier", "enter", "b", "--participants", "1"]);
         cmd.env(var, value);
         let (code, err) = output(cmd).await;
         assert_eq!(code, 2, "{var}={value}: {err}");
         assert!(err.contains("Usage:"), "{var}={value}: {err}");
+    }
+    // Ids that cannot be a node name: empty, with '/', longer than 253 bytes.
+    let long = "p".repeat(254);
+    for id in ["", "a/b", "..", &long] {
+        for command in [
+            &["barrier", "enter", "b"][..],
+            &["lock", "acquire", "l"][..],
+        ] {
+            let mut args = command.to_vec();
+            args.extend(["--id", id]);
+            let (code, err) = output(zkgate(&connect, &args)).await;
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(err.contains("Usage:"), "{args:?}: {err}");
+        }
     }
     let observer = session(&connect).await;
     assert!(

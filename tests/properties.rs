@@ -1,11 +1,14 @@
 //! Property tests for the pure parts: sequence suffixes and queue order
 //! (including int32 overflow), connect strings, durations, and the mapping
-//! from a lock node's children to its status.
+//! from a lock or barrier node's children to its status.
 
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
-use zkgate::api::{parse_duration, LockLeaseSpec, LockLeaseStatus, LockMode, DURATION_PATTERN};
-use zkgate::controller::status;
+use zkgate::api::{
+    parse_duration, BarrierPhase, BarrierSpec, BarrierStatus, LockLeaseSpec, LockLeaseStatus,
+    LockMode, DURATION_PATTERN,
+};
+use zkgate::controller::status::{self, BarrierObservation};
 use zkgate::zk::contender::{blocker, queue, sequence_key, ContenderKind};
 use zkgate::zk::tree::{ChildNode, Snapshot};
 use zkgate::zk::ConnectString;
@@ -133,6 +136,58 @@ proptest! {
         prop_assert_eq!(st.waiting_count as usize, st.waiting.len());
         if st.holders.iter().any(|h| h.mode != "Read") {
             prop_assert_eq!(st.holders.len(), 1);
+        }
+    }
+
+    /// Any sequence of observed barrier children (participants coming and
+    /// going, `ready` appearing once): each participant is listed once, the
+    /// counts agree with the list, and an opened barrier never goes back.
+    #[test]
+    fn barrier_status_counts_each_participant_once(
+        steps in prop::collection::vec((any::<u8>(), prop::bool::weighted(0.2)), 1..16),
+    ) {
+        let spec: BarrierSpec = serde_json::from_value(serde_json::json!({ "participants": 8 })).unwrap();
+        let mut previous = BarrierStatus::default();
+        let mut opened = false;
+        for (i, (members, open_now)) in steps.iter().enumerate() {
+            opened |= *open_now;
+            let mut children: Vec<ChildNode> = (0..8u8)
+                .filter(|b| members & (1 << b) != 0)
+                .map(|b| ChildNode { name: format!("p{b}"), data: vec![], stat: stat(100 + i64::from(b)) })
+                .collect();
+            let present = children.len();
+            if opened {
+                children.push(ChildNode { name: "ready".into(), data: vec![], stat: stat(50) });
+            }
+            let node = Snapshot { data: br#"{"participants":8}"#.to_vec(), stat: stat(1), children };
+            let out = status::barrier(&BarrierObservation {
+                spec: &spec,
+                created: Some(Timestamp::from_second(0).unwrap()),
+                node: &node,
+                previous: &previous,
+                generation: Some(1),
+                znode: "/b",
+                now: Timestamp::from_second(i as i64 + 1).unwrap(),
+                spec_problem: None,
+            });
+            let st = out.status;
+            let mut ids: Vec<_> = st.participants.iter().map(|p| p.id.as_str()).collect();
+            ids.sort();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), st.participants.len(), "an id listed twice");
+            for b in (0..8u8).filter(|b| members & (1 << b) != 0) {
+                let id = format!("p{b}");
+                prop_assert!(st.participants.iter().any(|p| p.id == id && p.left_at.is_none()), "{} missing", id);
+            }
+            prop_assert_eq!(st.entered as usize, st.participants.iter().filter(|p| !p.lost).count());
+            prop_assert!(st.left <= st.entered);
+            match st.phase {
+                Some(BarrierPhase::Completed) => prop_assert!(opened && present == 0),
+                Some(BarrierPhase::Open | BarrierPhase::Leaving) => prop_assert!(opened && present > 0),
+                Some(BarrierPhase::Waiting | BarrierPhase::Failed) => prop_assert!(!opened),
+                other => prop_assert!(false, "phase {:?}", other),
+            }
+            previous = st;
         }
     }
 }

@@ -202,7 +202,13 @@ mod tests {
 
     #[test]
     fn an_unbracketed_colon_in_a_host_is_refused() {
-        for bad in ["zk-0.zk:2::1]:282", "::1", "a:b:2181", "[a]b]:1", "[::1]]:2"] {
+        for bad in [
+            "zk-0.zk:2::1]:282",
+            "::1",
+            "a:b:2181",
+            "[a]b]:1",
+            "[::1]]:2",
+        ] {
             assert!(bad.parse::<ConnectString>().is_err(), "{bad}");
         }
     }
