@@ -12,7 +12,7 @@ use crate::agent::lock::{LockCommand, Side};
 use crate::agent::ready::ReadinessOptions;
 use crate::agent::{AgentError, Exit, Participant};
 use crate::layout::{Layout, DEFAULT_ROOT};
-use crate::zk::{path, ConnectString, SessionOptions};
+use crate::zk::{path, ConnectString, Credential, SessionOptions, TlsSettings};
 
 /// Coordinate batch workloads through ZooKeeper.
 #[derive(Debug, Parser)]
@@ -95,21 +95,31 @@ pub struct ControllerArgs {
     /// How long each attempt to reach ZooKeeper may take.
     #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
     pub connect_timeout: Duration,
-    /// ZooKeeper digest credentials, `user:password`.
-    #[arg(long, env = "ZKGATE_AUTH", value_parser = digest, hide_env_values = true)]
-    pub auth: Option<(String, String)>,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub security: Security,
+    /// With credentials: the Secret, in each namespace with Barriers or
+    /// LockLeases, that holds the namespace's ZooKeeper credential (key
+    /// `auth`, `user:password`) for its participants.
+    #[arg(
+        long,
+        env = "ZKGATE_NAMESPACE_SECRET",
+        default_value = crate::controller::NAMESPACE_SECRET,
+        value_parser = node_name
+    )]
+    pub namespace_secret: String,
 }
 
 impl ControllerArgs {
     /// The controller's options.
     pub fn options(&self) -> Result<crate::controller::ControllerOptions, AgentError> {
         Ok(crate::controller::ControllerOptions {
-            zookeeper: with_auth(
+            zookeeper: self.security.apply(
                 SessionOptions::new(self.zookeeper.clone())
                     .session_timeout(self.session_timeout)
                     .connect_timeout(self.connect_timeout),
-                &self.auth,
-            ),
+            )?,
+            namespace_secret: self.namespace_secret.clone(),
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
             metrics_addr: self.metrics_addr,
             identity: match &self.id {
@@ -230,9 +240,77 @@ pub struct Common {
     /// How long to keep trying to reach ZooKeeper before giving up (exit 5).
     #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
     pub connect_timeout: Duration,
-    /// ZooKeeper digest credentials, `user:password`.
-    #[arg(long, env = "ZKGATE_AUTH", value_parser = digest, hide_env_values = true)]
-    pub auth: Option<(String, String)>,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub security: Security,
+}
+
+/// How to authenticate to ZooKeeper and secure the connection. Files are
+/// read once, up front: a missing or unreadable one is a usage error.
+#[derive(Debug, Args)]
+pub struct Security {
+    /// ZooKeeper digest credential, `user:password` (participants: their
+    /// namespace's, from the Secret the controller keeps).
+    #[arg(long, env = "ZKGATE_AUTH", value_parser = credential, hide_env_values = true, conflicts_with = "auth_file")]
+    pub auth: Option<Credential>,
+    /// A file holding the digest credential, `user:password` (a mounted Secret).
+    #[arg(long, env = "ZKGATE_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// CA certificates (PEM) that `tcp+tls://` servers' certificates must chain to.
+    #[arg(long, env = "ZKGATE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for servers that require one.
+    #[arg(long, env = "ZKGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "ZKGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Security {
+    /// Adds the credential and TLS settings to `options`.
+    pub fn apply(&self, mut options: SessionOptions) -> Result<SessionOptions, AgentError> {
+        let read = |what: &str, path: &PathBuf| {
+            std::fs::read_to_string(path).map_err(|e| {
+                AgentError::usage(format!("cannot read the {what} {}: {e}", path.display()))
+            })
+        };
+        options.credential = match (&self.auth, &self.auth_file) {
+            (Some(credential), _) => Some(credential.clone()),
+            (None, Some(file)) => Some(Credential::parse(&read("credential file", file)?).map_err(
+                |e| AgentError::usage(format!("the credential file {}: {e}", file.display())),
+            )?),
+            (None, None) => None,
+        };
+        let uses_tls = options.connect.uses_tls();
+        match &self.tls_ca {
+            Some(ca) => {
+                let identity = match (&self.tls_cert, &self.tls_key) {
+                    (Some(cert), Some(key)) => Some((
+                        read("client certificate", cert)?,
+                        read("client key", key)?,
+                    )),
+                    _ => None,
+                };
+                options.tls = Some(TlsSettings {
+                    ca: read("CA certificate file", ca)?,
+                    identity,
+                });
+                if !uses_tls {
+                    return Err(AgentError::usage(
+                        "--tls-ca is given but no server in the connect string is tcp+tls://",
+                    ));
+                }
+            }
+            None if uses_tls => {
+                return Err(AgentError::usage(
+                    "the connect string names tcp+tls:// servers: give their CA with --tls-ca (ZKGATE_TLS_CA)",
+                ))
+            }
+            None => {}
+        }
+        Ok(options)
+    }
 }
 
 /// A barrier and how it is created without a controller.
@@ -314,20 +392,8 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn digest(s: &str) -> Result<(String, String), String> {
-    match s.split_once(':') {
-        Some((user, password)) if !user.is_empty() && !password.is_empty() => {
-            Ok((user.to_owned(), password.to_owned()))
-        }
-        _ => Err("expected user:password".into()),
-    }
-}
-
-fn with_auth(options: SessionOptions, auth: &Option<(String, String)>) -> SessionOptions {
-    match auth {
-        Some((user, password)) => options.digest(user.clone(), password.clone()),
-        None => options,
-    }
+fn credential(s: &str) -> Result<Credential, String> {
+    Credential::parse(s)
 }
 
 fn connect_string(s: &str) -> Result<ConnectString, String> {
@@ -359,12 +425,11 @@ impl Common {
             }
         };
         let layout = Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?;
-        let session = with_auth(
+        let session = self.security.apply(
             SessionOptions::new(self.zookeeper.clone())
                 .session_timeout(self.session_timeout)
                 .connect_timeout(self.connect_timeout),
-            &self.auth,
-        );
+        )?;
         Ok(Participant {
             session,
             layout,

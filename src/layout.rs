@@ -32,9 +32,24 @@ impl Layout {
         }
     }
 
-    fn namespace(&self, namespace: &str) -> Result<String, ZkError> {
+    /// The node of `namespace`'s subtree.
+    pub fn namespace(&self, namespace: &str) -> Result<String, ZkError> {
         path::validate_name(namespace)?;
         Ok(format!("{}/namespaces/{namespace}", self.root))
+    }
+
+    /// The parents of `namespace`'s barrier and lock nodes, outermost
+    /// first: the namespace node, `barriers`, `locks`.
+    pub fn namespace_dirs(&self, namespace: &str) -> Result<[String; 3], ZkError> {
+        let ns = self.namespace(namespace)?;
+        Ok([ns.clone(), format!("{ns}/barriers"), format!("{ns}/locks")])
+    }
+
+    /// Where the controller keeps `namespace`'s ZooKeeper credential
+    /// (readable by the controller alone).
+    pub fn credential(&self, namespace: &str) -> Result<String, ZkError> {
+        path::validate_name(namespace)?;
+        Ok(format!("{}/credentials/{namespace}", self.root))
     }
 
     /// The barrier node of `namespace/name`.

@@ -31,6 +31,20 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The namespaces' ZooKeeper credentials and ACLs.
+    pub credentials: super::credentials::Credentials,
+}
+
+impl Context {
+    /// The ACLs for `namespace`'s nodes (see [`super::credentials`]).
+    pub async fn namespace_acls(
+        &self,
+        namespace: &str,
+    ) -> Result<super::credentials::NamespaceAcls, super::Error> {
+        self.credentials
+            .namespace_acls(namespace, &self.zk, &self.layout, &self.client)
+            .await
+    }
 }
 
 /// What became of the pod behind a persistent registration.

@@ -75,9 +75,10 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         }
         _ => {}
     }
+    let acls = ctx.namespace_acls(namespace).await?;
     if node.is_none() {
         let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
-        let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
         if let Some((parent, _)) = path.rsplit_once('/') {
             match zk.client().mkdir(parent, &dir).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {}

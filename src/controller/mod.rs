@@ -11,6 +11,7 @@
 
 mod barrier;
 mod context;
+pub mod credentials;
 mod error;
 pub mod http;
 mod locklease;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use context::{Context, FINALIZER, MANAGER};
+pub use credentials::{NAMESPACE_SECRET, ROTATE_ANNOTATION};
 pub use error::Error;
 pub use locklease::LockNodeData;
 
@@ -65,6 +67,9 @@ pub struct ControllerOptions {
     pub identity: String,
     /// Reconcile only this namespace's resources (default: all namespaces).
     pub watch_namespace: Option<String>,
+    /// With a controller credential: the Secret holding each namespace's
+    /// credential (see [`credentials`]).
+    pub namespace_secret: String,
 }
 
 impl ControllerOptions {
@@ -205,12 +210,19 @@ async fn lead(
         controller: MANAGER.into(),
         instance: Some(options.identity.clone()),
     };
+    if options.zookeeper.credential.is_some() {
+        protect_root(session, &options.layout).await?;
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
         zk: session.clone(),
         layout: options.layout.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
+        credentials: credentials::Credentials::new(
+            options.zookeeper.credential.clone(),
+            options.namespace_secret.clone(),
+        ),
     });
     let (barrier_tx, barrier_rx) = unbounded_channel();
     let (lock_tx, lock_rx) = unbounded_channel();
@@ -287,6 +299,28 @@ async fn lead(
     }
     drop(ctx);
     outcome
+}
+
+/// With a controller credential, `<root>` and `<root>/namespaces` are the
+/// controller's alone (participants need nothing on them: ACLs are checked
+/// per node, not along the path). A root of `/` is left as it is.
+async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> {
+    if layout.root() == "/" {
+        return Ok(());
+    }
+    let own = session.node_acls().to_vec();
+    for path in [layout.root().to_owned(), layout.namespaces_root()] {
+        let client = session.client();
+        let options = zookeeper_client::CreateMode::Persistent.with_acls((&own[..]).into());
+        match client.mkdir(&path, &options).await {
+            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => anyhow::bail!("cannot create {path}: {e}"),
+        }
+        crate::zk::acl::ensure(session, &path, &own)
+            .await
+            .with_context(|| format!("cannot set the ACL of {path}"))?;
+    }
+    Ok(())
 }
 
 fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Context>) -> Action {

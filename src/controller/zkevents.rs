@@ -27,7 +27,7 @@ pub struct Triggers {
 pub async fn follow(session: &Session, layout: &Layout, triggers: Triggers) -> Result<(), ZkError> {
     let root = layout.namespaces_root();
     let client = session.client();
-    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
     match session
         .retry("create", &root, || client.mkdir(&root, &dir))
         .await

@@ -130,17 +130,31 @@ impl DoubleBarrier {
         &self.path
     }
 
-    /// Creates the barrier node (and its parents) with `data`. Returns the
-    /// existing node's data instead when it is already there.
+    /// Creates the barrier node (and its parents) with `data` and the
+    /// session's [`Session::node_acls`]. Returns the existing node's data
+    /// instead when it is already there.
     pub async fn create(
         &self,
         session: &Session,
         data: &BarrierData,
     ) -> Result<Option<BarrierData>> {
+        let acls = session.node_acls().to_vec();
+        self.create_with_acls(session, data, &acls).await
+    }
+
+    /// [`DoubleBarrier::create`] with the given ACL, for the barrier node
+    /// and any parent it makes (the controller lets a namespace's
+    /// participants read the node and add and remove children, nothing more).
+    pub async fn create_with_acls(
+        &self,
+        session: &Session,
+        data: &BarrierData,
+        acls: &[zk::Acl],
+    ) -> Result<Option<BarrierData>> {
         path::validate_path(&self.path)?;
         let client = session.client();
         let bytes = data.to_bytes();
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(acls.into());
         loop {
             match session
                 .retry("create", &self.path, || {
@@ -256,7 +270,7 @@ impl DoubleBarrier {
         } else {
             zk::CreateMode::Ephemeral
         };
-        let create_options = mode.with_acls(zk::Acls::anyone_all());
+        let create_options = mode.with_acls(session.node_acls());
         let mut was_registered = false;
         let mut last_progress = Instant::now();
         let mut last_count = None;
@@ -379,7 +393,7 @@ impl DoubleBarrier {
                         client.create(
                             &ready,
                             &[],
-                            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                            &zk::CreateMode::Persistent.with_acls(session.node_acls()),
                         )
                     })
                     .await

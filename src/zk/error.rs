@@ -56,12 +56,20 @@ pub enum ZkError {
     #[error("ZooKeeper session closed")]
     SessionClosed,
 
+    /// The TLS settings cannot be used (no CA for `tcp+tls://` servers,
+    /// unreadable PEM).
+    #[error("invalid TLS settings: {reason}")]
+    Tls {
+        /// What is wrong.
+        reason: String,
+    },
+
     /// The server refused the credentials.
     #[error("ZooKeeper authentication failed (check the digest credentials)")]
     AuthFailed,
 
     /// The server refused an operation for lack of permission.
-    #[error("not authorized to {op} {path} (check the ZooKeeper ACL and credentials)")]
+    #[error("not authorized to {op} {path}: ZooKeeper's ACL refused it (NoAuth); check the credential given with --auth / --auth-file")]
     NotAuthorized {
         /// The operation.
         op: &'static str,
@@ -147,6 +155,7 @@ impl ZkError {
         match self {
             ZkError::InvalidConnectString { .. }
             | ZkError::InvalidPath { .. }
+            | ZkError::Tls { .. }
             | ZkError::ParticipantConflict { .. } => ErrorKind::Invalid,
             ZkError::Timeout { .. } => ErrorKind::Timeout,
             ZkError::Deleted { .. }

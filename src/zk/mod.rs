@@ -14,6 +14,7 @@
 //! on every failure path (including when its future is dropped), and re-reads
 //! the state after every wake-up.
 
+pub mod acl;
 mod barrier;
 mod connect;
 pub mod contender;
@@ -25,10 +26,13 @@ pub mod path;
 mod session;
 pub mod tree;
 
+pub use acl::Credential;
 pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, ParticipantData, READY};
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::ContenderKind;
 pub use error::{within, ErrorKind, Result, ZkError};
 pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
-pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher};
+pub use session::{
+    Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings,
+};

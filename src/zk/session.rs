@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use zookeeper_client as zk;
 
+use super::acl::{self, Credential};
 use super::connect::ConnectString;
 use super::error::{Result, ZkError};
 
@@ -30,8 +31,30 @@ pub struct SessionOptions {
     /// How long [`Session::connect`] keeps trying before it reports the
     /// ensemble unreachable.
     pub connect_timeout: Duration,
-    /// Digest credentials (`user`, `password`) added to the session.
-    pub digest: Option<(String, String)>,
+    /// A digest credential added to the session. The nodes the session
+    /// makes are then its own: their ACL grants everything to this
+    /// credential and nothing to anyone else (see [`Session::node_acls`]).
+    pub credential: Option<Credential>,
+    /// Certificates for `tcp+tls://` servers.
+    pub tls: Option<TlsSettings>,
+}
+
+/// What a TLS connection to ZooKeeper trusts and presents (PEM text).
+#[derive(Clone)]
+pub struct TlsSettings {
+    /// The CA certificates the servers' certificates must chain to.
+    pub ca: String,
+    /// A client certificate and its private key, for servers that ask for
+    /// one (`ssl.clientAuth`).
+    pub identity: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("client_certificate", &self.identity.is_some())
+            .finish()
+    }
 }
 
 impl SessionOptions {
@@ -41,7 +64,8 @@ impl SessionOptions {
             connect,
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(15),
-            digest: None,
+            credential: None,
+            tls: None,
         }
     }
 
@@ -59,7 +83,16 @@ impl SessionOptions {
 
     /// Adds digest credentials.
     pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.digest = Some((user.into(), password.into()));
+        self.credential = Some(Credential {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Sets the TLS certificates (used for `tcp+tls://` servers).
+    pub fn tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -165,6 +198,7 @@ pub struct Session {
     client: zk::Client,
     connect: ConnectString,
     stats: Arc<SessionStats>,
+    node_acls: Vec<zk::Acl>,
 }
 
 impl Session {
@@ -179,9 +213,16 @@ impl Session {
         let mut connector = zk::Client::connector()
             .with_session_timeout(options.session_timeout)
             .with_fail_eagerly();
-        if let Some((user, password)) = &options.digest {
-            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        if let Some(credential) = &options.credential {
+            connector = connector.with_auth("digest", credential.expose().as_bytes());
         }
+        if options.connect.uses_tls() {
+            connector = connector.with_tls(tls_options(options.tls.as_ref())?);
+        }
+        let node_acls = match &options.credential {
+            Some(credential) => vec![credential.acl(zk::Permission::ALL)],
+            None => acl::open(),
+        };
         let mut backoff = Duration::from_millis(50);
         let client = loop {
             let attempt =
@@ -212,7 +253,7 @@ impl Session {
                     .map_err(|e| ZkError::from_client("check", chroot, e))?
                     .is_none()
                 {
-                    let create = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    let create = zk::CreateMode::Persistent.with_acls((&node_acls[..]).into());
                     match client.mkdir(chroot, &create).await {
                         Ok(()) | Err(zk::Error::NodeExists) => {}
                         Err(e) => return Err(ZkError::from_client("create chroot", chroot, e)),
@@ -236,7 +277,26 @@ impl Session {
             client,
             connect: options.connect.clone(),
             stats: Arc::default(),
+            node_acls,
         })
+    }
+
+    /// The ACL of the nodes the recipes make for this session (their
+    /// registrations, contenders, `ready`, parents they create): everything
+    /// for the session's credential, or open to anyone without one.
+    pub fn node_acls(&self) -> zk::Acls<'_> {
+        (&self.node_acls[..]).into()
+    }
+
+    /// Adds another digest credential to the session (the controller holds
+    /// each namespace's, to read and clean up the nodes participants make).
+    /// It applies to later requests and is presented again after a
+    /// reconnect; it does not change [`Session::node_acls`].
+    pub async fn add_credential(&self, credential: &Credential) -> Result<()> {
+        self.client
+            .auth("digest", credential.expose().as_bytes())
+            .await
+            .map_err(|e| ZkError::from_client("authenticate", "/", e))
     }
 
     /// The underlying client, rooted at the chroot. Requests on it are sent
@@ -373,4 +433,28 @@ impl Session {
             }
         }
     }
+}
+
+/// The client's TLS options. The process's rustls crypto provider is set
+/// to ring first (once): kube and zookeeper-client both link rustls, with
+/// different providers enabled, and rustls refuses to guess between them.
+fn tls_options(settings: Option<&TlsSettings>) -> Result<zk::TlsOptions> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Some(settings) = settings else {
+        return Err(ZkError::Tls {
+            reason: "the connect string names tcp+tls:// servers but no CA certificate was given (--tls-ca)".into(),
+        });
+    };
+    let bad = |what: &str, e: zk::Error| ZkError::Tls {
+        reason: format!("{what}: {e}"),
+    };
+    let mut options = zk::TlsOptions::new()
+        .with_pem_ca(&settings.ca)
+        .map_err(|e| bad("unreadable CA certificate", e))?;
+    if let Some((cert, key)) = &settings.identity {
+        options = options
+            .with_pem_identity(cert, key)
+            .map_err(|e| bad("unreadable client certificate or key", e))?;
+    }
+    Ok(options)
 }

@@ -92,7 +92,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
     } else {
         zk::CreateMode::EphemeralSequential
     };
-    let options = mode.with_acls(zk::Acls::anyone_all());
+    let options = mode.with_acls(session.node_acls());
 
     // A persistent registration outlives its process: a restarted process
     // (an init container run again) adopts its own instead of queueing a
@@ -122,7 +122,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
                     break (name, stat.czxid, children);
                 }
                 Err(zk::Error::NoNode) if spec.create_parent => {
-                    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
                     match session
                         .retry("create", parent, || client.mkdir(parent, &dir))
                         .await

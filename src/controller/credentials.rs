@@ -1,0 +1,391 @@
+//! Per-namespace ZooKeeper credentials, and the ACLs that keep namespaces
+//! apart.
+//!
+//! With a credential of its own (`--auth`), the controller gives every
+//! namespace that has Barriers or LockLeases a digest credential:
+//! - kept in ZooKeeper at `<root>/credentials/<ns>` (only the controller may
+//!   read it: the source of truth, so a deleted or edited Secret is put back);
+//! - copied into the Secret `zkgate-zookeeper-auth` (key `auth`,
+//!   `user:password`) in that namespace, for its pods (`ZKGATE_AUTH` or
+//!   `--auth-file`);
+//! - held by the controller's session too, so it can read and remove the
+//!   nodes participants make (their ACL names the namespace's credential).
+//!
+//! The namespace's nodes carry: the namespace node, `barriers` and `locks`:
+//! controller ALL, namespace READ; each barrier and lock node: controller
+//! ALL, namespace READ + CREATE + DELETE (register, queue, leave, release;
+//! not change the node's data or ACL). Another namespace's credential gets
+//! nothing, so a pod of `a` cannot enter, delete or fake anything in `b`.
+//!
+//! Rotation: annotate the Secret `zkgate.io/rotate` (any value). Within a
+//! reconcile of the namespace (the Secret is looked at every 30 s at most,
+//! and every resource is reconciled at least every 5 minutes) the controller
+//! makes a new credential, moves every node of the namespace to it (the
+//! participants' own nodes included), rewrites the Secret and drops the
+//! annotation. The old credential stops working at once: running
+//! participants keep their ephemeral nodes until their sessions end, but
+//! cannot change anything more; new pods read the new Secret.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tracing::info;
+use zookeeper_client as zk;
+
+use super::error::Error;
+use crate::layout::Layout;
+use crate::zk::{acl, Credential, Session, ZkError};
+
+/// The default name of the Secret with a namespace's credential.
+pub const NAMESPACE_SECRET: &str = "zkgate-zookeeper-auth";
+/// The Secret's key holding `user:password`.
+pub const SECRET_KEY: &str = "auth";
+/// Set on the Secret to ask for a new credential.
+pub const ROTATE_ANNOTATION: &str = "zkgate.io/rotate";
+/// Set by the controller on the Secret when it rotated the credential.
+pub const ROTATED_AT_ANNOTATION: &str = "zkgate.io/rotated-at";
+/// How long the controller trusts what it last saw of a namespace's Secret.
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// The ACLs of one namespace's nodes.
+#[derive(Clone, Debug)]
+pub struct NamespaceAcls {
+    /// The namespace node, `barriers` and `locks`.
+    pub dirs: Vec<zk::Acl>,
+    /// Barrier and lock nodes.
+    pub resources: Vec<zk::Acl>,
+}
+
+impl NamespaceAcls {
+    fn open() -> NamespaceAcls {
+        NamespaceAcls {
+            dirs: acl::open(),
+            resources: acl::open(),
+        }
+    }
+
+    fn new(controller: &Credential, namespace: &Credential) -> NamespaceAcls {
+        use zk::Permission as P;
+        NamespaceAcls {
+            dirs: vec![controller.acl(P::ALL), namespace.acl(P::READ)],
+            resources: vec![
+                controller.acl(P::ALL),
+                namespace.acl(P::READ | P::CREATE | P::DELETE),
+            ],
+        }
+    }
+}
+
+/// What `<root>/credentials/<ns>` holds.
+#[derive(Clone, Serialize, Deserialize)]
+struct Stored {
+    /// `user:password` now.
+    current: String,
+    /// The one before the last rotation: nodes may still name it until the
+    /// rotation finished, so the controller holds it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous: Option<String>,
+}
+
+struct Known {
+    credential: Credential,
+    checked: Instant,
+}
+
+/// The namespaces' credentials, for one leadership term (one session).
+pub struct Credentials {
+    controller: Option<Credential>,
+    secret_name: String,
+    known: tokio::sync::Mutex<HashMap<String, Known>>,
+}
+
+impl Credentials {
+    /// Namespace credentials when `controller` is set; open ACLs otherwise.
+    pub fn new(controller: Option<Credential>, secret_name: String) -> Credentials {
+        Credentials {
+            controller,
+            secret_name,
+            known: Default::default(),
+        }
+    }
+
+    /// The ACLs for `namespace`'s nodes. With credentials, first makes sure
+    /// the namespace has its credential, in ZooKeeper and in its Secret,
+    /// that this session holds it, and (once a term, and after a rotation)
+    /// that the namespace's nodes carry the ACLs; rotates when asked.
+    pub async fn namespace_acls(
+        &self,
+        namespace: &str,
+        zk: &Session,
+        layout: &Layout,
+        client: &kube::Client,
+    ) -> Result<NamespaceAcls, Error> {
+        let Some(controller) = &self.controller else {
+            return Ok(NamespaceAcls::open());
+        };
+        // One namespace at a time: a rotation must not race a first look.
+        let mut known = self.known.lock().await;
+        if let Some(k) = known.get(namespace) {
+            if k.checked.elapsed() < RECHECK {
+                return Ok(NamespaceAcls::new(controller, &k.credential));
+            }
+        }
+        let first_look = !known.contains_key(namespace);
+        let node = layout.credential(namespace)?;
+        let mut credential = match known.get(namespace) {
+            Some(k) => k.credential.clone(),
+            None => {
+                let stored = load_or_create(zk, &node, namespace).await?;
+                for c in stored.iter() {
+                    zk.add_credential(c).await?;
+                }
+                stored[0].clone()
+            }
+        };
+
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let secret = secrets.get_opt(&self.secret_name).await?;
+        let rotate = secret
+            .as_ref()
+            .is_some_and(|s| s.annotations().contains_key(ROTATE_ANNOTATION));
+        let mut rotated_from = None;
+        if rotate {
+            let new = Credential::generate(user_of(namespace));
+            zk.add_credential(&new).await?;
+            store(zk, &node, &new, Some(&credential)).await?;
+            info!(namespace, "rotated the namespace's ZooKeeper credential");
+            rotated_from = Some(std::mem::replace(&mut credential, new));
+        }
+        let acls = NamespaceAcls::new(controller, &credential);
+        if first_look || rotated_from.is_some() {
+            protect(
+                zk,
+                layout,
+                namespace,
+                &acls,
+                rotated_from.as_ref().map(|old| (old, &credential)),
+            )
+            .await?;
+        }
+        let in_secret = secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
+            .map(|b| b.0.clone());
+        if rotate || in_secret.as_deref() != Some(credential.expose().as_bytes()) {
+            self.write_secret(&secrets, secret.is_some(), &credential, rotate)
+                .await?;
+        }
+        known.insert(
+            namespace.to_owned(),
+            Known {
+                credential,
+                checked: Instant::now(),
+            },
+        );
+        Ok(acls)
+    }
+
+    async fn write_secret(
+        &self,
+        secrets: &Api<Secret>,
+        exists: bool,
+        credential: &Credential,
+        rotated: bool,
+    ) -> Result<(), Error> {
+        use base64::Engine;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(credential.expose());
+        if exists {
+            // A merge patch: it can drop the annotation a user (another
+            // field manager) set, which server-side apply cannot.
+            let mut annotations = serde_json::Map::new();
+            if rotated {
+                annotations.insert(ROTATE_ANNOTATION.into(), serde_json::Value::Null);
+                annotations.insert(
+                    ROTATED_AT_ANNOTATION.into(),
+                    k8s_openapi::jiff::Timestamp::now().to_string().into(),
+                );
+            }
+            let patch = serde_json::json!({
+                "metadata": { "annotations": annotations },
+                "data": { SECRET_KEY: encoded },
+            });
+            secrets
+                .patch(
+                    &self.secret_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+        } else {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(self.secret_name.clone()),
+                    labels: Some(
+                        [("app.kubernetes.io/managed-by".to_owned(), "zkgate".to_owned())].into(),
+                    ),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".into()),
+                data: Some(
+                    [(
+                        SECRET_KEY.to_owned(),
+                        ByteString(credential.expose().into_bytes()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            };
+            secrets.create(&PostParams::default(), &secret).await?;
+            info!(secret = %self.secret_name, "made the namespace's ZooKeeper credential Secret");
+        }
+        Ok(())
+    }
+}
+
+/// The digest user of a namespace's credential.
+fn user_of(namespace: &str) -> String {
+    format!("namespace-{namespace}")
+}
+
+/// The stored credentials, current first, making one when there is none.
+async fn load_or_create(
+    zk: &Session,
+    node: &str,
+    namespace: &str,
+) -> Result<Vec<Credential>, Error> {
+    let client = zk.client();
+    loop {
+        match zk.retry("read", node, || client.get_data(node)).await {
+            Ok((data, _)) => {
+                let stored: Stored = serde_json::from_slice(&data).map_err(|e| {
+                    ZkError::InvalidData {
+                        path: node.to_owned(),
+                        reason: format!("not a stored credential: {e}"),
+                    }
+                })?;
+                let parse = |s: &str| {
+                    Credential::parse(s).map_err(|reason| ZkError::InvalidData {
+                        path: node.to_owned(),
+                        reason,
+                    })
+                };
+                let mut all = vec![parse(&stored.current)?];
+                if let Some(previous) = &stored.previous {
+                    all.push(parse(previous)?);
+                }
+                return Ok(all);
+            }
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => {
+                let fresh = Credential::generate(user_of(namespace));
+                let data = serde_json::to_vec(&Stored {
+                    current: fresh.expose(),
+                    previous: None,
+                })
+                .unwrap_or_default();
+                // The controller's own ACL: nobody else may read it.
+                let options = zk::CreateMode::Persistent.with_acls(zk.node_acls());
+                if let Some((parent, _)) = node.rsplit_once('/') {
+                    match zk.retry("create", parent, || client.mkdir(parent, &options)).await {
+                        Ok(())
+                        | Err(ZkError::Zk {
+                            source: zk::Error::NodeExists,
+                            ..
+                        }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                match zk
+                    .retry("create", node, || client.create(node, &data, &options))
+                    .await
+                {
+                    // Made by another replica meanwhile: read theirs.
+                    Ok(_)
+                    | Err(ZkError::Zk {
+                        source: zk::Error::NodeExists,
+                        ..
+                    }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Stores `current` (and the credential it replaces).
+async fn store(
+    zk: &Session,
+    node: &str,
+    current: &Credential,
+    previous: Option<&Credential>,
+) -> Result<(), Error> {
+    let data = serde_json::to_vec(&Stored {
+        current: current.expose(),
+        previous: previous.map(Credential::expose),
+    })
+    .unwrap_or_default();
+    let client = zk.client();
+    zk.retry("write", node, || client.set_data(node, &data, None))
+        .await?;
+    Ok(())
+}
+
+/// Makes the namespace's parents with `acls` and gives the ones there, and
+/// every barrier and lock node, the ACLs; after a rotation also moves the
+/// participants' own nodes from the old credential to the new one.
+async fn protect(
+    zk: &Session,
+    layout: &Layout,
+    namespace: &str,
+    acls: &NamespaceAcls,
+    rotation: Option<(&Credential, &Credential)>,
+) -> Result<(), Error> {
+    let client = zk.client();
+    let dirs = layout.namespace_dirs(namespace)?;
+    let options = zk::CreateMode::Persistent.with_acls((&acls.dirs[..]).into());
+    for dir in &dirs {
+        match zk.retry("create", dir, || client.mkdir(dir, &options)).await {
+            Ok(())
+            | Err(ZkError::Zk {
+                source: zk::Error::NodeExists,
+                ..
+            }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        acl::ensure(zk, dir, &acls.dirs).await?;
+    }
+    for parent in &dirs[1..] {
+        for resource in children(zk, parent).await? {
+            let resource = format!("{parent}/{resource}");
+            acl::ensure(zk, &resource, &acls.resources).await?;
+            if let Some((old, new)) = rotation {
+                for member in children(zk, &resource).await? {
+                    acl::replace_digest(zk, &format!("{resource}/{member}"), old, new).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn children(zk: &Session, path: &str) -> Result<Vec<String>, Error> {
+    let client = zk.client();
+    match zk.retry("list", path, || client.list_children(path)).await {
+        Ok(children) => Ok(children),
+        Err(ZkError::Zk {
+            source: zk::Error::NoNode,
+            ..
+        }) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
