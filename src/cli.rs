@@ -277,9 +277,11 @@ impl Security {
         };
         options.credential = match (&self.auth, &self.auth_file) {
             (Some(credential), _) => Some(credential.clone()),
-            (None, Some(file)) => Some(Credential::parse(&read("credential file", file)?).map_err(
-                |e| AgentError::usage(format!("the credential file {}: {e}", file.display())),
-            )?),
+            (None, Some(file)) => Some(
+                Credential::parse(&read("credential file", file)?).map_err(|e| {
+                    AgentError::usage(format!("the credential file {}: {e}", file.display()))
+                })?,
+            ),
             (None, None) => None,
         };
         let uses_tls = options.connect.uses_tls();

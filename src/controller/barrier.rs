@@ -61,7 +61,9 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     }
     let acls = ctx.namespace_acls(namespace).await?;
     if node.is_none() {
-        recipe.create_with_acls(zk, &wanted, &acls.resources).await?;
+        recipe
+            .create_with_acls(zk, &wanted, &acls.resources)
+            .await?;
         node = tree::snapshot(zk, &path).await?;
     }
     let Some(mut node) = node else {

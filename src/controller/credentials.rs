@@ -228,7 +228,11 @@ impl Credentials {
                 metadata: ObjectMeta {
                     name: Some(self.secret_name.clone()),
                     labels: Some(
-                        [("app.kubernetes.io/managed-by".to_owned(), "zkgate".to_owned())].into(),
+                        [(
+                            "app.kubernetes.io/managed-by".to_owned(),
+                            "zkgate".to_owned(),
+                        )]
+                        .into(),
                     ),
                     ..Default::default()
                 },
@@ -264,12 +268,11 @@ async fn load_or_create(
     loop {
         match zk.retry("read", node, || client.get_data(node)).await {
             Ok((data, _)) => {
-                let stored: Stored = serde_json::from_slice(&data).map_err(|e| {
-                    ZkError::InvalidData {
+                let stored: Stored =
+                    serde_json::from_slice(&data).map_err(|e| ZkError::InvalidData {
                         path: node.to_owned(),
                         reason: format!("not a stored credential: {e}"),
-                    }
-                })?;
+                    })?;
                 let parse = |s: &str| {
                     Credential::parse(s).map_err(|reason| ZkError::InvalidData {
                         path: node.to_owned(),
@@ -295,7 +298,10 @@ async fn load_or_create(
                 // The controller's own ACL: nobody else may read it.
                 let options = zk::CreateMode::Persistent.with_acls(zk.node_acls());
                 if let Some((parent, _)) = node.rsplit_once('/') {
-                    match zk.retry("create", parent, || client.mkdir(parent, &options)).await {
+                    match zk
+                        .retry("create", parent, || client.mkdir(parent, &options))
+                        .await
+                    {
                         Ok(())
                         | Err(ZkError::Zk {
                             source: zk::Error::NodeExists,
@@ -354,7 +360,10 @@ async fn protect(
     let dirs = layout.namespace_dirs(namespace)?;
     let options = zk::CreateMode::Persistent.with_acls((&acls.dirs[..]).into());
     for dir in &dirs {
-        match zk.retry("create", dir, || client.mkdir(dir, &options)).await {
+        match zk
+            .retry("create", dir, || client.mkdir(dir, &options))
+            .await
+        {
             Ok(())
             | Err(ZkError::Zk {
                 source: zk::Error::NodeExists,

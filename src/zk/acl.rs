@@ -91,7 +91,10 @@ pub fn open() -> Vec<zk::Acl> {
 /// Returns whether it changed; `Ok(false)` when the node does not exist.
 pub async fn ensure(session: &Session, path: &str, wanted: &[zk::Acl]) -> Result<bool> {
     let client = session.client();
-    let (current, stat) = match session.retry("read the ACL of", path, || client.get_acl(path)).await {
+    let (current, stat) = match session
+        .retry("read the ACL of", path, || client.get_acl(path))
+        .await
+    {
         Ok(found) => found,
         Err(ZkError::Zk {
             source: zk::Error::NoNode,
@@ -128,7 +131,10 @@ pub async fn replace_digest(
     new: &Credential,
 ) -> Result<bool> {
     let client = session.client();
-    let (current, stat) = match session.retry("read the ACL of", path, || client.get_acl(path)).await {
+    let (current, stat) = match session
+        .retry("read the ACL of", path, || client.get_acl(path))
+        .await
+    {
         Ok(found) => found,
         Err(ZkError::Zk {
             source: zk::Error::NoNode,
@@ -137,7 +143,10 @@ pub async fn replace_digest(
         Err(e) => return Err(e),
     };
     let old_id = old.digest_id();
-    if !current.iter().any(|a| a.scheme() == "digest" && a.id() == old_id) {
+    if !current
+        .iter()
+        .any(|a| a.scheme() == "digest" && a.id() == old_id)
+    {
         return Ok(false);
     }
     let wanted: Vec<zk::Acl> = current

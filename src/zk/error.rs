@@ -64,6 +64,15 @@ pub enum ZkError {
         reason: String,
     },
 
+    /// The servers could not be reached because the TLS handshake failed.
+    #[error("could not reach ZooKeeper at {servers}: {reason} (check --tls-ca, and the client certificate if the servers ask for one)")]
+    TlsHandshake {
+        /// The servers tried.
+        servers: String,
+        /// What the handshake said.
+        reason: String,
+    },
+
     /// The server refused the credentials.
     #[error("ZooKeeper authentication failed (check the digest credentials)")]
     AuthFailed,
@@ -162,6 +171,7 @@ impl ZkError {
             | ZkError::BarrierFailed { .. }
             | ZkError::NodeRemoved { .. } => ErrorKind::Failed,
             ZkError::Unreachable { .. }
+            | ZkError::TlsHandshake { .. }
             | ZkError::SessionExpired
             | ZkError::SessionClosed
             | ZkError::AuthFailed

@@ -33,6 +33,4 @@ pub use contender::ContenderKind;
 pub use error::{within, ErrorKind, Result, ZkError};
 pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
-pub use session::{
-    Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings,
-};
+pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

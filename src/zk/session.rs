@@ -234,6 +234,14 @@ impl Session {
                 Err(_) => zk::Error::Timeout,
             };
             if Instant::now() + backoff >= deadline {
+                if let (Some(tls), Some(server)) = (
+                    options.tls.as_ref(),
+                    options.connect.servers().iter().find(|s| s.tls),
+                ) {
+                    if let Some(reason) = tls_diagnosis(server, tls).await {
+                        return Err(ZkError::TlsHandshake { servers, reason });
+                    }
+                }
                 return Err(ZkError::Unreachable {
                     servers,
                     waited: started.elapsed(),
@@ -457,4 +465,56 @@ fn tls_options(settings: Option<&TlsSettings>) -> Result<zk::TlsOptions> {
             .map_err(|e| bad("unreadable client certificate or key", e))?;
     }
     Ok(options)
+}
+
+/// Why a TLS handshake with `server` fails, if it does: the client library
+/// reports only that no host was available, which tells a user nothing.
+/// `None` when the handshake succeeds or the server cannot be reached at
+/// all (not a TLS problem).
+async fn tls_diagnosis(server: &super::connect::Server, settings: &TlsSettings) -> Option<String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::AsyncReadExt;
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(settings.ca.as_bytes()).flatten() {
+        let _ = roots.add(cert);
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots);
+    let config = match &settings.identity {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert.as_bytes())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .ok()?;
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).ok()?;
+            builder.with_client_auth_cert(certs, key).ok()?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let name = ServerName::try_from(server.host.clone()).ok()?;
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect((server.host.as_str(), server.port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    match tokio::time::timeout(Duration::from_secs(3), connector.connect(name, tcp)).await {
+        Ok(Err(e)) => Some(format!("the TLS handshake with {server} failed: {e}")),
+        Ok(Ok(mut stream)) => {
+            // Under TLS 1.3 a server that refuses our certificate (or its
+            // absence) says so only after the handshake.
+            let mut byte = [0u8; 1];
+            match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await {
+                Ok(Err(e)) => Some(format!("{server} ended the TLS session: {e}")),
+                _ => None,
+            }
+        }
+        Err(_) => None,
+    }
 }

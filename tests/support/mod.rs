@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod kube;
 pub mod proxy;
+pub mod tls;
 pub mod zookeeper;
 
 use std::future::Future;

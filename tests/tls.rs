@@ -1,0 +1,263 @@
+//! TLS to ZooKeeper 3.8 on a `secureClientPort` (Netty, client
+//! certificates required): the recipes and the commands work over it, and a
+//! wrong CA, a missing client certificate or a missing CA fail clearly.
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::checker::{HoldLog, Share};
+use support::tls::TestCerts;
+use tokio::process::Command;
+use tokio::time::Instant;
+use zkgate::zk::{
+    DoubleBarrier, EnterOptions, LockOptions, Mutex, ReadWriteLock, Session, SessionOptions,
+    TlsSettings, ZkError,
+};
+
+struct TlsServer {
+    certs: TestCerts,
+    _server: support::ZkServer,
+    address: String,
+}
+
+async fn tls_server() -> TlsServer {
+    tokio::task::spawn_blocking(|| {
+        let certs = TestCerts::new();
+        let (server, address) = certs.server();
+        TlsServer {
+            certs,
+            _server: server,
+            address,
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn connect(address: &str, tls: TlsSettings) -> Result<Session, ZkError> {
+    let connect = address.parse().expect("connect string");
+    Session::connect(
+        &SessionOptions::new(connect)
+            .session_timeout(Duration::from_secs(6))
+            .connect_timeout(Duration::from_secs(4))
+            .tls(tls),
+    )
+    .await
+}
+
+fn within(secs: u64) -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(secs))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_barriers_and_read_write_locks_work_over_tls() {
+    let tls = tls_server().await;
+    let chroot = format!("{}/recipes", tls.address);
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        sessions.push(Arc::new(
+            connect(&chroot, tls.certs.client())
+                .await
+                .expect("TLS session"),
+        ));
+    }
+    // Exclusion and fencing over TLS.
+    let log = HoldLog::default();
+    let options = LockOptions {
+        create_parent: true,
+        ..LockOptions::default()
+    };
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(n, s)| {
+            let (s, log, options) = (s.clone(), log.clone(), options.clone());
+            tokio::spawn(async move {
+                for round in 0..10 {
+                    let (hold, share) = if (n + round) % 3 == 0 {
+                        let l = ReadWriteLock::new("/rw", options.clone());
+                        (l.read(&s, within(30)).await.expect("read"), Share::Read)
+                    } else {
+                        let l = Mutex::new("/lock", options.clone());
+                        (
+                            l.acquire(&s, within(30)).await.expect("lock"),
+                            Share::Exclusive,
+                        )
+                    };
+                    let path = if share == Share::Read { "/rw" } else { "/lock" };
+                    let held = log.held(path, share, hold.fencing_token(), &format!("s{n}"));
+                    held.released();
+                    hold.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(log.len(), 40);
+    log.assert_invariants();
+
+    // A double barrier of four over TLS.
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(n, s)| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let barrier = DoubleBarrier::new("/gang");
+                let options = EnterOptions {
+                    create_with_participants: Some(4),
+                    ..EnterOptions::default()
+                };
+                let id = format!("p{n}");
+                barrier
+                    .enter(&s, &id, &options, within(30))
+                    .await
+                    .expect("enter");
+                barrier.leave(&s, &id, within(30)).await.expect("leave");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for s in sessions {
+        Arc::try_unwrap(s).unwrap().close().await.unwrap();
+    }
+}
+
+fn zkgate(tls: &TlsServer, connect: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.args(args)
+        .env("ZKGATE_ZOOKEEPER", connect)
+        .env("ZKGATE_TLS_CA", tls.certs.path("ca.crt"))
+        .env("ZKGATE_TLS_CERT", tls.certs.path("client.crt"))
+        .env("ZKGATE_TLS_KEY", tls.certs.path("client.key"))
+        .env("ZKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn output(mut cmd: Command) -> (i32, String, String) {
+    let out = cmd
+        .stdout(Stdio::piped())
+        .output()
+        .await
+        .expect("run zkgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_commands_work_over_tls() {
+    let tls = tls_server().await;
+    let connect = format!("{}/commands", tls.address);
+    let gang = |id: &str| {
+        output(zkgate(
+            &tls,
+            &connect,
+            &[
+                "barrier",
+                "run",
+                "gang",
+                "--participants",
+                "2",
+                "--id",
+                id,
+                "--timeout",
+                "30s",
+                "--",
+                "true",
+            ],
+        ))
+    };
+    let (a, b) = tokio::join!(gang("a"), gang("b"));
+    assert_eq!(a.0, 0, "{}", a.2);
+    assert_eq!(b.0, 0, "{}", b.2);
+    let (code, out, err) = output(zkgate(
+        &tls,
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "echo token=$ZKGATE_FENCING_TOKEN",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.trim()
+            .strip_prefix("token=")
+            .is_some_and(|t| t.parse::<i64>().is_ok_and(|t| t > 0)),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_ca_a_missing_client_certificate_or_a_missing_ca_fail_clearly() {
+    let tls = tls_server().await;
+    // The library: the handshake's reason is in the error.
+    let err = connect(&tls.address, tls.certs.wrong_ca())
+        .await
+        .expect_err("wrong CA");
+    let message = err.to_string();
+    assert!(
+        message.contains(&tls.address.replace("tcp+tls://", "")) || message.contains("127.0.0.1"),
+        "{message}"
+    );
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
+
+    // The commands: exit 5 naming the servers and the certificate problem.
+    let mut cmd = zkgate(
+        &tls,
+        &tls.address,
+        &["lock", "acquire", "db", "--connect-timeout", "3s"],
+    );
+    cmd.env("ZKGATE_TLS_CA", tls.certs.path("other-ca.crt"));
+    let (code, _, err) = output(cmd).await;
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        err.contains("127.0.0.1") && err.to_lowercase().contains("certificate"),
+        "{err}"
+    );
+
+    // The server requires a client certificate.
+    let mut cmd = zkgate(
+        &tls,
+        &tls.address,
+        &["lock", "acquire", "db", "--connect-timeout", "3s"],
+    );
+    cmd.env_remove("ZKGATE_TLS_CERT")
+        .env_remove("ZKGATE_TLS_KEY");
+    let (code, _, err) = output(cmd).await;
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("TLS handshake"), "{err}");
+
+    // tcp+tls:// without a CA, or a CA file that is not there: usage errors.
+    let mut cmd = zkgate(&tls, &tls.address, &["lock", "acquire", "db"]);
+    cmd.env_remove("ZKGATE_TLS_CA");
+    let (code, _, err) = output(cmd).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--tls-ca"), "{err}");
+    let mut cmd = zkgate(&tls, &tls.address, &["lock", "acquire", "db"]);
+    cmd.env("ZKGATE_TLS_CA", "/nonexistent/ca.crt");
+    let (code, _, err) = output(cmd).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/ca.crt"), "{err}");
+}
