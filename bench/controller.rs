@@ -68,6 +68,7 @@ async fn main() {
     )
     .await
     .unwrap();
+    zkgate::install_crypto_provider();
     let client = Client::try_from(config).unwrap();
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
     for crd in zkgate::api::crds() {

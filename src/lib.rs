@@ -10,3 +10,11 @@ pub mod cli;
 pub mod controller;
 pub mod layout;
 pub mod zk;
+
+/// Makes ring the process's rustls crypto provider (idempotent). Both the
+/// Kubernetes client and ZooKeeper's TLS link rustls, with different
+/// providers compiled in, and rustls then refuses to pick one itself: call
+/// this before making either kind of client.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

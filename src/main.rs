@@ -8,6 +8,7 @@ use tracing_subscriber::EnvFilter;
 use zkgate::cli::{Cli, LogFormat};
 
 fn main() -> ExitCode {
+    zkgate::install_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

@@ -443,11 +443,10 @@ impl Session {
     }
 }
 
-/// The client's TLS options. The process's rustls crypto provider is set
-/// to ring first (once): kube and zookeeper-client both link rustls, with
-/// different providers enabled, and rustls refuses to guess between them.
+/// The client's TLS options (see [`crate::install_crypto_provider`] for why
+/// the provider is set first).
 fn tls_options(settings: Option<&TlsSettings>) -> Result<zk::TlsOptions> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::install_crypto_provider();
     let Some(settings) = settings else {
         return Err(ZkError::Tls {
             reason: "the connect string names tcp+tls:// servers but no CA certificate was given (--tls-ca)".into(),

@@ -27,6 +27,7 @@ pub async fn client() -> Client {
 
 /// A client of the API server that `kubeconfig` names.
 pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
+    zkgate::install_crypto_provider();
     let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -94,23 +95,27 @@ impl ControllerProcess {
         zookeeper: &str,
         id: &str,
     ) -> ControllerProcess {
+        Self::start_with(kubeconfig, zookeeper, id, &["--watch-namespace", namespace])
+    }
+
+    /// A controller against the API server of `kubeconfig` with more
+    /// arguments (without `--watch-namespace`: every namespace).
+    pub fn start_with(
+        kubeconfig: &std::path::Path,
+        zookeeper: &str,
+        id: &str,
+        extra: &[&str],
+    ) -> ControllerProcess {
         let metrics_port = super::zookeeper::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_zkgate"))
-            .args([
-                "controller",
-                "--watch-namespace",
-                namespace,
-                "--zookeeper",
-                zookeeper,
-                "--id",
-                id,
-            ])
+            .args(["controller", "--zookeeper", zookeeper, "--id", id])
             .args([
                 "--metrics-addr",
                 &format!("127.0.0.1:{metrics_port}"),
                 "--session-timeout",
                 "4s",
             ])
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("ZKGATE_LOG", "zkgate=debug,warn")
             .stdin(Stdio::null())

@@ -1,0 +1,341 @@
+//! Per-namespace ACLs, end to end: a controller with a credential of its own
+//! (on an API server of the test's own, so it may watch every namespace)
+//! gives two namespaces a credential each, in a Secret; a pod of one cannot
+//! touch the other's barriers and locks, a participant without credentials
+//! is refused with exit 5, participants with the Secret's credential work,
+//! and a rotation asked for on the Secret takes the old credential's power
+//! away.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::kube::{client_of, install_crds, namespace, ControllerProcess, PrivateApiServer};
+use support::{children, eventually};
+use tokio::process::Command;
+use zkgate::api::{Barrier, BarrierPhase, LockLease};
+use zkgate::zk::{Credential, Session, SessionOptions};
+use zookeeper_client as zk;
+
+const SECRET: &str = "zkgate-zookeeper-auth";
+const CONTROLLER_AUTH: &str = "zkgate-controller:controller-secret";
+
+async fn session_as(connect: &str, credential: Option<&Credential>) -> Session {
+    let mut options = SessionOptions::new(connect.parse().unwrap());
+    options.credential = credential.cloned();
+    Session::connect(&options.session_timeout(Duration::from_secs(4)))
+        .await
+        .expect("connect")
+}
+
+/// The credential in a namespace's Secret, once the controller made it.
+async fn credential_of(client: &kube::Client, ns: &str) -> Credential {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    eventually(Duration::from_secs(30), "the credential Secret", || async {
+        let secret = secrets.get_opt(SECRET).await.ok()??;
+        let bytes = secret.data?.get("auth")?.0.clone();
+        Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()
+    })
+    .await
+}
+
+fn is_no_auth<T>(result: Result<T, zk::Error>) -> bool {
+    matches!(result, Err(zk::Error::NoAuth))
+}
+
+fn zkgate(connect: &str, ns: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.args(args)
+        .env("ZKGATE_NAMESPACE", ns)
+        .env("ZKGATE_ZOOKEEPER", connect)
+        .env("ZKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(cmd: &mut Command) -> (i32, String) {
+    let out = cmd.output().await.expect("run zkgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_old_one() {
+    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
+        .await
+        .unwrap();
+    let client = client_of(&api.kubeconfig()).await;
+    install_crds(&client).await;
+    let (a, b) = (namespace(&client).await, namespace(&client).await);
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start_with(
+        &api.kubeconfig(),
+        &zk,
+        "controller-acl",
+        &["--auth", CONTROLLER_AUTH],
+    );
+    let within = Duration::from_secs(30);
+    for ns in [&a, &b] {
+        let barriers: Api<Barrier> = Api::namespaced(client.clone(), ns);
+        let locks: Api<LockLease> = Api::namespaced(client.clone(), ns);
+        let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+        let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": {} })).unwrap();
+        barriers
+            .create(&PostParams::default(), &barrier)
+            .await
+            .unwrap();
+        locks.create(&PostParams::default(), &lock).await.unwrap();
+        eventually(within, "both reconciled", || async {
+            barriers.get("gang").await.ok()?.status?;
+            locks.get("db").await.ok()?.status.map(|_| ())
+        })
+        .await;
+    }
+    let cred_a = credential_of(&client, &a).await;
+    let cred_b = credential_of(&client, &b).await;
+    assert_ne!(cred_a, cred_b);
+
+    let root = "/zkgate/namespaces";
+    let (barrier_b, lock_b) = (
+        format!("{root}/{b}/barriers/gang"),
+        format!("{root}/{b}/locks/db"),
+    );
+    let (barrier_a, lock_a) = (
+        format!("{root}/{a}/barriers/gang"),
+        format!("{root}/{a}/locks/db"),
+    );
+    let pod_a = session_as(&zk, Some(&cred_a)).await;
+    let pod_b = session_as(&zk, Some(&cred_b)).await;
+    let eph = zk::CreateMode::Ephemeral.with_acls(pod_b.node_acls());
+    // b's own participant and contender.
+    pod_b
+        .client()
+        .create(&format!("{barrier_b}/b0"), b"{}", &eph)
+        .await
+        .expect("b registers in its own barrier");
+    let (_, seq) = pod_b
+        .client()
+        .create(
+            &format!("{lock_b}/_c_00000000-0000-0000-0000-000000000000-lock-"),
+            b"{}",
+            &zk::CreateMode::EphemeralSequential.with_acls(pod_b.node_acls()),
+        )
+        .await
+        .expect("b queues on its own lock");
+    let contender_b = format!("{lock_b}/_c_00000000-0000-0000-0000-000000000000-lock-{seq}");
+
+    // a's credential can do nothing in b.
+    let c = pod_a.client();
+    let a_eph = zk::CreateMode::Ephemeral.with_acls(pod_a.node_acls());
+    for parent in [
+        &barrier_b,
+        &lock_b,
+        &format!("{root}/{b}/barriers"),
+        &format!("{root}/{b}"),
+    ] {
+        assert!(
+            is_no_auth(c.create(&format!("{parent}/intruder"), b"", &a_eph).await),
+            "create under {parent}"
+        );
+    }
+    for node in [&barrier_b, &lock_b] {
+        assert!(
+            is_no_auth(c.set_data(node, b"{\"participants\":1}", None).await),
+            "set data of {node}"
+        );
+        assert!(is_no_auth(c.get_data(node).await), "read {node}");
+    }
+    assert!(
+        is_no_auth(c.delete(&format!("{barrier_b}/b0"), None).await),
+        "delete b's participant"
+    );
+    assert!(
+        is_no_auth(c.delete(&contender_b, None).await),
+        "release b's lock"
+    );
+    assert!(
+        is_no_auth(c.delete(&barrier_b, None).await),
+        "delete b's barrier"
+    );
+    // Within its own namespace a may register but not rewrite the barrier
+    // (its participant count) or the lock node.
+    c.create(&format!("{barrier_a}/a-probe"), b"{}", &a_eph)
+        .await
+        .expect("a registers in its own barrier");
+    c.delete(&format!("{barrier_a}/a-probe"), None)
+        .await
+        .unwrap();
+    for node in [&barrier_a, &lock_a] {
+        assert!(
+            is_no_auth(c.set_data(node, b"{\"participants\":1}", None).await),
+            "set data of {node}"
+        );
+    }
+
+    // A participant without credentials: exit 5 naming auth, nothing made.
+    let (code, err) = run(&mut zkgate(
+        &zk,
+        &a,
+        &[
+            "barrier",
+            "enter",
+            "gang",
+            "--id",
+            "nobody",
+            "--timeout",
+            "5s",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("NoAuth") && err.contains("--auth"), "{err}");
+    let (code, err) = run(&mut zkgate(
+        &zk,
+        &a,
+        &["lock", "acquire", "db", "--id", "nobody", "--timeout", "5s"],
+    ))
+    .await;
+    assert_eq!(code, 5, "{err}");
+    let observer = session_as(&zk, Some(&cred_a)).await;
+    assert!(
+        children(&observer, &barrier_a).await.is_empty(),
+        "nothing registered"
+    );
+    assert!(
+        children(&observer, &lock_a).await.is_empty(),
+        "nothing queued"
+    );
+
+    // With the Secret's credential (a file, as mounted): the gang runs.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("auth");
+    std::fs::write(&file, format!("{}\n", cred_a.expose())).unwrap();
+    let gang = |id: &'static str| {
+        let mut cmd = zkgate(
+            &zk,
+            &a,
+            &[
+                "barrier",
+                "run",
+                "gang",
+                "--id",
+                id,
+                "--timeout",
+                "30s",
+                "--",
+                "true",
+            ],
+        );
+        cmd.env("ZKGATE_AUTH_FILE", &file);
+        async move { run(&mut cmd).await }
+    };
+    let ((c0, e0), (c1, e1)) = tokio::join!(gang("p0"), gang("p1"));
+    assert_eq!((c0, c1), (0, 0), "{e0}\n{e1}");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &a);
+    eventually(within, "Completed", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Completed))
+            .then_some(())
+    })
+    .await;
+
+    // The controller can act in b: deleting b's Barrier removes its subtree,
+    // b's own participant node included, and the finalizer.
+    let barriers_b: Api<Barrier> = Api::namespaced(client.clone(), &b);
+    barriers_b
+        .delete("gang", &Default::default())
+        .await
+        .unwrap();
+    eventually(within, "b's Barrier gone", || async {
+        barriers_b
+            .get_opt("gang")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(observer
+        .client()
+        .check_stat(&barrier_b)
+        .await
+        .unwrap()
+        .is_none());
+
+    // Rotation: asked for on the Secret, done by the controller.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &a);
+    secrets
+        .patch(
+            SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } })),
+        )
+        .await
+        .unwrap();
+    // Reconciles of a happen on changes and at least every 5 minutes: poke
+    // one by touching the LockLease.
+    let locks: Api<LockLease> = Api::namespaced(client.clone(), &a);
+    let rotated = eventually(Duration::from_secs(90), "a rotated credential", || async {
+        let _ = locks
+            .patch(
+                "db",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "annotations": { "poke": uuid::Uuid::new_v4().to_string() } } })),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let secret = secrets.get(SECRET).await.ok()?;
+        if secret.metadata.annotations.as_ref()?.contains_key("zkgate.io/rotate") {
+            return None;
+        }
+        let bytes = secret.data?.get("auth")?.0.clone();
+        let now = Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
+        (now != cred_a).then_some(now)
+    })
+    .await;
+    let mut old = zkgate(
+        &zk,
+        &a,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "old",
+            "--timeout",
+            "5s",
+            "--",
+            "true",
+        ],
+    );
+    old.env("ZKGATE_AUTH", cred_a.expose());
+    let (code, err) = run(&mut old).await;
+    assert_eq!(code, 5, "the old credential still works: {err}");
+    let mut new = zkgate(
+        &zk,
+        &a,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "new",
+            "--timeout",
+            "5s",
+            "--",
+            "true",
+        ],
+    );
+    new.env("ZKGATE_AUTH", rotated.expose());
+    let (code, err) = run(&mut new).await;
+    assert_eq!(code, 0, "{err}");
+    drop(api);
+}
