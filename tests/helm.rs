@@ -144,6 +144,10 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
     );
     assert!(custom.contains("secretKeyRef") && custom.contains("ZKGATE_WATCH_NAMESPACE"));
     assert!(
+        custom.contains("resources: [\"secrets\"]") && !default.contains("secrets"),
+        "Secrets are granted only with a controller credential"
+    );
+    assert!(
         !custom.contains("ServiceMonitor"),
         "no ServiceMonitor where the cluster does not serve it"
     );
@@ -151,6 +155,27 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         &kubectl,
         &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
         Some(&custom),
+    ));
+
+    let tls = template(&[
+        "--set",
+        "zookeeper.connect=tcp+tls://zk-0:2281",
+        "--set",
+        "zookeeper.tls.existingSecret=zk-tls,zookeeper.tls.certKey=tls.crt,zookeeper.tls.keyKey=tls.key",
+    ]);
+    for wanted in [
+        "ZKGATE_TLS_CA",
+        "ZKGATE_TLS_CERT",
+        "ZKGATE_TLS_KEY",
+        "secretName: zk-tls",
+        "mountPath: /etc/zkgate/tls",
+    ] {
+        assert!(tls.contains(wanted), "{wanted} missing from:\n{tls}");
+    }
+    ok(run(
+        &kubectl,
+        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        Some(&tls),
     ));
 
     let new_cluster = template(&[
@@ -204,7 +229,11 @@ fn service_account_kubeconfig(ns: &str, release: &str, dir: &Path) -> PathBuf {
     path
 }
 
-async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> bool {
+/// Installs the chart, runs the controller with its ServiceAccount's token
+/// (with a controller credential when `with_auth`, which makes it keep a
+/// credential Secret per namespace), and tells whether a Barrier goes from
+/// Waiting to Open with a participant in it.
+async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>, with_auth: bool) -> bool {
     let client = client().await;
     install_crds(&client).await;
     let ns = namespace(&client).await;
@@ -223,6 +252,11 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> boo
             &format!("zookeeper.connect={zk}"),
             "--set",
             "replicaCount=1",
+            "--set",
+            &format!(
+                "zookeeper.auth.existingSecret={}",
+                if with_auth { "zk-auth" } else { "" }
+            ),
         ],
         None,
     ));
@@ -259,6 +293,11 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> boo
             "sa-controller",
         ])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .args(if with_auth {
+            &["--auth", "zkgate-controller:chart-test"][..]
+        } else {
+            &[]
+        })
         .env("KUBECONFIG", &sa)
         .env("ZKGATE_LOG", "warn")
         .kill_on_drop(true)
@@ -267,7 +306,7 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> boo
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": { "participants": 1 } })).unwrap();
     barriers.create(&PostParams::default(), &b).await.unwrap();
-    let participant = session(&zk).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
     let path = format!("/zkgate/namespaces/{ns}/barriers/g");
     let deadline = tokio::time::Instant::now()
         + Duration::from_secs(if remove_rule.is_some() { 8 } else { 30 });
@@ -279,10 +318,21 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> boo
             .and_then(|b| b.status)
             .and_then(|s| s.phase);
         if phase == Some(zkgate::api::BarrierPhase::Waiting) {
+            let mut options = zkgate::zk::SessionOptions::new(zk.parse().unwrap());
+            if with_auth {
+                // The namespace's credential, as its pods would read it.
+                let secret = secrets.get(zkgate::api::NAMESPACE_SECRET).await.unwrap();
+                let auth = secret.data.unwrap()["auth"].0.clone();
+                options.credential = Some(
+                    zkgate::zk::Credential::parse(std::str::from_utf8(&auth).unwrap()).unwrap(),
+                );
+            }
+            let participant = zkgate::zk::Session::connect(&options).await.unwrap();
             DoubleBarrier::new(&path)
                 .enter(&participant, "p0", &EnterOptions::default(), None)
                 .await
                 .unwrap();
+            std::mem::forget(participant); // keeps the registration until the test ends
         }
         if phase == Some(zkgate::api::BarrierPhase::Open) {
             return true;
@@ -297,15 +347,27 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>) -> boo
 #[tokio::test]
 async fn the_controller_works_with_exactly_the_charts_rbac() {
     assert!(
-        controller_reconciles_with_chart_rbac(None).await,
+        controller_reconciles_with_chart_rbac(None, false).await,
         "the chart's RBAC must be enough to reconcile a Barrier end to end"
+    );
+}
+
+#[tokio::test]
+async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secrets() {
+    assert!(
+        controller_reconciles_with_chart_rbac(None, true).await,
+        "the chart's RBAC must let the controller keep the namespace credential Secret"
     );
 }
 
 #[tokio::test]
 async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     assert!(
-        !controller_reconciles_with_chart_rbac(Some("barriers/status")).await,
+        !controller_reconciles_with_chart_rbac(Some("barriers/status"), false).await,
         "without status patch the Barrier must not get a status"
+    );
+    assert!(
+        !controller_reconciles_with_chart_rbac(Some("secrets"), true).await,
+        "without the Secret rule a controller with a credential must not provision"
     );
 }

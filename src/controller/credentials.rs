@@ -43,8 +43,7 @@ use super::error::Error;
 use crate::layout::Layout;
 use crate::zk::{acl, Credential, Session, ZkError};
 
-/// The default name of the Secret with a namespace's credential.
-pub const NAMESPACE_SECRET: &str = "zkgate-zookeeper-auth";
+pub use crate::api::NAMESPACE_SECRET;
 /// The Secret's key holding `user:password`.
 pub const SECRET_KEY: &str = "auth";
 /// Set on the Secret to ask for a new credential.
