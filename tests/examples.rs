@@ -38,6 +38,27 @@ async fn every_example_is_accepted_by_the_api_server() {
         // Native sidecars need Kubernetes 1.29; a 1.20 server refuses their
         // startupProbe. There the Job is checked against the 1.33 API types
         // instead, and only the Barrier goes to the server.
+        // Least privilege in every Job: no API token, the namespace's
+        // ZooKeeper credential from the controller's Secret, restricted
+        // pod security.
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let file = file.unwrap().path();
+            let text = std::fs::read_to_string(&file).unwrap();
+            if !text.contains("kind: Job") {
+                continue;
+            }
+            for wanted in [
+                "automountServiceAccountToken: false",
+                "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth, optional: true}",
+                "runAsNonRoot: true",
+                "readOnlyRootFilesystem: true",
+                "allowPrivilegeEscalation: false",
+                "drop: [ALL]",
+                "seccompProfile: {type: RuntimeDefault}",
+            ] {
+                assert!(text.contains(wanted), "{}: no {wanted}", file.display());
+            }
+        }
         let target = if dir.ends_with("gang-sidecar") {
             check_native_sidecar_job(&dir.join("job.yaml"));
             dir.join("barrier.yaml")
