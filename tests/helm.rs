@@ -10,7 +10,7 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::kube::{client, install_crds, kubeconfig, namespace};
-use support::{isolated_connect, session};
+use support::isolated_connect;
 use zkgate::api::Barrier;
 use zkgate::zk::{DoubleBarrier, EnterOptions};
 
