@@ -18,6 +18,7 @@ fn zkgate(connect: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
     cmd.args(args)
         .env("ZKGATE_ZOOKEEPER", connect)
+        .envs(support::tls_env(connect))
         .env("ZKGATE_LOG", "warn")
         .stdin(Stdio::null())
         .kill_on_drop(true);

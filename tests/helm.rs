@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use support::kube::{client, install_crds, kubeconfig, namespace};
 use support::isolated_connect;
+use support::kube::{client, install_crds, kubeconfig, namespace};
 use zkgate::api::Barrier;
 use zkgate::zk::{DoubleBarrier, EnterOptions};
 

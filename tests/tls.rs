@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::checker::{HoldLog, Share};
-use support::tls::TestCerts;
+use support::tls::TlsZooKeeper;
 use tokio::process::Command;
 use tokio::time::Instant;
 use zkgate::zk::{
@@ -17,24 +17,10 @@ use zkgate::zk::{
     TlsSettings, ZkError,
 };
 
-struct TlsServer {
-    certs: TestCerts,
-    _server: support::ZkServer,
-    address: String,
-}
-
-async fn tls_server() -> TlsServer {
-    tokio::task::spawn_blocking(|| {
-        let certs = TestCerts::new();
-        let (server, address) = certs.server();
-        TlsServer {
-            certs,
-            _server: server,
-            address,
-        }
-    })
-    .await
-    .unwrap()
+async fn tls_server() -> TlsZooKeeper {
+    tokio::task::spawn_blocking(TlsZooKeeper::start)
+        .await
+        .unwrap()
 }
 
 async fn connect(address: &str, tls: TlsSettings) -> Result<Session, ZkError> {
@@ -59,9 +45,7 @@ async fn locks_barriers_and_read_write_locks_work_over_tls() {
     let mut sessions = Vec::new();
     for _ in 0..4 {
         sessions.push(Arc::new(
-            connect(&chroot, tls.certs.client())
-                .await
-                .expect("TLS session"),
+            connect(&chroot, tls.client()).await.expect("TLS session"),
         ));
     }
     // Exclusion and fencing over TLS.
@@ -130,13 +114,13 @@ async fn locks_barriers_and_read_write_locks_work_over_tls() {
     }
 }
 
-fn zkgate(tls: &TlsServer, connect: &str, args: &[&str]) -> Command {
+fn zkgate(tls: &TlsZooKeeper, connect: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
     cmd.args(args)
         .env("ZKGATE_ZOOKEEPER", connect)
-        .env("ZKGATE_TLS_CA", tls.certs.path("ca.crt"))
-        .env("ZKGATE_TLS_CERT", tls.certs.path("client.crt"))
-        .env("ZKGATE_TLS_KEY", tls.certs.path("client.key"))
+        .env("ZKGATE_TLS_CA", tls.path("ca.crt"))
+        .env("ZKGATE_TLS_CERT", tls.path("client.crt"))
+        .env("ZKGATE_TLS_KEY", tls.path("client.key"))
         .env("ZKGATE_LOG", "warn")
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
@@ -213,7 +197,7 @@ async fn the_commands_work_over_tls() {
 async fn a_wrong_ca_a_missing_client_certificate_or_a_missing_ca_fail_clearly() {
     let tls = tls_server().await;
     // The library: the handshake's reason is in the error.
-    let err = connect(&tls.address, tls.certs.wrong_ca())
+    let err = connect(&tls.address, tls.wrong_ca())
         .await
         .expect_err("wrong CA");
     let message = err.to_string();
@@ -229,7 +213,7 @@ async fn a_wrong_ca_a_missing_client_certificate_or_a_missing_ca_fail_clearly() 
         &tls.address,
         &["lock", "acquire", "db", "--connect-timeout", "3s"],
     );
-    cmd.env("ZKGATE_TLS_CA", tls.certs.path("other-ca.crt"));
+    cmd.env("ZKGATE_TLS_CA", tls.path("other-ca.crt"));
     let (code, _, err) = output(cmd).await;
     assert_eq!(code, 5, "{err}");
     assert!(
@@ -260,4 +244,83 @@ async fn a_wrong_ca_a_missing_client_certificate_or_a_missing_ca_fail_clearly() 
     let (code, _, err) = output(cmd).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/ca.crt"), "{err}");
+}
+
+#[tokio::test]
+async fn the_controller_reconciles_over_tls() {
+    use kube::api::{Api, PostParams};
+    use support::kube::{client, install_crds, kubeconfig, namespace, ControllerProcess};
+    use zkgate::api::{Barrier, BarrierPhase};
+
+    let tls = tls_server().await;
+    let connect = format!("{}/controller", tls.address);
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let (ca, cert, key) = (
+        tls.path("ca.crt"),
+        tls.path("client.crt"),
+        tls.path("client.key"),
+    );
+    let controller = ControllerProcess::start_with(
+        &kubeconfig(),
+        &connect,
+        "controller-tls",
+        &[
+            "--watch-namespace",
+            &ns,
+            "--tls-ca",
+            ca.to_str().unwrap(),
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(serde_json::json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let within = Duration::from_secs(30);
+    support::eventually(within, "Waiting", || async {
+        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
+            .then_some(())
+    })
+    .await;
+    let run = |id: &'static str| {
+        let mut cmd = zkgate(
+            &tls,
+            &connect,
+            &[
+                "barrier",
+                "run",
+                "gang",
+                "--id",
+                id,
+                "--timeout",
+                "30s",
+                "--",
+                "true",
+            ],
+        );
+        cmd.env("ZKGATE_NAMESPACE", &ns);
+        tokio::spawn(output(cmd))
+    };
+    let first = run("p0");
+    // The controller sees the first registration over TLS before the second comes.
+    support::eventually(within, "1 entered", || async {
+        (barriers.get("gang").await.ok()?.status?.entered == 1).then_some(())
+    })
+    .await;
+    let second = run("p1");
+    for p in [first, second] {
+        let (code, _, err) = p.await.unwrap();
+        assert_eq!(code, 0, "{err}");
+    }
+    let status = support::eventually(within, "Completed", || async {
+        let status = barriers.get("gang").await.ok()?.status?;
+        (status.phase == Some(BarrierPhase::Completed)).then_some(status)
+    })
+    .await;
+    assert_eq!((status.entered, status.left), (2, 2), "{status:?}");
+    assert_eq!(controller.status_of("/readyz").await, Some(200));
 }

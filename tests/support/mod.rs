@@ -30,9 +30,35 @@ pub fn shared_zookeeper() -> String {
 }
 
 /// A connect string to the shared server, chrooted to a fresh path so the
-/// test is isolated from every other.
+/// test is isolated from every other. In the TLS pass of `scripts/test`
+/// (`ZKGATE_TEST_ZOOKEEPER_TLS` set) it names the server's TLS port.
 pub fn isolated_connect() -> String {
-    format!("{}/t-{}", shared_zookeeper(), uuid::Uuid::new_v4().simple())
+    let server = match std::env::var("ZKGATE_TEST_ZOOKEEPER_TLS") {
+        Ok(tls) if !tls.is_empty() => tls,
+        _ => shared_zookeeper(),
+    };
+    format!("{server}/t-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// In the TLS pass, the directory with the shared server's certificates
+/// (`scripts/zookeeper start DIR --tls` made them in `DIR/tls`).
+fn tls_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("ZKGATE_TEST_TLS_DIR")
+        .filter(|d| !d.is_empty())
+        .map(Into::into)
+}
+
+/// What a `zkgate` command needs in its environment to reach `connect`:
+/// the CA and client certificate when it names TLS servers.
+pub fn tls_env(connect: &str) -> Vec<(&'static str, std::path::PathBuf)> {
+    match tls_dir() {
+        Some(dir) if connect.contains("tcp+tls://") => vec![
+            ("ZKGATE_TLS_CA", dir.join("ca.crt")),
+            ("ZKGATE_TLS_CERT", dir.join("client.crt")),
+            ("ZKGATE_TLS_KEY", dir.join("client.key")),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// Connects a session with a short session timeout.
@@ -40,12 +66,24 @@ pub async fn session(connect: &str) -> Session {
     session_with_timeout(connect, Duration::from_secs(4)).await
 }
 
-/// Connects a session with the given timeout.
+/// Connects a session with the given timeout (over TLS when `connect`
+/// names TLS servers, with the TLS pass's certificates).
 pub async fn session_with_timeout(connect: &str, timeout: Duration) -> Session {
-    let connect: ConnectString = connect.parse().expect("connect string");
-    Session::connect(&SessionOptions::new(connect).session_timeout(timeout))
+    Session::connect(&options(connect).session_timeout(timeout))
         .await
         .expect("connect to ZooKeeper")
+}
+
+/// Session options for `connect`, with the TLS pass's certificates when it
+/// names TLS servers.
+pub fn options(connect: &str) -> SessionOptions {
+    let connect: ConnectString = connect.parse().expect("connect string");
+    let options = SessionOptions::new(connect);
+    if !options.connect.uses_tls() {
+        return options;
+    }
+    let dir = tls_dir().expect("a tcp+tls:// server in a test needs ZKGATE_TEST_TLS_DIR");
+    options.tls(tls::client_settings(&dir, "ca.crt"))
 }
 
 /// Polls `check` until it returns `Some`, failing the test after `within`.

@@ -8,12 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// `zookeeper.jar` names most of its class path in its manifest; the Netty
-/// connection factory (TLS) also needs the codec, resolver and native
-/// transport jars it leaves out.
-const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar:\
-/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar:\
-/usr/share/java/netty-transport-native-unix-common.jar";
+/// `zookeeper.jar` names the rest of its class path in its manifest.
+const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
 
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
@@ -52,26 +48,16 @@ pub struct ZkServer {
 impl ZkServer {
     /// Starts a standalone server and waits until it answers `ruok`.
     pub fn standalone() -> ZkServer {
-        Self::standalone_tied(false, "")
-    }
-
-    /// A standalone server with more lines in its `zoo.cfg`.
-    pub fn standalone_configured(extra: &str) -> ZkServer {
-        Self::standalone_tied(false, extra)
+        Self::standalone_tied(false)
     }
 
     /// [`ZkServer::standalone`]; with `die_with_spawner`, the server is
     /// killed when the calling thread ends (see the field).
-    fn standalone_tied(die_with_spawner: bool, extra: &str) -> ZkServer {
+    fn standalone_tied(die_with_spawner: bool) -> ZkServer {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let dir = tmp.path().to_owned();
         let config = write_config(&dir, port, &[], 0);
-        if !extra.is_empty() {
-            let mut cfg = std::fs::read_to_string(&config).expect("zoo.cfg");
-            cfg.push_str(extra);
-            std::fs::write(&config, cfg).expect("zoo.cfg");
-        }
         let mut server = ZkServer {
             port,
             dir,
@@ -201,7 +187,7 @@ pub fn process_server() -> &'static str {
     ADDRESS.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let server = ZkServer::standalone_tied(true, "");
+            let server = ZkServer::standalone_tied(true);
             tx.send(server.address()).expect("report address");
             // Keep the server (and this thread) for the life of the process.
             loop {
