@@ -77,7 +77,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     install_crds(&client).await;
     let (a, b) = (namespace(&client).await, namespace(&client).await);
     let zk = support::isolated_connect();
-    let _controller = ControllerProcess::start_with(
+    let mut controller = ControllerProcess::start_with(
         &api.kubeconfig(),
         &zk,
         "controller-acl",
@@ -269,6 +269,28 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
         .await
         .unwrap()
         .is_none());
+
+    // A restarted controller (a new session that holds no namespace
+    // credential yet) still reads what a's pods make: a hold taken after the
+    // restart shows in the status.
+    controller.kill().await;
+    let _controller = ControllerProcess::start_with(
+        &api.kubeconfig(),
+        &zk,
+        "controller-acl-2",
+        &["--auth", CONTROLLER_AUTH],
+    );
+    let holder = session_as(&zk, Some(&cred_a)).await;
+    let hold = zkgate::zk::Mutex::new(&lock_a, Default::default())
+        .acquire(&holder, Some(tokio::time::Instant::now() + within))
+        .await
+        .expect("a holds its own lock");
+    let locks_a: Api<LockLease> = Api::namespaced(client.clone(), &a);
+    eventually(within, "the hold in the status", || async {
+        (locks_a.get("db").await.ok()?.status?.holder_count == 1).then_some(())
+    })
+    .await;
+    hold.release().await.unwrap();
 
     // Rotation: asked for on the Secret, done by the controller.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &a);

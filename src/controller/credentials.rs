@@ -94,8 +94,11 @@ struct Stored {
 }
 
 struct Known {
+    /// The current credential (this session holds it and the previous one).
     credential: Credential,
-    checked: Instant,
+    /// When the Secret was last looked at; `None` before the first look,
+    /// which also makes sure the namespace's nodes carry the ACLs.
+    checked: Option<Instant>,
 }
 
 /// The namespaces' credentials, for one leadership term (one session).
@@ -131,23 +134,12 @@ impl Credentials {
         };
         // One namespace at a time: a rotation must not race a first look.
         let mut known = self.known.lock().await;
-        if let Some(k) = known.get(namespace) {
-            if k.checked.elapsed() < RECHECK {
-                return Ok(NamespaceAcls::new(controller, &k.credential));
-            }
+        let k = hold(&mut known, namespace, zk, layout).await?;
+        if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
+            return Ok(NamespaceAcls::new(controller, &k.credential));
         }
-        let first_look = !known.contains_key(namespace);
-        let node = layout.credential(namespace)?;
-        let mut credential = match known.get(namespace) {
-            Some(k) => k.credential.clone(),
-            None => {
-                let stored = load_or_create(zk, &node, namespace).await?;
-                for c in stored.iter() {
-                    zk.add_credential(c).await?;
-                }
-                stored[0].clone()
-            }
-        };
+        let first_look = k.checked.is_none();
+        let mut credential = k.credential.clone();
 
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let secret = secrets.get_opt(&self.secret_name).await?;
@@ -158,7 +150,7 @@ impl Credentials {
         if rotate {
             let new = Credential::generate(user_of(namespace));
             zk.add_credential(&new).await?;
-            store(zk, &node, &new, Some(&credential)).await?;
+            store(zk, &layout.credential(namespace)?, &new, Some(&credential)).await?;
             info!(namespace, "rotated the namespace's ZooKeeper credential");
             rotated_from = Some(std::mem::replace(&mut credential, new));
         }
@@ -185,10 +177,21 @@ impl Credentials {
             namespace.to_owned(),
             Known {
                 credential,
-                checked: Instant::now(),
+                checked: Some(Instant::now()),
             },
         );
         Ok(acls)
+    }
+
+    /// Makes sure this session holds `namespace`'s credentials, so it can
+    /// read and remove the nodes its pods made, without touching the
+    /// Secret: what a resource's deletion needs, which must work in a
+    /// namespace being deleted too. A no-op without a controller credential.
+    pub async fn hold(&self, namespace: &str, zk: &Session, layout: &Layout) -> Result<(), Error> {
+        if self.controller.is_some() {
+            hold(&mut *self.known.lock().await, namespace, zk, layout).await?;
+        }
+        Ok(())
     }
 
     async fn write_secret(
@@ -250,6 +253,32 @@ impl Credentials {
         }
         Ok(())
     }
+}
+
+/// The namespace's entry, loading its stored credentials (making one if
+/// there is none) and adding them to the session the first time.
+async fn hold<'k>(
+    known: &'k mut HashMap<String, Known>,
+    namespace: &str,
+    zk: &Session,
+    layout: &Layout,
+) -> Result<&'k mut Known, Error> {
+    if !known.contains_key(namespace) {
+        let stored = load_or_create(zk, &layout.credential(namespace)?, namespace).await?;
+        for c in &stored {
+            zk.add_credential(c).await?;
+        }
+        known.insert(
+            namespace.to_owned(),
+            Known {
+                credential: stored[0].clone(),
+                checked: None,
+            },
+        );
+    }
+    known
+        .get_mut(namespace)
+        .ok_or(Error::Incomplete("namespace credential"))
 }
 
 /// The digest user of a namespace's credential.

@@ -49,8 +49,18 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
     let started = std::time::Instant::now();
     let result = finalizer(&api, FINALIZER, object, |event| async {
         match event {
-            Finalized::Apply(o) => o.apply(&namespace, &ctx).await,
-            Finalized::Cleanup(o) => o.cleanup(&namespace, &ctx).await,
+            // The namespace's credentials first: its pods' nodes are
+            // readable only with them (see credentials.rs).
+            Finalized::Apply(o) => {
+                ctx.namespace_acls(&namespace).await?;
+                o.apply(&namespace, &ctx).await
+            }
+            Finalized::Cleanup(o) => {
+                ctx.credentials
+                    .hold(&namespace, &ctx.zk, &ctx.layout)
+                    .await?;
+                o.cleanup(&namespace, &ctx).await
+            }
         }
     })
     .await
