@@ -359,5 +359,39 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     new.env("ZKGATE_AUTH", rotated.expose());
     let (code, err) = run(&mut new).await;
     assert_eq!(code, 0, "{err}");
+
+    // Deleting namespace b: the deletion of its last resource removes its
+    // subtree and its stored credential. (No kube-controller-manager runs
+    // here to empty a terminating namespace: the test deletes what it would.)
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces.delete(&b, &Default::default()).await.unwrap();
+    let stored_b = format!("/zkgate/credentials/{b}");
+    assert!(observer
+        .client()
+        .check_stat(&stored_b)
+        .await
+        .unwrap()
+        .is_some());
+    let locks_b: Api<LockLease> = Api::namespaced(client.clone(), &b);
+    locks_b.delete("db", &Default::default()).await.unwrap();
+    eventually(within, "b's LockLease gone", || async {
+        locks_b.get_opt("db").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    for gone in [stored_b, format!("{root}/{b}")] {
+        assert!(
+            observer.client().check_stat(&gone).await.unwrap().is_none(),
+            "{gone} left behind"
+        );
+    }
+    assert!(
+        observer
+            .client()
+            .check_stat(&format!("{root}/{a}"))
+            .await
+            .unwrap()
+            .is_some(),
+        "a is untouched"
+    );
     drop(api);
 }

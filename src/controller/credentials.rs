@@ -25,11 +25,14 @@
 //! annotation. The old credential stops working at once: running
 //! participants keep their ephemeral nodes until their sessions end, but
 //! cannot change anything more; new pods read the new Secret.
+//!
+//! When a namespace is deleted, the deletion of its last resource removes
+//! its subtree and its stored credential as well.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -41,7 +44,7 @@ use zookeeper_client as zk;
 
 use super::error::Error;
 use crate::layout::Layout;
-use crate::zk::{acl, Credential, Session, ZkError};
+use crate::zk::{acl, tree, Credential, Session, ZkError};
 
 pub use crate::api::NAMESPACE_SECRET;
 /// The Secret's key holding `user:password`.
@@ -181,6 +184,46 @@ impl Credentials {
             },
         );
         Ok(acls)
+    }
+
+    /// When `namespace` is being deleted and none of its barriers and locks
+    /// is left in ZooKeeper, removes its subtree and its stored credential,
+    /// so a namespace made later under the same name gets a new one (a copy
+    /// of the old Secret opens nothing). A no-op without a controller
+    /// credential.
+    pub async fn forget_if_terminating(
+        &self,
+        namespace: &str,
+        zk: &Session,
+        layout: &Layout,
+        client: &kube::Client,
+    ) -> Result<(), Error> {
+        if self.controller.is_none() {
+            return Ok(());
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let terminating = namespaces
+            .get_opt(namespace)
+            .await?
+            .is_none_or(|n| n.metadata.deletion_timestamp.is_some());
+        if !terminating {
+            return Ok(());
+        }
+        let dirs = layout.namespace_dirs(namespace)?;
+        for parent in &dirs[1..] {
+            if !children(zk, parent).await?.is_empty() {
+                return Ok(());
+            }
+        }
+        let mut known = self.known.lock().await;
+        tree::delete_tree(zk, &dirs[0]).await?;
+        tree::delete_if_present(zk, &layout.credential(namespace)?).await?;
+        known.remove(namespace);
+        info!(
+            namespace,
+            "the namespace is being deleted: removed its ZooKeeper subtree and credential"
+        );
+        Ok(())
     }
 
     /// Makes sure this session holds `namespace`'s credentials, so it can

@@ -59,7 +59,11 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
                 ctx.credentials
                     .hold(&namespace, &ctx.zk, &ctx.layout)
                     .await?;
-                o.cleanup(&namespace, &ctx).await
+                let action = o.cleanup(&namespace, &ctx).await?;
+                ctx.credentials
+                    .forget_if_terminating(&namespace, &ctx.zk, &ctx.layout, &ctx.client)
+                    .await?;
+                Ok(action)
             }
         }
     })
