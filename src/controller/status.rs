@@ -190,11 +190,20 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             .cmp(&b.entered_at)
             .then_with(|| a.id.cmp(&b.id))
     });
-    let entered = participants.iter().filter(|p| !p.lost).count() as u32;
-    let left = participants
+    let mut entered = participants.iter().filter(|p| !p.lost).count() as u32;
+    let mut left = participants
         .iter()
         .filter(|p| p.left_at.is_some() && !p.lost)
         .count() as u32;
+    if opened {
+        // `ready` is made only once x are registered, so an opened barrier
+        // had at least x even when a participant entered and left between
+        // two looks of the controller (the list shows only those seen).
+        entered = entered.max(data.participants);
+        if members.is_empty() {
+            left = entered;
+        }
+    }
 
     let mut fail = None;
     let mut requeue = None;
@@ -664,6 +673,31 @@ mod tests {
             (Some(BarrierPhase::Completed), 2, 2)
         );
         assert_eq!(done.notes[0].reason, "Completed");
+    }
+
+    #[test]
+    fn a_gang_that_came_and_went_between_two_looks_still_counts_x() {
+        // The whole round (enter, open, leave) happened between two looks:
+        // only `ready` is left, yet x entered and left.
+        let s = spec(3, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let done = observe(
+            &s,
+            &node(data, vec![child(READY, 31, 32, "")]),
+            &BarrierStatus::default(),
+            60,
+        );
+        assert_eq!(
+            (done.status.phase, done.status.entered, done.status.left),
+            (Some(BarrierPhase::Completed), 3, 3)
+        );
+        assert_eq!(
+            done.status.message.as_deref(),
+            Some("all 3 participants have left")
+        );
     }
 
     #[test]
