@@ -60,9 +60,15 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
                     .hold(&namespace, &ctx.zk, &ctx.layout)
                     .await?;
                 let action = o.cleanup(&namespace, &ctx).await?;
-                ctx.credentials
+                // Tidying up after a deleted namespace must never hold the
+                // finalizer (and with it the namespace's deletion) back.
+                if let Err(error) = ctx
+                    .credentials
                     .forget_if_terminating(&namespace, &ctx.zk, &ctx.layout, &ctx.client)
-                    .await?;
+                    .await
+                {
+                    tracing::warn!(%namespace, %error, "could not tidy up after a deleted namespace");
+                }
                 Ok(action)
             }
         }
