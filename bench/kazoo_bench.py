@@ -3,6 +3,7 @@ bench/recipes.rs, one per run, one JSON line out.
     python kazoo_bench.py SCENARIO CONNECT N [SESSIONS]
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -12,7 +13,13 @@ from kazoo.client import KazooClient
 
 
 def client(connect):
-    c = KazooClient(hosts=connect, timeout=10)
+    tls = os.environ.get("ZKGATE_BENCH_TLS_DIR")
+    if tls:  # the -tls scenarios
+        c = KazooClient(hosts=connect, timeout=10, use_ssl=True, verify_certs=True,
+                        ca=os.path.join(tls, "ca.crt"), certfile=os.path.join(tls, "client.crt"),
+                        keyfile=os.path.join(tls, "client.key"))
+    else:
+        c = KazooClient(hosts=connect, timeout=10)
     c.start()
     return c
 

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zkgate::zk::{ConnectString, LockOptions, Mutex, ReadWriteLock, Session, SessionOptions};
+use zkgate::zk::{
+    ConnectString, LockOptions, Mutex, ReadWriteLock, Session, SessionOptions, TlsSettings,
+};
 use zookeeper_client as zk;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -40,9 +42,19 @@ fn report(
 
 async fn session(connect: &str) -> Session {
     let connect: ConnectString = connect.parse().expect("connect string");
-    Session::connect(&SessionOptions::new(connect))
-        .await
-        .expect("connect")
+    let mut options = SessionOptions::new(connect);
+    if options.connect.uses_tls() {
+        // The -tls scenarios: certificates as scripts/zookeeper makes them.
+        let dir = std::path::PathBuf::from(
+            std::env::var_os("ZKGATE_BENCH_TLS_DIR").expect("ZKGATE_BENCH_TLS_DIR"),
+        );
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("certificate");
+        options = options.tls(TlsSettings {
+            ca: read("ca.crt"),
+            identity: Some((read("client.crt"), read("client.key"))),
+        });
+    }
+    Session::connect(&options).await.expect("connect")
 }
 
 fn ms(d: Duration) -> f64 {
