@@ -274,7 +274,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // credential yet) still reads what a's pods make: a hold taken after the
     // restart shows in the status.
     controller.kill().await;
-    let _controller = ControllerProcess::start_with(
+    let mut controller = ControllerProcess::start_with(
         &api.kubeconfig(),
         &zk,
         "controller-acl-2",
@@ -359,6 +359,26 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     new.env("ZKGATE_AUTH", rotated.expose());
     let (code, err) = run(&mut new).await;
     assert_eq!(code, 0, "{err}");
+
+    // A controller started after the rotation (it loads the new credential
+    // and the one it replaced) reads what a's pods make with the new one.
+    controller.kill().await;
+    let _controller = ControllerProcess::start_with(
+        &api.kubeconfig(),
+        &zk,
+        "controller-acl-3",
+        &["--auth", CONTROLLER_AUTH],
+    );
+    let holder = session_as(&zk, Some(&rotated)).await;
+    let hold = zkgate::zk::Mutex::new(&lock_a, Default::default())
+        .acquire(&holder, Some(tokio::time::Instant::now() + within))
+        .await
+        .expect("a holds its lock with the new credential");
+    eventually(within, "the hold in the status", || async {
+        (locks_a.get("db").await.ok()?.status?.holder_count == 1).then_some(())
+    })
+    .await;
+    hold.release().await.unwrap();
 
     // Deleting namespace b: the deletion of its last resource removes its
     // subtree and its stored credential. (No kube-controller-manager runs

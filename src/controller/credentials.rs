@@ -22,7 +22,9 @@
 //! and every resource is reconciled at least every 5 minutes) the controller
 //! makes a new credential, moves every node of the namespace to it (the
 //! participants' own nodes included), rewrites the Secret and drops the
-//! annotation. The old credential stops working at once: running
+//! annotation. The replaced credential is kept (stored and held) until the
+//! next rotation, so a rotation cut short by an error or a crash is finished
+//! by the next look rather than lost. The old credential stops working at once: running
 //! participants keep their ephemeral nodes until their sessions end, but
 //! cannot change anything more; new pods read the new Secret.
 //!
@@ -97,10 +99,14 @@ struct Stored {
 }
 
 struct Known {
-    /// The current credential (this session holds it and the previous one).
+    /// The current credential (this session holds it).
     credential: Credential,
-    /// When the Secret was last looked at; `None` before the first look,
-    /// which also makes sure the namespace's nodes carry the ACLs.
+    /// The one it replaced, while nodes may still name it (this session
+    /// holds it too).
+    previous: Option<Credential>,
+    /// When the Secret was last looked at and the namespace's nodes were
+    /// known to carry the ACLs; `None` on the first look of a term and while
+    /// a rotation is unfinished.
     checked: Option<Instant>,
 }
 
@@ -141,49 +147,54 @@ impl Credentials {
         if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
             return Ok(NamespaceAcls::new(controller, &k.credential));
         }
-        let first_look = k.checked.is_none();
-        let mut credential = k.credential.clone();
+        // The first look of a term, or a rotation left unfinished (by an
+        // error here, or by a crash: the stored previous credential says
+        // so): every node moves to the current credential. Idempotent.
+        if k.checked.is_none() {
+            let acls = NamespaceAcls::new(controller, &k.credential);
+            let moving = k.previous.as_ref().map(|old| (old, &k.credential));
+            protect(zk, layout, namespace, &acls, moving).await?;
+        }
 
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let secret = secrets.get_opt(&self.secret_name).await?;
         let rotate = secret
             .as_ref()
             .is_some_and(|s| s.annotations().contains_key(ROTATE_ANNOTATION));
-        let mut rotated_from = None;
         if rotate {
+            // Stored first (the source of truth, with the credential it
+            // replaces), then the Secret (which ends the request), then the
+            // nodes: whichever step fails, the next look finishes the rest
+            // rather than rotating from a stale credential.
             let new = Credential::generate(user_of(namespace));
             zk.add_credential(&new).await?;
-            store(zk, &layout.credential(namespace)?, &new, Some(&credential)).await?;
-            info!(namespace, "rotated the namespace's ZooKeeper credential");
-            rotated_from = Some(std::mem::replace(&mut credential, new));
-        }
-        let acls = NamespaceAcls::new(controller, &credential);
-        if first_look || rotated_from.is_some() {
-            protect(
+            store(
                 zk,
-                layout,
-                namespace,
-                &acls,
-                rotated_from.as_ref().map(|old| (old, &credential)),
+                &layout.credential(namespace)?,
+                &new,
+                Some(&k.credential),
             )
             .await?;
-        }
-        let in_secret = secret
-            .as_ref()
-            .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
-            .map(|b| b.0.clone());
-        if rotate || in_secret.as_deref() != Some(credential.expose().as_bytes()) {
-            self.write_secret(&secrets, secret.is_some(), &credential, rotate)
+            info!(namespace, "rotated the namespace's ZooKeeper credential");
+            k.previous = Some(std::mem::replace(&mut k.credential, new));
+            k.checked = None;
+            self.write_secret(&secrets, secret.is_some(), &k.credential, true)
                 .await?;
+            let acls = NamespaceAcls::new(controller, &k.credential);
+            let moving = k.previous.as_ref().map(|old| (old, &k.credential));
+            protect(zk, layout, namespace, &acls, moving).await?;
+        } else {
+            let in_secret = secret
+                .as_ref()
+                .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
+                .map(|b| b.0.clone());
+            if in_secret.as_deref() != Some(k.credential.expose().as_bytes()) {
+                self.write_secret(&secrets, secret.is_some(), &k.credential, false)
+                    .await?;
+            }
         }
-        known.insert(
-            namespace.to_owned(),
-            Known {
-                credential,
-                checked: Some(Instant::now()),
-            },
-        );
-        Ok(acls)
+        k.checked = Some(Instant::now());
+        Ok(NamespaceAcls::new(controller, &k.credential))
     }
 
     /// When `namespace` is being deleted and none of its barriers and locks
@@ -307,14 +318,21 @@ async fn hold<'k>(
     layout: &Layout,
 ) -> Result<&'k mut Known, Error> {
     if !known.contains_key(namespace) {
-        let stored = load_or_create(zk, &layout.credential(namespace)?, namespace).await?;
-        for c in &stored {
+        let mut stored = load_or_create(zk, &layout.credential(namespace)?, namespace)
+            .await?
+            .into_iter();
+        let credential = stored
+            .next()
+            .ok_or(Error::Incomplete("namespace credential"))?;
+        let previous = stored.next();
+        for c in std::iter::once(&credential).chain(previous.as_ref()) {
             zk.add_credential(c).await?;
         }
         known.insert(
             namespace.to_owned(),
             Known {
-                credential: stored[0].clone(),
+                credential,
+                previous,
                 checked: None,
             },
         );
