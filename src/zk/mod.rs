@@ -9,6 +9,10 @@
 //! - [`Mutex`] and [`ReadWriteLock`]: Curator-compatible locks; a held lock
 //!   is a [`LockHold`] with a fencing token and a [`HoldMonitor`] that tells
 //!   when the hold may be or is lost.
+//! - [`acl`]: digest [`Credential`]s and ACLs. A session with a credential
+//!   makes every node it creates its credential's alone
+//!   ([`Session::node_acls`]); `tcp+tls://` servers are reached over TLS
+//!   ([`TlsSettings`]).
 //!
 //! Every waiting operation takes an optional deadline, removes its own node
 //! on every failure path (including when its future is dropped), and re-reads
