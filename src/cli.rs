@@ -74,7 +74,7 @@ pub enum Command {
 /// Options of the controller.
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
-    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    /// ZooKeeper connect string: `host:port[,host:port...][/chroot]`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER", value_parser = connect_string)]
     pub zookeeper: ConnectString,
     /// The root of zkgate's znodes, below the connect string's chroot.
@@ -216,7 +216,7 @@ pub enum LockAction {
 /// Options of every participant command.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// ZooKeeper connect string: host:port[,host:port...][/chroot].
+    /// ZooKeeper connect string: `host:port[,host:port...][/chroot]`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER", value_parser = connect_string)]
     pub zookeeper: ConnectString,
     /// The namespace of the Barrier or LockLease.
