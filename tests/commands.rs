@@ -845,6 +845,20 @@ async fn invalid_values_from_the_environment_are_refused_up_front() {
         assert_eq!(code, 2, "{var}={value}: {err}");
         assert!(err.contains("Usage:"), "{var}={value}: {err}");
     }
+    // A credential file that is missing or holds no user:password.
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("auth");
+    std::fs::write(&garbage, "no-colon-here\n").unwrap();
+    for file in [dir.path().join("missing"), garbage] {
+        let mut cmd = zkgate(&connect, &["lock", "acquire", "l"]);
+        cmd.env("ZKGATE_AUTH_FILE", &file);
+        let (code, err) = output(cmd).await;
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(&file.display().to_string()),
+            "names the file: {err}"
+        );
+    }
     // Ids that cannot be a node name: empty, with '/', longer than 253 bytes.
     let long = "p".repeat(254);
     for id in ["", "a/b", "..", &long] {
