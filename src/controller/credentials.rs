@@ -143,7 +143,9 @@ impl Credentials {
         };
         // One namespace at a time: a rotation must not race a first look.
         let mut known = self.known.lock().await;
-        let k = hold(&mut known, namespace, zk, layout).await?;
+        let k = hold(&mut known, namespace, zk, layout, true)
+            .await?
+            .ok_or(Error::Incomplete("namespace credential"))?;
         if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
             return Ok(NamespaceAcls::new(controller, &k.credential));
         }
@@ -240,10 +242,13 @@ impl Credentials {
     /// Makes sure this session holds `namespace`'s credentials, so it can
     /// read and remove the nodes its pods made, without touching the
     /// Secret: what a resource's deletion needs, which must work in a
-    /// namespace being deleted too. A no-op without a controller credential.
+    /// namespace being deleted too. It makes no credential: without one
+    /// stored, no pod of the namespace had one to make nodes with (and a
+    /// deletion that comes after the namespace was tidied up must not bring
+    /// it back). A no-op without a controller credential.
     pub async fn hold(&self, namespace: &str, zk: &Session, layout: &Layout) -> Result<(), Error> {
         if self.controller.is_some() {
-            hold(&mut *self.known.lock().await, namespace, zk, layout).await?;
+            hold(&mut *self.known.lock().await, namespace, zk, layout, false).await?;
         }
         Ok(())
     }
@@ -310,20 +315,22 @@ impl Credentials {
 }
 
 /// The namespace's entry, loading its stored credentials (making one if
-/// there is none) and adding them to the session the first time.
+/// there is none and `create`) and adding them to the session the first
+/// time; `None` when none is stored and not `create`.
 async fn hold<'k>(
     known: &'k mut HashMap<String, Known>,
     namespace: &str,
     zk: &Session,
     layout: &Layout,
-) -> Result<&'k mut Known, Error> {
+    create: bool,
+) -> Result<Option<&'k mut Known>, Error> {
     if !known.contains_key(namespace) {
-        let mut stored = load_or_create(zk, &layout.credential(namespace)?, namespace)
+        let mut stored = load(zk, &layout.credential(namespace)?, namespace, create)
             .await?
             .into_iter();
-        let credential = stored
-            .next()
-            .ok_or(Error::Incomplete("namespace credential"))?;
+        let Some(credential) = stored.next() else {
+            return Ok(None);
+        };
         let previous = stored.next();
         for c in std::iter::once(&credential).chain(previous.as_ref()) {
             zk.add_credential(c).await?;
@@ -337,9 +344,7 @@ async fn hold<'k>(
             },
         );
     }
-    known
-        .get_mut(namespace)
-        .ok_or(Error::Incomplete("namespace credential"))
+    Ok(known.get_mut(namespace))
 }
 
 /// The digest user of a namespace's credential.
@@ -347,11 +352,13 @@ fn user_of(namespace: &str) -> String {
     format!("namespace-{namespace}")
 }
 
-/// The stored credentials, current first, making one when there is none.
-async fn load_or_create(
+/// The stored credentials, current first; with `create`, making one when
+/// there is none (else none).
+async fn load(
     zk: &Session,
     node: &str,
     namespace: &str,
+    create: bool,
 ) -> Result<Vec<Credential>, Error> {
     let client = zk.client();
     loop {
@@ -374,6 +381,10 @@ async fn load_or_create(
                 }
                 return Ok(all);
             }
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) if !create => return Ok(Vec::new()),
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..
