@@ -43,6 +43,32 @@ async fn credential_of(client: &kube::Client, ns: &str) -> Credential {
     .await
 }
 
+/// A controller (over every namespace of `api`) with a credential of its own.
+fn controller_with_credential(api: &PrivateApiServer, zk: &str, id: &str) -> ControllerProcess {
+    ControllerProcess::start_with(&api.kubeconfig(), zk, id, &["--auth", CONTROLLER_AUTH])
+}
+
+/// A pod holding `credential` takes the lock at `lock`; the hold shows in
+/// the LockLease's status only if the controller can read the pod's node.
+async fn a_hold_shows_in_the_status(
+    zk: &str,
+    credential: &Credential,
+    lock: &str,
+    locks: &Api<LockLease>,
+) {
+    let within = Duration::from_secs(30);
+    let holder = session_as(zk, Some(credential)).await;
+    let hold = zkgate::zk::Mutex::new(lock, Default::default())
+        .acquire(&holder, Some(tokio::time::Instant::now() + within))
+        .await
+        .expect("the pod holds its namespace's lock");
+    eventually(within, "the hold in the status", || async {
+        (locks.get("db").await.ok()?.status?.holder_count == 1).then_some(())
+    })
+    .await;
+    hold.release().await.unwrap();
+}
+
 fn is_no_auth<T>(result: Result<T, zk::Error>) -> bool {
     matches!(result, Err(zk::Error::NoAuth))
 }
@@ -77,12 +103,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     install_crds(&client).await;
     let (a, b) = (namespace(&client).await, namespace(&client).await);
     let zk = support::isolated_connect();
-    let mut controller = ControllerProcess::start_with(
-        &api.kubeconfig(),
-        &zk,
-        "controller-acl",
-        &["--auth", CONTROLLER_AUTH],
-    );
+    let mut controller = controller_with_credential(&api, &zk, "controller-acl");
     let within = Duration::from_secs(30);
     for ns in [&a, &b] {
         let barriers: Api<Barrier> = Api::namespaced(client.clone(), ns);
@@ -274,23 +295,9 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // credential yet) still reads what a's pods make: a hold taken after the
     // restart shows in the status.
     controller.kill().await;
-    let mut controller = ControllerProcess::start_with(
-        &api.kubeconfig(),
-        &zk,
-        "controller-acl-2",
-        &["--auth", CONTROLLER_AUTH],
-    );
-    let holder = session_as(&zk, Some(&cred_a)).await;
-    let hold = zkgate::zk::Mutex::new(&lock_a, Default::default())
-        .acquire(&holder, Some(tokio::time::Instant::now() + within))
-        .await
-        .expect("a holds its own lock");
+    let mut controller = controller_with_credential(&api, &zk, "controller-acl-2");
     let locks_a: Api<LockLease> = Api::namespaced(client.clone(), &a);
-    eventually(within, "the hold in the status", || async {
-        (locks_a.get("db").await.ok()?.status?.holder_count == 1).then_some(())
-    })
-    .await;
-    hold.release().await.unwrap();
+    a_hold_shows_in_the_status(&zk, &cred_a, &lock_a, &locks_a).await;
 
     // Rotation: asked for on the Secret, done by the controller.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &a);
@@ -363,22 +370,8 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // A controller started after the rotation (it loads the new credential
     // and the one it replaced) reads what a's pods make with the new one.
     controller.kill().await;
-    let _controller = ControllerProcess::start_with(
-        &api.kubeconfig(),
-        &zk,
-        "controller-acl-3",
-        &["--auth", CONTROLLER_AUTH],
-    );
-    let holder = session_as(&zk, Some(&rotated)).await;
-    let hold = zkgate::zk::Mutex::new(&lock_a, Default::default())
-        .acquire(&holder, Some(tokio::time::Instant::now() + within))
-        .await
-        .expect("a holds its lock with the new credential");
-    eventually(within, "the hold in the status", || async {
-        (locks_a.get("db").await.ok()?.status?.holder_count == 1).then_some(())
-    })
-    .await;
-    hold.release().await.unwrap();
+    let _controller = controller_with_credential(&api, &zk, "controller-acl-3");
+    a_hold_shows_in_the_status(&zk, &rotated, &lock_a, &locks_a).await;
 
     // Deleting namespace b: the deletion of its last resource removes its
     // subtree and its stored credential. (No kube-controller-manager runs

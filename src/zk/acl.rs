@@ -90,35 +90,10 @@ pub fn open() -> Vec<zk::Acl> {
 /// Sets `path`'s ACL to `wanted` unless it already is (in any order).
 /// Returns whether it changed; `Ok(false)` when the node does not exist.
 pub async fn ensure(session: &Session, path: &str, wanted: &[zk::Acl]) -> Result<bool> {
-    let client = session.client();
-    let (current, stat) = match session
-        .retry("read the ACL of", path, || client.get_acl(path))
-        .await
-    {
-        Ok(found) => found,
-        Err(ZkError::Zk {
-            source: zk::Error::NoNode,
-            ..
-        }) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if same(&current, wanted) {
-        return Ok(false);
-    }
-    match session
-        .retry("set the ACL of", path, || {
-            client.set_acl(path, wanted, Some(stat.aversion))
-        })
-        .await
-    {
-        Ok(_) => Ok(true),
-        // Deleted meanwhile: nothing to protect.
-        Err(ZkError::Zk {
-            source: zk::Error::NoNode,
-            ..
-        }) => Ok(false),
-        Err(e) => Err(e),
-    }
+    update(session, path, |current| {
+        (!same(current, wanted)).then(|| wanted.to_vec())
+    })
+    .await
 }
 
 /// Replaces the entries that name `old` in `path`'s ACL by entries with
@@ -130,35 +105,55 @@ pub async fn replace_digest(
     old: &Credential,
     new: &Credential,
 ) -> Result<bool> {
+    let old_id = old.digest_id();
+    let names_old = |a: &zk::Acl| a.scheme() == "digest" && a.id() == old_id;
+    update(session, path, |current| {
+        current.iter().any(names_old).then(|| {
+            current
+                .iter()
+                .map(|a| {
+                    if names_old(a) {
+                        new.acl(a.permission())
+                    } else {
+                        a.clone()
+                    }
+                })
+                .collect()
+        })
+    })
+    .await
+}
+
+/// Reads `path`'s ACL and sets what `change` makes of it, if anything,
+/// provided nobody changed the ACL in between (its version). Whether it
+/// changed; a node that is not there (or went meanwhile) has nothing to
+/// protect.
+async fn update(
+    session: &Session,
+    path: &str,
+    change: impl FnOnce(&[zk::Acl]) -> Option<Vec<zk::Acl>>,
+) -> Result<bool> {
     let client = session.client();
+    let absent = |e: &ZkError| {
+        matches!(
+            e,
+            ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }
+        )
+    };
     let (current, stat) = match session
         .retry("read the ACL of", path, || client.get_acl(path))
         .await
     {
         Ok(found) => found,
-        Err(ZkError::Zk {
-            source: zk::Error::NoNode,
-            ..
-        }) => return Ok(false),
+        Err(e) if absent(&e) => return Ok(false),
         Err(e) => return Err(e),
     };
-    let old_id = old.digest_id();
-    if !current
-        .iter()
-        .any(|a| a.scheme() == "digest" && a.id() == old_id)
-    {
+    let Some(wanted) = change(&current) else {
         return Ok(false);
-    }
-    let wanted: Vec<zk::Acl> = current
-        .iter()
-        .map(|a| {
-            if a.scheme() == "digest" && a.id() == old_id {
-                new.acl(a.permission())
-            } else {
-                a.clone()
-            }
-        })
-        .collect();
+    };
     match session
         .retry("set the ACL of", path, || {
             client.set_acl(path, &wanted, Some(stat.aversion))
@@ -166,10 +161,7 @@ pub async fn replace_digest(
         .await
     {
         Ok(_) => Ok(true),
-        Err(ZkError::Zk {
-            source: zk::Error::NoNode,
-            ..
-        }) => Ok(false),
+        Err(e) if absent(&e) => Ok(false),
         Err(e) => Err(e),
     }
 }
