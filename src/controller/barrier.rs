@@ -167,7 +167,7 @@ async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Ac
     // Waiters learn first that the barrier is gone (they exit 4), then the
     // subtree goes.
     match DoubleBarrier::new(&path).fail(zk, "Deleted").await {
-        Ok(())
+        Ok(_)
         | Err(crate::zk::ZkError::Zk {
             source: zookeeper_client::Error::NoNode,
             ..

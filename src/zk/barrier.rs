@@ -569,9 +569,26 @@ impl DoubleBarrier {
         }
     }
 
+    /// Changes the participant count (old behaviour, test scaffolding).
+    pub async fn set_participants(&self, session: &Session, participants: u32) -> Result<bool> {
+        let client = session.client();
+        let (data, stat) = session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await?;
+        let mut barrier = BarrierData::parse(&self.path, &data)?.unwrap_or_default();
+        barrier.participants = participants;
+        let bytes = barrier.to_bytes();
+        session
+            .retry("write", &self.path, || {
+                client.set_data(&self.path, &bytes, Some(stat.version))
+            })
+            .await?;
+        Ok(true)
+    }
+
     /// Marks the barrier failed: every waiter stops with
     /// [`ZkError::BarrierFailed`] carrying `reason`.
-    pub async fn fail(&self, session: &Session, reason: &str) -> Result<()> {
+    pub async fn fail(&self, session: &Session, reason: &str) -> Result<bool> {
         let client = session.client();
         loop {
             let (data, stat) = session
@@ -590,7 +607,7 @@ impl DoubleBarrier {
                     source: zk::Error::BadVersion,
                     ..
                 }) => continue,
-                other => return other.map(|_| ()),
+                other => return other.map(|_| true),
             }
         }
     }

@@ -153,3 +153,29 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let status = out.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, out))
 }
+
+/// `zkgate ARGS...` against `connect` (with the TLS pass's certificates
+/// when it names TLS servers), logging warnings, killed when dropped.
+pub fn zkgate(connect: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.args(args)
+        .env("ZKGATE_ZOOKEEPER", connect)
+        .envs(tls_env(connect))
+        .env("ZKGATE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Waits for a process with a deadline and returns its exit code and
+/// standard error (which must have been piped).
+pub async fn finished(child: tokio::process::Child, within: Duration) -> (i32, String) {
+    let out = tokio::time::timeout(within, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the process did not exit within {within:?}"))
+        .expect("wait for the process");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,6 +1,8 @@
 //! A TCP proxy between a client and ZooKeeper that the test controls:
 //! it can cut the connection right after forwarding a create request (so
-//! the create is applied but its reply is lost), or stall all traffic.
+//! the create is applied but its reply is lost), stall all traffic, or
+//! freeze one connection at a chosen request (the network goes silent
+//! without closing, as a partitioned pod sees it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,12 +14,40 @@ use tokio::sync::Notify;
 /// ZooKeeper's op codes for create requests (create, create2, createContainer, createTTL).
 const CREATE_OPS: [i32; 4] = [1, 15, 19, 21];
 
+/// ZooKeeper's op codes, for [`Proxy::freeze_at`].
+pub mod op {
+    pub const CREATE: i32 = 1;
+    pub const DELETE: i32 = 2;
+    pub const EXISTS: i32 = 3;
+    pub const GET_DATA: i32 = 4;
+    pub const SET_DATA: i32 = 5;
+    pub const GET_CHILDREN: i32 = 8;
+    pub const GET_CHILDREN2: i32 = 12;
+    pub const CHECK: i32 = 13;
+    pub const MULTI: i32 = 14;
+    pub const CREATE2: i32 = 15;
+    /// Every create request.
+    pub const CREATES: [i32; 5] = [1, 15, 19, 21, 14];
+}
+
+/// A request that freezes its connection when it passes.
+struct Freeze {
+    ops: Vec<i32>,
+    pattern: Vec<u8>,
+    /// Whether the request itself reaches the server.
+    forward: bool,
+}
+
 #[derive(Default)]
 struct Control {
     cut_after_create: AtomicBool,
     cuts: AtomicUsize,
     stalled: AtomicBool,
+    replies_stalled: AtomicBool,
     unstalled: Notify,
+    freeze: std::sync::Mutex<Option<Freeze>>,
+    freezes: AtomicUsize,
+    frozen: Notify,
 }
 
 /// A running proxy; it stops with the test's runtime.
@@ -68,9 +98,46 @@ impl Proxy {
         self.control.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// Freezes the connection that next sends a request whose op is one of
+    /// `ops` and whose bytes contain `pattern` (a path, say): with
+    /// `forward`, the request reaches the server first (it is applied, its
+    /// reply is lost); without, it never does. From then on nothing passes
+    /// on that connection either way, and it stays open until the client
+    /// gives up on it. Other connections (a reconnect) flow as usual.
+    pub fn freeze_at(&self, ops: &[i32], pattern: &str, forward: bool) {
+        *self.control.freeze.lock().unwrap() = Some(Freeze {
+            ops: ops.to_vec(),
+            pattern: pattern.as_bytes().to_vec(),
+            forward,
+        });
+    }
+
+    /// How many connections were frozen.
+    pub fn freezes(&self) -> usize {
+        self.control.freezes.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a connection has been frozen.
+    pub async fn frozen(&self) {
+        loop {
+            let notified = self.control.frozen.notified();
+            if self.freezes() > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Holds the server's replies back (requests still reach the server)
+    /// until [`Proxy::resume`]: the client acts on a stale view.
+    pub fn stall_replies(&self) {
+        self.control.replies_stalled.store(true, Ordering::SeqCst);
+    }
+
     /// Forwards again.
     pub fn resume(&self) {
         self.control.stalled.store(false, Ordering::SeqCst);
+        self.control.replies_stalled.store(false, Ordering::SeqCst);
         self.control.unstalled.notify_waiters();
     }
 }
@@ -80,9 +147,12 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     let (mut server_read, mut server_write) = server.into_split();
     // Set before a doomed create is forwarded, so its reply never is.
     let cutting = Arc::new(AtomicBool::new(false));
+    // Set when this connection freezes: nothing passes either way after.
+    let frozen = Arc::new(AtomicBool::new(false));
     let up = {
         let control = control.clone();
         let cutting = cutting.clone();
+        let frozen = frozen.clone();
         async move {
             // Client to server, frame by frame; the first frame is the
             // connect request, which has no request header.
@@ -94,11 +164,30 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 let mut body = vec![0u8; n];
                 client_read.read_exact(&mut body).await?;
                 wait_unstalled(&control).await;
-                let is_create = !first
-                    && n >= 8
-                    && CREATE_OPS
-                        .contains(&i32::from_be_bytes([body[4], body[5], body[6], body[7]]));
+                let op = (!first && n >= 8)
+                    .then(|| i32::from_be_bytes([body[4], body[5], body[6], body[7]]));
                 first = false;
+                let is_create = op.is_some_and(|op| CREATE_OPS.contains(&op));
+                let freeze = op.and_then(|op| {
+                    let mut slot = control.freeze.lock().unwrap();
+                    let hit = slot.as_ref().is_some_and(|f| {
+                        f.ops.contains(&op) && body.windows(f.pattern.len().max(1)).any(|w| w == &f.pattern[..])
+                    });
+                    if hit { slot.take() } else { None }
+                });
+                if let Some(freeze) = freeze {
+                    frozen.store(true, Ordering::SeqCst);
+                    if freeze.forward {
+                        server_write.write_all(&len).await?;
+                        server_write.write_all(&body).await?;
+                    }
+                    control.freezes.fetch_add(1, Ordering::SeqCst);
+                    control.frozen.notify_waiters();
+                    // Swallow whatever the client sends until it hangs up.
+                    let mut sink = vec![0u8; 64 * 1024];
+                    while client_read.read(&mut sink).await? > 0 {}
+                    return Ok(());
+                }
                 let doomed = is_create && control.cut_after_create.swap(false, Ordering::SeqCst);
                 if doomed {
                     cutting.store(true, Ordering::SeqCst);
@@ -118,6 +207,7 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     let down = {
         let control = control.clone();
         let cutting = cutting.clone();
+        let frozen = frozen.clone();
         async move {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -126,8 +216,13 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                     return Ok::<(), std::io::Error>(());
                 }
                 wait_unstalled(&control).await;
+                wait_while(&control, &control.replies_stalled).await;
                 if cutting.load(Ordering::SeqCst) {
                     return Ok(());
+                }
+                if frozen.load(Ordering::SeqCst) {
+                    // Silent, not closed: the client must notice by itself.
+                    std::future::pending::<()>().await;
                 }
                 client_write.write_all(&buf[..n]).await?;
             }
@@ -142,9 +237,13 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
 }
 
 async fn wait_unstalled(control: &Control) {
-    while control.stalled.load(Ordering::SeqCst) {
+    wait_while(control, &control.stalled).await;
+}
+
+async fn wait_while(control: &Control, flag: &AtomicBool) {
+    while flag.load(Ordering::SeqCst) {
         let notified = control.unstalled.notified();
-        if !control.stalled.load(Ordering::SeqCst) {
+        if !flag.load(Ordering::SeqCst) {
             break;
         }
         notified.await;

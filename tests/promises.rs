@@ -1,0 +1,687 @@
+//! zkgate's two promises under faults, at the recipe level: a lock is held
+//! by one process at a time, and a barrier round has one outcome for all.
+//! Each test drives one interleaving that broke them, with a proxy that
+//! freezes, cuts or delays a connection at a chosen request.
+
+mod support;
+
+use std::time::Duration;
+
+use support::proxy::{op, Proxy};
+use support::{children, eventually, session, session_with_timeout};
+use tokio::time::Instant;
+use zkgate::zk::{
+    BarrierData, DoubleBarrier, EnterOptions, HoldState, LockOptions, Mutex, ParticipantData,
+    ZkError,
+};
+
+const LOCK: &str = "/lock";
+const BARRIER: &str = "/b";
+
+fn mutex(persistent: bool) -> Mutex {
+    Mutex::new(
+        LOCK,
+        LockOptions {
+            create_parent: true,
+            persistent,
+            ..LockOptions::default()
+        },
+    )
+}
+
+/// A fresh chroot and the connect strings to it: straight, and through a
+/// new proxy.
+async fn routes() -> (String, String, Proxy) {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = Proxy::start(support::shared_zookeeper()).await;
+    (
+        format!("{}{chroot}", support::shared_zookeeper()),
+        format!("{}{chroot}", proxy.address()),
+        proxy,
+    )
+}
+
+async fn barrier_of(s: &zkgate::zk::Session, participants: u32) -> DoubleBarrier {
+    let barrier = DoubleBarrier::new(BARRIER);
+    barrier
+        .create(
+            s,
+            &BarrierData {
+                participants,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    barrier
+}
+
+fn ephemeral(uid: Option<&str>) -> EnterOptions {
+    EnterOptions {
+        data: ParticipantData {
+            pod: None,
+            pod_uid: uid.map(str::to_owned),
+        },
+        ..EnterOptions::default()
+    }
+}
+
+/// Issue 12, item 3: after a reconnect the monitor re-checks its node; a
+/// connection that freezes during that check must not end in `Held`
+/// (nothing confirmed the node), and the loss must be reported before the
+/// server can expire the session.
+#[tokio::test]
+async fn a_connection_that_freezes_while_the_hold_is_rechecked_is_never_reported_held() {
+    let (_, through_proxy, proxy) = routes().await;
+    let timeout = Duration::from_secs(4);
+    let a = session_with_timeout(&through_proxy, timeout).await;
+    let hold = mutex(false).acquire(&a, None).await.unwrap();
+    let mut monitor = hold.monitor();
+    assert_eq!(monitor.state(), HoldState::Held);
+
+    proxy.stall();
+    let suspended = tokio::time::timeout(timeout * 2, monitor.next())
+        .await
+        .expect("the monitor notices the silence");
+    assert_eq!(suspended, HoldState::Suspended);
+    // The client reconnects; the monitor's check of its node reaches the
+    // server, and then the network freezes.
+    proxy.freeze_at(&[op::EXISTS], hold.path(), true);
+    proxy.resume();
+    let mut frozen_at = None;
+    let mut seen = Vec::new();
+    let lost_at = tokio::time::timeout(timeout * 3, async {
+        loop {
+            tokio::select! {
+                state = monitor.next() => {
+                    seen.push((state, frozen_at.is_some()));
+                    if let HoldState::Lost(_) = state {
+                        return Instant::now();
+                    }
+                }
+                () = proxy.frozen(), if frozen_at.is_none() => frozen_at = Some(Instant::now()),
+            }
+        }
+    })
+    .await
+    .expect("the monitor reports the hold lost");
+    let frozen_at = frozen_at.unwrap_or(lost_at);
+    assert!(
+        !seen
+            .iter()
+            .any(|(state, after_freeze)| *after_freeze && *state == HoldState::Held),
+        "nothing confirmed the node after the freeze, yet the monitor said Held: {seen:?}"
+    );
+    assert!(
+        lost_at < frozen_at + timeout,
+        "the loss was reported {:?} after the last request reached the server, past the session timeout",
+        lost_at - frozen_at
+    );
+}
+
+/// Issue 12, item 4: a release whose delete is lost with the connection
+/// and that, retried, finds the node gone cannot claim it released the
+/// lock: someone else deleted it (revoked) while we were cut off.
+#[tokio::test]
+async fn a_retried_release_that_finds_the_node_gone_reports_the_hold_lost() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let a = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
+    let admin = session(&direct).await;
+    let hold = mutex(false).acquire(&a, None).await.unwrap();
+    let node = hold.path().to_owned();
+    proxy.freeze_at(&[op::DELETE], &node, false);
+    let release = tokio::spawn(async move { hold.release().await });
+    tokio::time::timeout(Duration::from_secs(5), proxy.frozen())
+        .await
+        .expect("the release was sent");
+    admin.client().delete(&node, None).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), release)
+        .await
+        .expect("the release finishes after reconnecting")
+        .unwrap();
+    assert!(
+        matches!(result, Err(ZkError::NodeRemoved { .. })),
+        "a revoked hold must be reported, not released: {result:?}"
+    );
+}
+
+/// Issue 12, item 11: a persistent contender whose create reached the
+/// server but whose reply was lost, in a wait that is then cancelled, is
+/// found by its protected name and removed.
+#[tokio::test]
+async fn a_cancelled_wait_removes_a_persistent_node_whose_create_reply_was_lost() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let a = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
+    let admin = session(&direct).await;
+    admin
+        .client()
+        .create(
+            LOCK,
+            &[],
+            &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    proxy.freeze_at(&op::CREATES, "/lock/_c_", true);
+    let lock = mutex(true);
+    let attempt = tokio::time::timeout(Duration::from_millis(800), lock.acquire(&a, None)).await;
+    assert!(attempt.is_err(), "the reply never came: {attempt:?}");
+    assert_eq!(proxy.freezes(), 1);
+    eventually(
+        Duration::from_secs(20),
+        "the persistent node to be removed",
+        || async { children(&admin, LOCK).await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+/// Issue 12, item 11: an early return after the registration was sent
+/// (here: the barrier node's data is unreadable) removes the registration.
+#[tokio::test]
+async fn an_error_after_the_registration_was_sent_leaves_no_node() {
+    let (direct, _, _proxy) = routes().await;
+    let s = session(&direct).await;
+    s.client()
+        .create(
+            BARRIER,
+            b"not barrier json",
+            &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let options = EnterOptions {
+        persistent: true,
+        ..ephemeral(Some("uid-p"))
+    };
+    let result = DoubleBarrier::new(BARRIER)
+        .enter(&s, "p", &options, None)
+        .await;
+    assert!(
+        matches!(result, Err(ZkError::InvalidData { .. })),
+        "{result:?}"
+    );
+    assert!(
+        children(&s, BARRIER).await.is_empty(),
+        "the registration was left behind"
+    );
+}
+
+/// Issue 12, item 5: a participant acting on a view older than the
+/// barrier's failure must not open it: everyone gets the same outcome.
+#[tokio::test]
+async fn a_participant_with_a_stale_view_cannot_open_a_failed_barrier() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = barrier_of(&admin, 2).await;
+    let a = session(&direct).await;
+    let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
+
+    let first = tokio::spawn({
+        let barrier = barrier.clone();
+        async move { barrier.enter(&a, "a", &ephemeral(None), None).await }
+    });
+    eventually(Duration::from_secs(5), "a registered", || async {
+        (children(&admin, BARRIER).await == ["a"]).then_some(())
+    })
+    .await;
+    // b's requests reach the server, its replies are held back: it reads
+    // the barrier as it is now, and acts on that view later.
+    proxy.stall_replies();
+    let second = tokio::spawn({
+        let barrier = barrier.clone();
+        async move { barrier.enter(&b, "b", &ephemeral(None), None).await }
+    });
+    eventually(Duration::from_secs(5), "b registered", || async {
+        (children(&admin, BARRIER).await == ["a", "b"]).then_some(())
+    })
+    .await;
+    let marked = barrier.fail(&admin, "TimedOut").await.unwrap();
+    assert!(marked, "the barrier had not opened");
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(first, Err(ZkError::BarrierFailed { .. })),
+        "{first:?}"
+    );
+    proxy.resume();
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(second, Err(ZkError::BarrierFailed { .. })),
+        "a failed the barrier, b must too, not pass alone: {second:?}"
+    );
+    assert!(!children(&admin, BARRIER).await.contains(&"ready".to_owned()));
+}
+
+/// Issue 12, item 5: once a barrier has opened, marking it failed does not
+/// land: its outcome is settled.
+#[tokio::test]
+async fn an_opened_barrier_cannot_be_marked_failed() {
+    let (direct, _, _proxy) = routes().await;
+    let s = session(&direct).await;
+    let barrier = barrier_of(&s, 1).await;
+    barrier
+        .enter(&s, "a", &ephemeral(None), None)
+        .await
+        .unwrap();
+    let marked = barrier.fail(&s, "TimedOut").await.unwrap();
+    assert!(!marked, "an opened barrier was marked failed");
+    let (data, _) = s.client().get_data(BARRIER).await.unwrap();
+    let data = BarrierData::parse(BARRIER, &data).unwrap().unwrap();
+    assert_eq!(data.failed, None);
+}
+
+/// Issue 12, item 5: a participant count raised before the barrier opened
+/// is not skipped by a participant acting on the old count.
+#[tokio::test]
+async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = barrier_of(&admin, 2).await;
+    let a = session(&direct).await;
+    let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
+    let c = session(&direct).await;
+    let enter = |s: zkgate::zk::Session, id: &'static str| {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier.enter(&s, id, &ephemeral(None), None).await;
+            (r, s)
+        })
+    };
+    let first = enter(a, "a");
+    eventually(Duration::from_secs(5), "a registered", || async {
+        (children(&admin, BARRIER).await == ["a"]).then_some(())
+    })
+    .await;
+    proxy.stall_replies();
+    let second = enter(b, "b");
+    eventually(Duration::from_secs(5), "b registered", || async {
+        (children(&admin, BARRIER).await == ["a", "b"]).then_some(())
+    })
+    .await;
+    let raised = barrier.set_participants(&admin, 3).await.unwrap();
+    assert!(raised, "the barrier had not opened");
+    proxy.resume();
+    // Not open with two: the third registration opens it.
+    let third = enter(c, "c");
+    for task in [first, second, third] {
+        let (result, _session) = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+        result.unwrap();
+    }
+    let ready = admin
+        .client()
+        .check_stat(&format!("{BARRIER}/ready"))
+        .await
+        .unwrap()
+        .expect("opened");
+    let c_node = admin
+        .client()
+        .check_stat(&format!("{BARRIER}/c"))
+        .await
+        .unwrap()
+        .expect("c registered");
+    assert!(
+        ready.czxid > c_node.czxid,
+        "the barrier opened before its third participant registered"
+    );
+}
+
+/// Issue 12, item 6: a participant whose deadline fires while the create
+/// that opens the barrier is in flight settles that create first: the
+/// barrier opened, so it entered too.
+#[tokio::test]
+async fn a_deadline_racing_the_opening_create_settles_its_outcome() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = barrier_of(&admin, 2).await;
+    let a = session(&direct).await;
+    let b = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
+    let first = tokio::spawn({
+        let barrier = barrier.clone();
+        async move { barrier.enter(&a, "a", &ephemeral(None), None).await }
+    });
+    eventually(Duration::from_secs(5), "a registered", || async {
+        (children(&admin, BARRIER).await == ["a"]).then_some(())
+    })
+    .await;
+    proxy.freeze_at(&op::CREATES, "/ready", true);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let second = barrier.enter(&b, "b", &ephemeral(None), Some(deadline)).await;
+    assert_eq!(proxy.freezes(), 1, "the opening create was sent");
+    tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a passes: the barrier opened");
+    let second = second.expect("b's create opened the barrier: b entered too");
+    assert_eq!(second.participants, 2);
+    assert!(children(&admin, BARRIER).await.contains(&"b".to_owned()));
+}
+
+/// Issue 12, item 10: a restarted container of the same pod (same pod uid)
+/// whose previous session still holds its registration waits for that
+/// session to end instead of failing with a conflict.
+#[tokio::test]
+async fn a_restart_of_the_same_pod_waits_for_its_old_registration_to_go() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = barrier_of(&admin, 2).await;
+    let old = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
+    let old_wait = tokio::spawn({
+        let barrier = barrier.clone();
+        async move {
+            let r = barrier
+                .enter(&old, "w", &ephemeral(Some("uid-1")), None)
+                .await;
+            (r, old)
+        }
+    });
+    eventually(Duration::from_secs(5), "the old registration", || async {
+        (children(&admin, BARRIER).await == ["w"]).then_some(())
+    })
+    .await;
+    // The old container is cut off (killed on a frozen node): its session
+    // lives on until the server expires it.
+    proxy.stall();
+    let new = session_with_timeout(&direct, Duration::from_secs(4)).await;
+    let restarted = tokio::spawn({
+        let barrier = barrier.clone();
+        async move {
+            let r = barrier
+                .enter(
+                    &new,
+                    "w",
+                    &ephemeral(Some("uid-1")),
+                    Some(Instant::now() + Duration::from_secs(30)),
+                )
+                .await;
+            (r, new)
+        }
+    });
+    let other = session(&direct).await;
+    let other_wait = tokio::spawn({
+        let barrier = barrier.clone();
+        async move {
+            let r = barrier.enter(&other, "x", &ephemeral(None), None).await;
+            (r, other)
+        }
+    });
+    let (restarted, _s) = tokio::time::timeout(Duration::from_secs(30), restarted)
+        .await
+        .unwrap()
+        .unwrap();
+    let entered = restarted.expect("the restarted container registers once the old session is gone");
+    assert!(!entered.was_registered);
+    let (other, _s) = other_wait.await.unwrap();
+    other.unwrap();
+    old_wait.abort();
+}
+
+// ---- The commands, as the processes a pod runs ----
+
+const LOCKS: &str = "/zkgate/namespaces/default/locks";
+const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
+
+fn read_nanos(path: &std::path::Path) -> u128 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Issue 12, item 1: a `lock run` holder cut off from ZooKeeper has its
+/// command dead (SIGKILL if it ignores SIGTERM) before the server can
+/// expire its session, so the next holder's command never runs beside it.
+#[tokio::test]
+async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (started, beat, next_started) = (
+        dir.path().join("started"),
+        dir.path().join("beat"),
+        dir.path().join("next"),
+    );
+    // The command ignores SIGTERM (as slow shutdowns effectively do) and
+    // writes the time every 20 ms while it lives.
+    let script = format!(
+        "trap '' TERM; touch {s}; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        s = started.display(),
+        b = beat.display()
+    );
+    let holder = support::zkgate(
+        &through_proxy,
+        &[
+            "lock", "run", "db", "--create", "--id", "holder", "--session-timeout", "8s",
+            "--kill-grace", "3s", "--", "sh", "-c", &script,
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the holder's command", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let next_script = format!("date +%s%N > {}", next_started.display());
+    let next = support::zkgate(
+        &direct,
+        &[
+            "lock", "run", "db", "--id", "next", "--timeout", "60s", "--", "sh", "-c",
+            &next_script,
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let observer = session(&direct).await;
+    eventually(Duration::from_secs(10), "the next holder queued", || async {
+        (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(())
+    })
+    .await;
+    proxy.stall();
+    let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("lost the lock"), "{err}");
+    let (code, err) = support::finished(next, Duration::from_secs(40)).await;
+    assert_eq!(code, 0, "{err}");
+    let (last_beat, next_start) = (read_nanos(&beat), read_nanos(&next_started));
+    assert!(
+        last_beat < next_start,
+        "the cut-off holder's command was still running {} ms after the next holder's started",
+        (last_beat - next_start) / 1_000_000
+    );
+    proxy.resume();
+}
+
+/// Issue 12, item 1: a kill grace that cannot fit in the session timeout
+/// (the command could outlive the hold) is refused before anything is made.
+#[tokio::test]
+async fn a_kill_grace_that_cannot_fit_in_the_session_timeout_is_refused() {
+    let (direct, _, _proxy) = routes().await;
+    let out = support::zkgate(
+        &direct,
+        &[
+            "lock", "run", "db", "--create", "--session-timeout", "4s", "--kill-grace", "3s",
+            "--", "true",
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .output()
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--kill-grace") && err.contains("session timeout"),
+        "{err}"
+    );
+    let observer = session(&direct).await;
+    assert!(children(&observer, "/").await.iter().all(|c| c != "zkgate"), "something was made");
+    let help = support::zkgate(&direct, &["lock", "run", "--help"])
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("half the session timeout"), "{help}");
+}
+
+/// Issue 12, item 7: `barrier run` whose registration is lost while its
+/// command runs (the session expired) terminates the command and exits 5,
+/// rather than letting its peers finish the round without it unnoticed.
+#[tokio::test]
+async fn barrier_run_stops_its_command_when_its_registration_is_lost() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!("touch {}; exec sleep 60", started.display());
+    let cut_off = support::zkgate(
+        &through_proxy,
+        &[
+            "barrier", "run", "g", "--participants", "2", "--id", "a", "--session-timeout",
+            "4s", "--kill-grace", "1s", "--", "sh", "-c", &script,
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let peer = support::zkgate(
+        &direct,
+        &["barrier", "run", "g", "--participants", "2", "--id", "b", "--", "sleep", "1"],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "a's command", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let stalled_at = Instant::now();
+    proxy.stall();
+    let (code, err) = support::finished(cut_off, Duration::from_secs(20)).await;
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("registration"), "{err}");
+    assert!(stalled_at.elapsed() < Duration::from_secs(20));
+    let (code, err) = support::finished(peer, Duration::from_secs(20)).await;
+    assert_eq!(code, 0, "{err}");
+    proxy.resume();
+}
+
+/// Issue 12, item 8: a barrier made without a controller can be used for
+/// another round: the first arrival of the next round waits for the rest.
+#[tokio::test]
+async fn a_barrier_without_a_controller_can_be_used_again() {
+    let (direct, _, _proxy) = routes().await;
+    let round = |id: &str, timeout: &str| {
+        support::zkgate(
+            &direct,
+            &[
+                "barrier", "run", "r", "--participants", "2", "--id", id, "--timeout", timeout,
+                "--", "true",
+            ],
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let (a, b) = (round("a", "30s"), round("b", "30s"));
+    for p in [a, b] {
+        let (code, err) = support::finished(p, Duration::from_secs(30)).await;
+        assert_eq!(code, 0, "{err}");
+    }
+    let (code, err) = support::finished(round("c", "2s"), Duration::from_secs(30)).await;
+    assert_eq!(code, 3, "alone, the next round must wait (and time out): {err}");
+    let (c, d) = (round("c", "30s"), round("d", "30s"));
+    for p in [c, d] {
+        let (code, err) = support::finished(p, Duration::from_secs(30)).await;
+        assert_eq!(code, 0, "{err}");
+    }
+    let observer = session(&direct).await;
+    assert!(children(&observer, &format!("{BARRIERS}/r")).await.is_empty());
+}
+
+/// The host pid of the process `unshare --fork` started (PID 1 inside).
+async fn namespace_init(unshare: &tokio::process::Child) -> i32 {
+    let pid = unshare.id().expect("running");
+    eventually(Duration::from_secs(5), "the namespace's init", || async move {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+    })
+    .await
+}
+
+/// `zkgate ARGS` as PID 1 of a new PID namespace, as in a container.
+fn as_pid_1(connect: &str, args: &[&str]) -> tokio::process::Child {
+    let mut all = vec!["--pid", "--fork", "--kill-child", "--", env!("CARGO_BIN_EXE_zkgate")];
+    all.extend_from_slice(args);
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args(&all)
+        .env("ZKGATE_ZOOKEEPER", connect)
+        .envs(support::tls_env(connect))
+        .env("ZKGATE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    cmd.spawn().expect("unshare (util-linux) runs")
+}
+
+/// Issue 12, item 9: SIGTERM to a waiting `barrier enter` or `lock
+/// acquire` running as PID 1 (which gets no default signal handlers)
+/// removes its persistent registration, closes the session and exits 143.
+#[tokio::test]
+async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
+    let (direct, _, _proxy) = routes().await;
+    let observer = session(&direct).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let token = token.to_str().unwrap();
+    // Someone holds the lock, so the second acquire waits.
+    let holder = support::zkgate(
+        &direct,
+        &["lock", "sidecar", "db", "--create", "--id", "holder", "--token-file", token,
+          "--ready-file", &format!("{}/ready", dir.path().display())],
+    )
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the holder", || async {
+        (children(&observer, &format!("{LOCKS}/db")).await.len() == 1).then_some(())
+    })
+    .await;
+    let other_token = format!("{}/other", dir.path().display());
+    let cases: [(Vec<&str>, String); 2] = [
+        (
+            vec!["barrier", "enter", "g", "--participants", "2", "--id", "p1", "--pod-uid", "u1"],
+            format!("{BARRIERS}/g"),
+        ),
+        (
+            vec!["lock", "acquire", "db", "--id", "p2", "--pod-uid", "u2", "--token-file", &other_token],
+            format!("{LOCKS}/db"),
+        ),
+    ];
+    for (args, parent) in cases {
+        let before = children(&observer, &parent).await.len();
+        let waiting = as_pid_1(&direct, &args);
+        eventually(Duration::from_secs(10), "the registration", || async {
+            (children(&observer, &parent).await.len() == before + 1).then_some(())
+        })
+        .await;
+        let init = namespace_init(&waiting).await;
+        assert_eq!(unsafe { libc::kill(init, libc::SIGTERM) }, 0);
+        let (code, err) = support::finished(waiting, Duration::from_secs(10)).await;
+        assert_eq!(code, 143, "{args:?}: {err}");
+        assert_eq!(
+            children(&observer, &parent).await.len(),
+            before,
+            "{args:?} left its registration behind"
+        );
+    }
+    drop(holder);
+}
