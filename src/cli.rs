@@ -200,13 +200,19 @@ pub enum LockAction {
         readiness: ReadinessArgs,
     },
     /// Acquire, run the command with ZKGATE_FENCING_TOKEN set, release.
+    ///
+    /// The command never outlives the hold: if ZooKeeper stops answering,
+    /// it gets SIGTERM, then SIGKILL after the kill grace, so that it has
+    /// exited before the server can expire the session and hand the lock
+    /// to the next holder.
     Run {
         /// The lock.
         #[command(flatten)]
         lock: LockArgs,
-        /// After SIGTERM, how long the command gets before SIGKILL.
-        #[arg(long, env = "ZKGATE_KILL_GRACE", default_value = "10s", value_parser = duration)]
-        kill_grace: Duration,
+        /// After SIGTERM, how long the command gets before SIGKILL: at most
+        /// half the session timeout [default: a quarter of it].
+        #[arg(long, env = "ZKGATE_KILL_GRACE", value_parser = duration)]
+        kill_grace: Option<Duration>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<String>,

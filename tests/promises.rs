@@ -79,13 +79,15 @@ async fn a_connection_that_freezes_while_the_hold_is_rechecked_is_never_reported
     let mut monitor = hold.monitor();
     assert_eq!(monitor.state(), HoldState::Held);
 
+    // The connection ends; its reconnection waits until the freeze is set.
     proxy.stall();
+    proxy.cut_all();
     let suspended = tokio::time::timeout(timeout * 2, monitor.next())
         .await
-        .expect("the monitor notices the silence");
+        .expect("the monitor notices the disconnection");
     assert_eq!(suspended, HoldState::Suspended);
     // The client reconnects; the monitor's check of its node reaches the
-    // server, and then the network freezes.
+    // server, and then the network freezes for good (a partition).
     proxy.freeze_at(&[op::EXISTS], hold.path(), true);
     proxy.resume();
     let mut frozen_at = None;
@@ -99,7 +101,11 @@ async fn a_connection_that_freezes_while_the_hold_is_rechecked_is_never_reported
                         return Instant::now();
                     }
                 }
-                () = proxy.frozen(), if frozen_at.is_none() => frozen_at = Some(Instant::now()),
+                () = proxy.frozen(), if frozen_at.is_none() => {
+                    // From here the pod is partitioned: nothing gets through.
+                    proxy.stall();
+                    frozen_at = Some(Instant::now());
+                }
             }
         }
     })
@@ -127,10 +133,15 @@ async fn a_retried_release_that_finds_the_node_gone_reports_the_hold_lost() {
     let (direct, through_proxy, proxy) = routes().await;
     let a = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
     let admin = session(&direct).await;
-    let hold = mutex(false).acquire(&a, None).await.unwrap();
-    let node = hold.path().to_owned();
-    proxy.freeze_at(&[op::DELETE], &node, false);
-    let release = tokio::spawn(async move { hold.release().await });
+    // The release's delete never reaches the server; the connection freezes.
+    proxy.freeze_at(&[op::DELETE], "/lock/_c_", false);
+    let (node_tx, node_rx) = tokio::sync::oneshot::channel();
+    let release = tokio::spawn(async move {
+        let hold = mutex(false).acquire(&a, None).await.unwrap();
+        node_tx.send(hold.path().to_owned()).unwrap();
+        hold.release().await
+    });
+    let node = node_rx.await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), proxy.frozen())
         .await
         .expect("the release was sent");
@@ -158,7 +169,8 @@ async fn a_cancelled_wait_removes_a_persistent_node_whose_create_reply_was_lost(
         .create(
             LOCK,
             &[],
-            &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
         )
         .await
         .unwrap();
@@ -185,7 +197,8 @@ async fn an_error_after_the_registration_was_sent_leaves_no_node() {
         .create(
             BARRIER,
             b"not barrier json",
-            &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
         )
         .await
         .unwrap();
@@ -254,7 +267,9 @@ async fn a_participant_with_a_stale_view_cannot_open_a_failed_barrier() {
         matches!(second, Err(ZkError::BarrierFailed { .. })),
         "a failed the barrier, b must too, not pass alone: {second:?}"
     );
-    assert!(!children(&admin, BARRIER).await.contains(&"ready".to_owned()));
+    assert!(!children(&admin, BARRIER)
+        .await
+        .contains(&"ready".to_owned()));
 }
 
 /// Issue 12, item 5: once a barrier has opened, marking it failed does not
@@ -306,18 +321,30 @@ async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
     let raised = barrier.set_participants(&admin, 3).await.unwrap();
     assert!(raised, "the barrier had not opened");
     proxy.resume();
+    // b acts on its stale view: it opens the barrier, or it finds the
+    // barrier changed and reads it again.
+    let ready = format!("{BARRIER}/ready");
+    eventually(Duration::from_secs(10), "b acted on its view", || async {
+        let opened = admin.client().check_stat(&ready).await.unwrap().is_some();
+        let read_again = proxy.forwarded(&[op::GET_DATA], BARRIER) >= 2;
+        (opened || read_again).then_some(())
+    })
+    .await;
     // Not open with two: the third registration opens it.
     let third = enter(c, "c");
+    // The sessions stay open (their registrations with them) until the end.
+    let mut sessions = Vec::new();
     for task in [first, second, third] {
-        let (result, _session) = tokio::time::timeout(Duration::from_secs(10), task)
+        let (result, session) = tokio::time::timeout(Duration::from_secs(10), task)
             .await
             .unwrap()
             .unwrap();
         result.unwrap();
+        sessions.push(session);
     }
     let ready = admin
         .client()
-        .check_stat(&format!("{BARRIER}/ready"))
+        .check_stat(&ready)
         .await
         .unwrap()
         .expect("opened");
@@ -353,7 +380,9 @@ async fn a_deadline_racing_the_opening_create_settles_its_outcome() {
     .await;
     proxy.freeze_at(&op::CREATES, "/ready", true);
     let deadline = Instant::now() + Duration::from_secs(1);
-    let second = barrier.enter(&b, "b", &ephemeral(None), Some(deadline)).await;
+    let second = barrier
+        .enter(&b, "b", &ephemeral(None), Some(deadline))
+        .await;
     assert_eq!(proxy.freezes(), 1, "the opening create was sent");
     tokio::time::timeout(Duration::from_secs(5), first)
         .await
@@ -417,7 +446,8 @@ async fn a_restart_of_the_same_pod_waits_for_its_old_registration_to_go() {
         .await
         .unwrap()
         .unwrap();
-    let entered = restarted.expect("the restarted container registers once the old session is gone");
+    let entered =
+        restarted.expect("the restarted container registers once the old session is gone");
     assert!(!entered.was_registered);
     let (other, _s) = other_wait.await.unwrap();
     other.unwrap();
@@ -459,8 +489,20 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
     let holder = support::zkgate(
         &through_proxy,
         &[
-            "lock", "run", "db", "--create", "--id", "holder", "--session-timeout", "8s",
-            "--kill-grace", "3s", "--", "sh", "-c", &script,
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--kill-grace",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ],
     )
     .stderr(std::process::Stdio::piped())
@@ -474,7 +516,16 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
     let next = support::zkgate(
         &direct,
         &[
-            "lock", "run", "db", "--id", "next", "--timeout", "60s", "--", "sh", "-c",
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "next",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
             &next_script,
         ],
     )
@@ -482,9 +533,11 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
     .spawn()
     .unwrap();
     let observer = session(&direct).await;
-    eventually(Duration::from_secs(10), "the next holder queued", || async {
-        (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the next holder queued",
+        || async { (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(()) },
+    )
     .await;
     proxy.stall();
     let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
@@ -509,8 +562,16 @@ async fn a_kill_grace_that_cannot_fit_in_the_session_timeout_is_refused() {
     let out = support::zkgate(
         &direct,
         &[
-            "lock", "run", "db", "--create", "--session-timeout", "4s", "--kill-grace", "3s",
-            "--", "true",
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--session-timeout",
+            "4s",
+            "--kill-grace",
+            "3s",
+            "--",
+            "true",
         ],
     )
     .stderr(std::process::Stdio::piped())
@@ -524,7 +585,10 @@ async fn a_kill_grace_that_cannot_fit_in_the_session_timeout_is_refused() {
         "{err}"
     );
     let observer = session(&direct).await;
-    assert!(children(&observer, "/").await.iter().all(|c| c != "zkgate"), "something was made");
+    assert!(
+        children(&observer, "/").await.iter().all(|c| c != "zkgate"),
+        "something was made"
+    );
     let help = support::zkgate(&direct, &["lock", "run", "--help"])
         .output()
         .await
@@ -545,8 +609,21 @@ async fn barrier_run_stops_its_command_when_its_registration_is_lost() {
     let cut_off = support::zkgate(
         &through_proxy,
         &[
-            "barrier", "run", "g", "--participants", "2", "--id", "a", "--session-timeout",
-            "4s", "--kill-grace", "1s", "--", "sh", "-c", &script,
+            "barrier",
+            "run",
+            "g",
+            "--participants",
+            "2",
+            "--id",
+            "a",
+            "--session-timeout",
+            "4s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ],
     )
     .stderr(std::process::Stdio::piped())
@@ -554,7 +631,18 @@ async fn barrier_run_stops_its_command_when_its_registration_is_lost() {
     .unwrap();
     let peer = support::zkgate(
         &direct,
-        &["barrier", "run", "g", "--participants", "2", "--id", "b", "--", "sleep", "1"],
+        &[
+            "barrier",
+            "run",
+            "g",
+            "--participants",
+            "2",
+            "--id",
+            "b",
+            "--",
+            "sleep",
+            "1",
+        ],
     )
     .stderr(std::process::Stdio::piped())
     .spawn()
@@ -583,8 +671,17 @@ async fn a_barrier_without_a_controller_can_be_used_again() {
         support::zkgate(
             &direct,
             &[
-                "barrier", "run", "r", "--participants", "2", "--id", id, "--timeout", timeout,
-                "--", "true",
+                "barrier",
+                "run",
+                "r",
+                "--participants",
+                "2",
+                "--id",
+                id,
+                "--timeout",
+                timeout,
+                "--",
+                "true",
             ],
         )
         .stderr(std::process::Stdio::piped())
@@ -597,30 +694,45 @@ async fn a_barrier_without_a_controller_can_be_used_again() {
         assert_eq!(code, 0, "{err}");
     }
     let (code, err) = support::finished(round("c", "2s"), Duration::from_secs(30)).await;
-    assert_eq!(code, 3, "alone, the next round must wait (and time out): {err}");
+    assert_eq!(
+        code, 3,
+        "alone, the next round must wait (and time out): {err}"
+    );
     let (c, d) = (round("c", "30s"), round("d", "30s"));
     for p in [c, d] {
         let (code, err) = support::finished(p, Duration::from_secs(30)).await;
         assert_eq!(code, 0, "{err}");
     }
     let observer = session(&direct).await;
-    assert!(children(&observer, &format!("{BARRIERS}/r")).await.is_empty());
+    assert!(children(&observer, &format!("{BARRIERS}/r"))
+        .await
+        .is_empty());
 }
 
 /// The host pid of the process `unshare --fork` started (PID 1 inside).
 async fn namespace_init(unshare: &tokio::process::Child) -> i32 {
     let pid = unshare.id().expect("running");
-    eventually(Duration::from_secs(5), "the namespace's init", || async move {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .ok()
-            .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the namespace's init",
+        || async move {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .ok()
+                .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+        },
+    )
     .await
 }
 
 /// `zkgate ARGS` as PID 1 of a new PID namespace, as in a container.
 fn as_pid_1(connect: &str, args: &[&str]) -> tokio::process::Child {
-    let mut all = vec!["--pid", "--fork", "--kill-child", "--", env!("CARGO_BIN_EXE_zkgate")];
+    let mut all = vec![
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--",
+        env!("CARGO_BIN_EXE_zkgate"),
+    ];
     all.extend_from_slice(args);
     let mut cmd = tokio::process::Command::new("unshare");
     cmd.args(&all)
@@ -646,8 +758,18 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
     // Someone holds the lock, so the second acquire waits.
     let holder = support::zkgate(
         &direct,
-        &["lock", "sidecar", "db", "--create", "--id", "holder", "--token-file", token,
-          "--ready-file", &format!("{}/ready", dir.path().display())],
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--token-file",
+            token,
+            "--ready-file",
+            &format!("{}/ready", dir.path().display()),
+        ],
     )
     .spawn()
     .unwrap();
@@ -658,11 +780,31 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
     let other_token = format!("{}/other", dir.path().display());
     let cases: [(Vec<&str>, String); 2] = [
         (
-            vec!["barrier", "enter", "g", "--participants", "2", "--id", "p1", "--pod-uid", "u1"],
+            vec![
+                "barrier",
+                "enter",
+                "g",
+                "--participants",
+                "2",
+                "--id",
+                "p1",
+                "--pod-uid",
+                "u1",
+            ],
             format!("{BARRIERS}/g"),
         ),
         (
-            vec!["lock", "acquire", "db", "--id", "p2", "--pod-uid", "u2", "--token-file", &other_token],
+            vec![
+                "lock",
+                "acquire",
+                "db",
+                "--id",
+                "p2",
+                "--pod-uid",
+                "u2",
+                "--token-file",
+                &other_token,
+            ],
             format!("{LOCKS}/db"),
         ),
     ];

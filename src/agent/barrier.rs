@@ -7,8 +7,8 @@ use tracing::{info, warn};
 use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{Readiness, ReadinessOptions};
-use super::{close, termination, Participant};
-use crate::zk::{DoubleBarrier, EnterOptions, HoldMonitor, Session};
+use super::{close, Participant, Termination};
+use crate::zk::{DoubleBarrier, EnterOptions, Entered, HoldMonitor, Session};
 
 /// How often a waiting participant logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -49,7 +49,28 @@ impl<'a> BarrierCommand<'a> {
         }
     }
 
-    async fn enter_with(&self, session: &Session, persistent: bool) -> Result<String, AgentError> {
+    fn waiting(&self) -> String {
+        format!("waiting for the barrier {} to open", self.barrier.path())
+    }
+
+    /// Watches our ephemeral registration from the moment the barrier
+    /// opened: what stops the sidecar or the command when it is lost.
+    fn registration<'s>(&self, session: &'s Session, entered: &Entered) -> HoldMonitor<'s> {
+        HoldMonitor::new(session, entered.node.clone(), true, entered.confirmed_at)
+    }
+
+    fn registration_lost(&self, reason: crate::zk::LossReason, what: &str) -> AgentError {
+        AgentError::new(
+            Exit::Unavailable,
+            format!(
+                "our registration in the barrier {} was lost: {reason}{what} (servers {}); the other participants may finish without us",
+                self.barrier.path(),
+                self.participant.connect_string()
+            ),
+        )
+    }
+
+    async fn enter_with(&self, session: &Session, persistent: bool) -> Result<Entered, AgentError> {
         let p = self.participant;
         let entered = match self
             .barrier
@@ -75,7 +96,7 @@ impl<'a> BarrierCommand<'a> {
             was_registered = entered.was_registered,
             "barrier open"
         );
-        Ok(entered.node)
+        Ok(entered)
     }
 
     async fn leave_with(
@@ -93,10 +114,16 @@ impl<'a> BarrierCommand<'a> {
     }
 
     /// `enter` (init container): registers with a persistent node, which
-    /// outlives this process, and returns once the barrier is open.
+    /// outlives this process, and returns once the barrier is open. SIGTERM
+    /// while waiting removes the registration (exit 143).
     pub async fn enter(&self) -> Result<i32, AgentError> {
-        let session = self.participant.connect().await?;
-        let result = self.enter_with(&session, true).await;
+        let mut stop = Termination::install()?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        let result = stop
+            .unless_stopped(&self.waiting(), self.enter_with(&session, true))
+            .await;
         close(session).await;
         result.map(|_| 0)
     }
@@ -111,16 +138,22 @@ impl<'a> BarrierCommand<'a> {
 
     /// `sidecar`: enters with an ephemeral node, reports ready once open,
     /// holds the session while the pod runs, and leaves on SIGTERM within
-    /// `grace`.
+    /// `grace`. SIGTERM before the barrier opened removes the registration.
     pub async fn sidecar(
         &self,
         readiness: &ReadinessOptions,
         grace: Duration,
     ) -> Result<i32, AgentError> {
+        let mut stop = Termination::install()?;
         let readiness = Readiness::start(readiness).await?;
-        let session = self.participant.connect().await?;
-        let node = match self.enter_with(&session, false).await {
-            Ok(node) => node,
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        let entered = match stop
+            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
+            .await
+        {
+            Ok(entered) => entered,
             Err(e) => {
                 close(session).await;
                 return Err(e);
@@ -128,41 +161,58 @@ impl<'a> BarrierCommand<'a> {
         };
         readiness.set_ready()?;
         let outcome = tokio::select! {
-            stop = termination() => {
-                stop?;
+            _ = stop.received() => {
                 info!("asked to stop: leaving the barrier");
                 readiness.clear();
                 let deadline = tokio::time::Instant::now() + grace;
                 self.leave_with(&session, Some(deadline)).await.map(|_| 0)
             }
-            reason = HoldMonitor::new(&session, node, true).lost() => {
+            reason = self.registration(&session, &entered).lost() => {
                 readiness.clear();
-                Err(AgentError::new(
-                    Exit::Unavailable,
-                    format!("our registration in the barrier {} was lost: {reason} (servers {})", self.barrier.path(), self.participant.connect_string()),
-                ))
+                Err(self.registration_lost(reason, ""))
             }
         };
         close(session).await;
         outcome
     }
 
-    /// `run`: enters, runs `command`, leaves; returns the command's exit code.
+    /// `run`: enters, runs `command`, leaves; returns the command's exit
+    /// code. If our registration is lost while the command runs (the
+    /// session expired or may have: the peers would finish the round
+    /// without us), the command is terminated and the exit is 5.
     pub async fn run(&self, command: &[String], grace: Duration) -> Result<i32, AgentError> {
         child::check_command(command)?;
-        let session = self.participant.connect().await?;
-        if let Err(e) = self.enter_with(&session, false).await {
-            close(session).await;
-            return Err(e);
-        }
-        let code = match child::spawn(command, &[]) {
-            Ok(child) => match child::supervise(child, std::future::pending::<()>(), grace).await {
-                Ok(Ended::Exited(code)) | Ok(Ended::Interrupted((), code)) => code,
-                Err(e) => {
-                    close(session).await;
-                    return Err(e);
-                }
-            },
+        let mut stop = Termination::install()?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        let entered = match stop
+            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
+            .await
+        {
+            Ok(entered) => entered,
+            Err(e) => {
+                close(session).await;
+                return Err(e);
+            }
+        };
+        drop(stop);
+        let ended = match child::spawn(command, &[]) {
+            Ok(child) => {
+                let registration = self.registration(&session, &entered);
+                child::supervise(child, registration.lost(), grace).await
+            }
+            Err(e) => Err(e),
+        };
+        let code = match ended {
+            Ok(Ended::Exited(code)) => code,
+            Ok(Ended::Interrupted(reason, code)) => {
+                close(session).await;
+                return Err(self.registration_lost(
+                    reason,
+                    &format!("; the command was terminated (it exited {code})"),
+                ));
+            }
             Err(e) => {
                 close(session).await;
                 return Err(e);

@@ -21,6 +21,12 @@ pub enum Exit {
     Unavailable = 5,
     /// The lock was lost (revoked, or the session expired while held).
     LockLost = 6,
+    /// Stopped by SIGINT while waiting; our registration was removed
+    /// (128 + the signal's number, as a shell reports it).
+    Interrupted = 130,
+    /// Stopped by SIGTERM (how Kubernetes stops a container) while
+    /// waiting; our registration was removed.
+    Terminated = 143,
 }
 
 /// Why a command stopped: the exit code and one line for the user saying

@@ -7,7 +7,7 @@ use tracing::{info, warn};
 use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{self, Readiness, ReadinessOptions};
-use super::{close, termination, Participant};
+use super::{close, Participant, Termination};
 use crate::zk::{within, LockHold, LockOptions, Mutex, ReadWriteLock, Session, ZkError};
 
 /// Which side of the lock to take.
@@ -119,13 +119,23 @@ impl<'a> LockCommand<'a> {
         }
     }
 
+    fn waiting(&self) -> String {
+        format!("waiting for the lock {}", self.path)
+    }
+
     /// `acquire` (init container): acquires with a persistent node that
     /// outlives this process, writes the fencing token to `token_file` and
-    /// returns. A restarted container adopts its own earlier hold.
+    /// returns. A restarted container adopts its own earlier hold. SIGTERM
+    /// while waiting removes our node (exit 143).
     pub async fn acquire(&self, token_file: &std::path::Path) -> Result<i32, AgentError> {
-        let session = self.participant.connect().await?;
+        let mut stop = Termination::install()?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
         let result = async {
-            let hold = self.acquire_with(&session, true).await?;
+            let hold = stop
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, true))
+                .await?;
             if let Err(e) = ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token())) {
                 // Nobody could use a hold whose token is not handed on.
                 let _ = hold.release().await;
@@ -141,20 +151,26 @@ impl<'a> LockCommand<'a> {
     }
 
     /// `sidecar`: acquires, writes the token and reports ready, holds until
-    /// SIGTERM (then releases). Exits 6 at once if the hold is lost.
+    /// SIGTERM (then releases). If the hold is lost it withdraws the token
+    /// file and readiness and exits 6 at once.
     pub async fn sidecar(
         &self,
         token_file: &std::path::Path,
         readiness: &ReadinessOptions,
     ) -> Result<i32, AgentError> {
+        let mut stop = Termination::install()?;
         let readiness = Readiness::start(readiness).await?;
-        let session = self.participant.connect().await?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
         let outcome = async {
-            let hold = self.acquire_with(&session, false).await?;
+            let hold = stop
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
+                .await?;
             ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
             readiness.set_ready()?;
             let lost = tokio::select! {
-                stop = termination() => { stop?; None }
+                _ = stop.received() => None,
                 reason = hold.lost() => Some(reason),
             };
             readiness.clear();
@@ -176,32 +192,84 @@ impl<'a> LockCommand<'a> {
     }
 
     /// `run`: acquires, runs `command` with `ZKGATE_FENCING_TOKEN` set,
-    /// releases, and returns the command's exit code. If the hold is lost
-    /// meanwhile, the command is terminated (SIGTERM, SIGKILL after
-    /// `grace`) and the error says so (exit 6).
-    pub async fn run(&self, command: &[String], grace: Duration) -> Result<i32, AgentError> {
+    /// releases, and returns the command's exit code.
+    ///
+    /// The command never outlives the hold: when the hold is lost, or may
+    /// be (no reply from ZooKeeper for the session timeout less `grace` and
+    /// a margin), the command gets SIGTERM and, `grace` later (default: a
+    /// quarter of the session timeout), SIGKILL, so
+    /// it has exited before the server can expire the session and grant
+    /// the lock to someone else. `grace` must therefore be at most half the
+    /// session timeout (checked against what the server granted). A hold
+    /// found revoked when the command ends is reported too (exit 6): the
+    /// command may have overlapped another holder.
+    pub async fn run(
+        &self,
+        command: &[String],
+        grace: Option<Duration>,
+    ) -> Result<i32, AgentError> {
         child::check_command(command)?;
-        let session = self.participant.connect().await?;
+        if let Some(grace) = grace {
+            check_kill_grace(grace, self.participant.session.session_timeout, "asked for")?;
+        }
+        let mut stop = Termination::install()?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
         let outcome = async {
-            let hold = self.acquire_with(&session, false).await?;
+            let grace = grace.unwrap_or(session.timeout() / 4);
+            check_kill_grace(grace, session.timeout(), "granted by the server")?;
+            let hold = stop
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
+                .await?;
+            drop(stop);
             let env = [("ZKGATE_FENCING_TOKEN", hold.fencing_token().to_string()), ("ZKGATE_LOCK_NODE", hold.path().to_owned())];
             let child = child::spawn(command, &env)?;
-            match child::supervise(child, hold.lost(), grace).await? {
+            let monitor = hold.monitor().with_reserve(grace + safety_margin(session.timeout()));
+            match child::supervise(child, monitor.lost(), grace).await? {
                 Ended::Interrupted(reason, code) => {
                     Err(self.lost(&format!("; the command was terminated (it exited {code})"))(reason))
                 }
-                Ended::Exited(code) => {
-                    match hold.release().await {
-                        Ok(()) => {}
-                        Err(e @ ZkError::NodeRemoved { .. }) => warn!(error = %e, "the hold was revoked as the command finished"),
-                        Err(e) => warn!(error = %e, "could not release the lock; it goes with the session"),
+                Ended::Exited(code) => match hold.release().await {
+                    Ok(()) => Ok(code),
+                    Err(ZkError::NodeRemoved { .. }) => Err(self.lost(&format!(
+                        "; it was gone when the command (exit {code}) finished, so another holder may have run beside it"
+                    ))(crate::zk::LossReason::Revoked)),
+                    Err(e) => {
+                        warn!(error = %e, "could not release the lock; it goes with the session");
+                        Ok(code)
                     }
-                    Ok(code)
-                }
+                },
             }
         }
         .await;
         close(session).await;
         outcome
     }
+}
+
+/// What `lock run` keeps back, beyond the kill grace, between killing the
+/// command and the earliest moment the server can expire the session: for
+/// the kill to be delivered and the process reaped on a busy node.
+fn safety_margin(session_timeout: Duration) -> Duration {
+    session_timeout / 10
+}
+
+/// `lock run`'s kill grace must fit in the session timeout: the command is
+/// told to stop `grace` + a margin before the server can expire the session,
+/// and at least 0.4 of the timeout must remain for ZooKeeper to be silent
+/// before that (a few of the hold's checks) without stopping a healthy hold.
+pub fn check_kill_grace(
+    grace: Duration,
+    session_timeout: Duration,
+    which: &str,
+) -> Result<(), AgentError> {
+    if grace * 2 > session_timeout {
+        return Err(AgentError::usage(format!(
+            "--kill-grace {} cannot fit in the session timeout {} {which}: it must be at most half of it, so that the command is dead before the server can expire the session and hand the lock on (lower --kill-grace or raise --session-timeout)",
+            humantime::format_duration(grace),
+            humantime::format_duration(session_timeout)
+        )));
+    }
+    Ok(())
 }

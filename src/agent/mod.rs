@@ -101,16 +101,55 @@ pub async fn close(session: Session) {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT: how Kubernetes asks a sidecar to stop.
-pub async fn termination() -> Result<(), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let err =
-        |e: std::io::Error| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}"));
-    let mut term = signal(SignalKind::terminate()).map_err(err)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the start of a command: as PID 1 of a
+/// container a process gets no default handlers, so without ours SIGTERM
+/// would be ignored and the pod would wait for its grace period to end in
+/// SIGKILL, leaving a persistent registration behind.
+pub struct Termination {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Termination {
+    /// Installs the handlers. Call it before the first wait.
+    pub fn install() -> Result<Self, AgentError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let err = |e: std::io::Error| {
+            AgentError::new(Exit::Internal, format!("cannot handle signals: {e}"))
+        };
+        Ok(Termination {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
     }
-    Ok(())
+
+    /// Resolves when SIGTERM or SIGINT arrives, with the exit code that
+    /// reports it.
+    pub async fn received(&mut self) -> Exit {
+        tokio::select! {
+            _ = self.term.recv() => Exit::Terminated,
+            _ = self.int.recv() => Exit::Interrupted,
+        }
+    }
+
+    /// Runs `work` unless a signal comes first. Then `work` is dropped,
+    /// which removes the node it was registering (the recipes' guards), and
+    /// the error says what stopped and what was removed.
+    pub async fn unless_stopped<T>(
+        &mut self,
+        what: &str,
+        work: impl std::future::Future<Output = Result<T, AgentError>>,
+    ) -> Result<T, AgentError> {
+        tokio::select! {
+            result = work => result,
+            exit = self.received() => {
+                let signal = if exit == Exit::Terminated { "SIGTERM" } else { "SIGINT" };
+                tracing::info!(signal, "stopping: removing our registration");
+                Err(AgentError::new(
+                    exit,
+                    format!("stopped by {signal} while {what}; our registration was removed"),
+                ))
+            }
+        }
+    }
 }

@@ -91,20 +91,15 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
                 "participants lowered to {wanted_x}, but {entered} have already entered; keeping {}",
                 current.participants
             ));
-        } else {
-            let data = BarrierData {
+        } else if recipe.set_participants(zk, wanted_x).await? {
+            node.data = BarrierData {
                 participants: wanted_x,
                 ..current
-            };
-            zk.client()
-                .set_data(&path, &data.to_bytes(), Some(node.stat.version))
-                .await
-                .map_err(|e| crate::zk::ZkError::Zk {
-                    op: "write",
-                    path: path.clone(),
-                    source: e,
-                })?;
-            node.data = data.to_bytes();
+            }
+            .to_bytes();
+        } else {
+            // It opened since our snapshot: the count it opened with stands.
+            return Ok(Action::requeue(Duration::ZERO));
         }
     }
 
@@ -143,7 +138,11 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     });
     if let Some(reason) = &outcome.fail {
         warn!(barrier = %name, %reason, "failing the barrier");
-        recipe.fail(zk, reason).await?;
+        if !recipe.fail(zk, reason).await? {
+            // It opened since our snapshot: its outcome stands. Look again.
+            info!(barrier = %name, "the barrier opened before it could be failed");
+            return Ok(Action::requeue(Duration::ZERO));
+        }
     }
     if barrier.status.as_ref() != Some(&outcome.status) {
         write_status(barrier, namespace, &outcome.status, ctx).await?;

@@ -113,12 +113,12 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         }
     });
     let shutdown = CancellationToken::new();
+    let mut stop = crate::agent::Termination::install()?;
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            if crate::agent::termination().await.is_ok() {
-                info!("asked to stop");
-            }
+            stop.received().await;
+            info!("asked to stop");
             shutdown.cancel();
         }
     });

@@ -111,6 +111,27 @@ pub struct Entered {
     pub participants: u32,
     /// Whether our registration was there already (a restarted process).
     pub was_registered: bool,
+    /// When the last request that showed the barrier open with our
+    /// registration in it was sent (for a [`crate::zk::HoldMonitor`] of
+    /// the registration).
+    pub confirmed_at: Instant,
+}
+
+/// The result of trying to open the barrier.
+enum Opening {
+    /// `ready` is there (we made it, or someone else did).
+    Opened,
+    /// The barrier node changed since our view: look again.
+    Changed,
+}
+
+/// What became of an existing registration of our id.
+enum Claim {
+    /// It is ours: counted once.
+    Ours,
+    /// It was an earlier session's of the same pod, and that session has
+    /// ended: register again.
+    Gone,
 }
 
 /// A double barrier on one barrier node. See the module docs.
@@ -242,6 +263,21 @@ impl DoubleBarrier {
             self.enter_and_wait(session, id, options, &mut guard),
         )
         .await;
+        let outcome = match outcome {
+            // The deadline may have cut off the create that opened the
+            // barrier, or another participant's: the outcome is settled by
+            // the server, not by our clock.
+            Err(ZkError::Timeout { during, waited }) => {
+                match self.settle(session, id, guard.is_armed()).await {
+                    Some(entered) => {
+                        info!(barrier = %self.path, "the barrier opened as our deadline passed");
+                        Ok(entered)
+                    }
+                    None => Err(ZkError::Timeout { during, waited }),
+                }
+            }
+            other => other,
+        };
         match outcome {
             Ok(entered) => {
                 guard.disarm();
@@ -252,6 +288,41 @@ impl DoubleBarrier {
                 Err(e)
             }
         }
+    }
+
+    /// After a deadline: whether the barrier is open with our registration
+    /// in it (our node is the one we made or claimed, so `registered`
+    /// tells it is ours).
+    async fn settle(&self, session: &Session, id: &str, registered: bool) -> Option<Entered> {
+        if !registered {
+            return None;
+        }
+        let client = session.client();
+        let node = path::join(&self.path, id);
+        let ready = path::join(&self.path, READY);
+        let sent = Instant::now();
+        let (ready, ours, data) = session
+            .retry("check", &ready, || async {
+                let ready_f = client.check_stat(&ready);
+                let ours_f = client.check_stat(&node);
+                let data_f = client.get_data(&self.path);
+                Ok((ready_f.await?, ours_f.await?, data_f.await?))
+            })
+            .await
+            .ok()?;
+        ready?;
+        ours?;
+        let participants = BarrierData::parse(&self.path, &data.0)
+            .ok()
+            .flatten()
+            .map(|b| b.participants)
+            .unwrap_or_default();
+        Some(Entered {
+            node,
+            participants,
+            was_registered: false,
+            confirmed_at: sent,
+        })
     }
 
     async fn enter_and_wait(
@@ -278,19 +349,44 @@ impl DoubleBarrier {
             // One round trip: the barrier's data (and a watch on it), a watch
             // on `ready`, our registration, and the participant list, in that
             // order on the server.
+            let sent = Instant::now();
             let barrier_f = client.get_and_watch_data(&self.path);
             let ready_f = client.check_and_watch_stat(&ready);
-            let create_f =
-                (!guard.is_armed()).then(|| client.create(&node, &our_data, &create_options));
+            let create_f = (!guard.is_armed()).then(|| {
+                // Ours to remove from the moment it is sent (if it turns out
+                // to be ours: someone else may hold the name).
+                guard.arm_pending(&node, &our_data);
+                client.create(&node, &our_data, &create_options)
+            });
             let list_f = client.list_children(&self.path);
 
-            let (barrier, barrier_watch) = match barrier_f.await {
-                Ok((data, _, watcher)) => (BarrierData::parse(&self.path, &data)?, watcher),
+            let (barrier, version, barrier_watch) = match barrier_f.await {
+                Ok((data, stat, watcher)) => (
+                    BarrierData::parse(&self.path, &data)?,
+                    stat.version,
+                    watcher,
+                ),
                 Err(zk::Error::NoNode) => {
+                    match create_f {
+                        // Registered in an earlier round: the barrier went.
+                        None => {
+                            return Err(ZkError::Deleted {
+                                path: self.path.clone(),
+                            })
+                        }
+                        // Sent with the barrier missing: it fails, unless
+                        // the barrier was made in between. Settle which.
+                        Some(create_f) => match create_f.await {
+                            Ok(_) => guard.arm(node.clone()),
+                            Err(e) if is_connection_loss(&e) => {
+                                session.await_connected().await?;
+                                continue;
+                            }
+                            Err(_) => guard.disarm(),
+                        },
+                    }
                     if guard.is_armed() {
-                        return Err(ZkError::Deleted {
-                            path: self.path.clone(),
-                        });
+                        continue;
                     }
                     match options.create_with_participants {
                         Some(participants) => {
@@ -333,17 +429,27 @@ impl DoubleBarrier {
                         guard.arm(node.clone());
                     }
                     Err(zk::Error::NodeExists) => {
-                        self.claim_existing(session, id, &node, options).await?;
-                        was_registered = true;
-                        guard.arm(node.clone());
+                        // Not known to be ours until claimed.
+                        guard.disarm();
+                        match self.claim_existing(session, id, &node, options).await? {
+                            Claim::Ours => {
+                                was_registered = true;
+                                guard.arm(node.clone());
+                            }
+                            Claim::Gone => continue,
+                        }
                     }
                     Err(e) if is_connection_loss(&e) => {
                         // Whether the create was applied is settled by the
                         // next round: NodeExists with our session as owner.
+                        guard.disarm();
                         session.await_connected().await?;
                         continue;
                     }
-                    Err(zk::Error::NoNode) => continue,
+                    Err(zk::Error::NoNode) => {
+                        guard.disarm();
+                        continue;
+                    }
                     Err(e) => return Err(ZkError::from_client("create", &node, e)),
                 }
             }
@@ -359,6 +465,7 @@ impl DoubleBarrier {
                 node: node.clone(),
                 participants,
                 was_registered,
+                confirmed_at: sent,
             };
             if ready_stat.is_some() {
                 return Ok(entered);
@@ -387,26 +494,20 @@ impl DoubleBarrier {
             }
             let count = children.iter().filter(|c| *c != READY).count();
             if count >= participants as usize {
-                // Ours is the arrival that completes the count.
-                match session
-                    .retry("create", &ready, || {
-                        client.create(
-                            &ready,
-                            &[],
-                            &zk::CreateMode::Persistent.with_acls(session.node_acls()),
-                        )
-                    })
-                    .await
-                {
-                    Ok(_)
-                    | Err(ZkError::Zk {
-                        source: zk::Error::NodeExists,
-                        ..
-                    }) => {}
-                    Err(e) => return Err(e),
+                // Ours is the arrival that completes the count, as far as
+                // this round's view goes: open only if the barrier node is
+                // still as we read it (not failed, x not raised since).
+                let opening = Instant::now();
+                match self.open(session, version).await? {
+                    Opening::Opened => {
+                        info!(barrier = %self.path, participants, "barrier opened");
+                        return Ok(Entered {
+                            confirmed_at: opening,
+                            ..entered
+                        });
+                    }
+                    Opening::Changed => continue,
                 }
-                info!(barrier = %self.path, participants, "barrier opened");
-                return Ok(entered);
             }
             if last_count != Some(count)
                 || options
@@ -432,27 +533,101 @@ impl DoubleBarrier {
         }
     }
 
-    /// Decides whether an existing registration of `id` is ours.
+    /// Makes `ready` if the barrier node's data is still at `version`.
+    /// The version check makes the opening conditional on the view that
+    /// decided it: a barrier marked failed, or whose count was raised,
+    /// since that view is not opened. A connection lost on the way is
+    /// settled by looking for `ready`.
+    async fn open(&self, session: &Session, version: i32) -> Result<Opening> {
+        let client = session.client();
+        let ready = path::join(&self.path, READY);
+        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_check_version(&self.path, version)
+            .and_then(|()| writer.add_create(&ready, &[], &ready_options))
+            .map_err(|e| ZkError::from_client("open", &self.path, e))?;
+        match writer.commit().await {
+            Ok(_) => Ok(Opening::Opened),
+            Err(zk::MultiWriteError::OperationFailed { index: 0, source }) => match source {
+                zk::Error::BadVersion => Ok(Opening::Changed),
+                zk::Error::NoNode => Err(ZkError::Deleted {
+                    path: self.path.clone(),
+                }),
+                e => Err(ZkError::from_client("open", &self.path, e)),
+            },
+            // Someone else opened it.
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NodeExists,
+                ..
+            }) => Ok(Opening::Opened),
+            Err(e) => {
+                let e = zk::Error::from(e);
+                if !is_connection_loss(&e) {
+                    return Err(ZkError::from_client("open", &self.path, e));
+                }
+                session.await_connected().await?;
+                let open = session
+                    .retry("check", &ready, || client.check_stat(&ready))
+                    .await?;
+                Ok(if open.is_some() {
+                    Opening::Opened
+                } else {
+                    Opening::Changed
+                })
+            }
+        }
+    }
+
+    /// Decides whether an existing registration of `id` is ours. A live
+    /// session's registration that names our pod uid is a restarted
+    /// container's predecessor (killed, its session not yet expired): wait
+    /// for it to go, at most twice our session timeout, rather than report
+    /// a conflict.
     async fn claim_existing(
         &self,
         session: &Session,
         id: &str,
         node: &str,
         options: &EnterOptions,
-    ) -> Result<()> {
+    ) -> Result<Claim> {
         let client = session.client();
-        let (data, stat) = session
-            .retry("read", node, || client.get_data(node))
-            .await?;
+        let (data, stat) = match session.retry("read", node, || client.get_data(node)).await {
+            Ok(found) => found,
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => return Ok(Claim::Gone),
+            Err(e) => return Err(e),
+        };
         let existing = ParticipantData::parse(&data);
         let conflict = |holder: String| ZkError::ParticipantConflict {
             id: id.to_owned(),
             path: node.to_owned(),
             holder,
         };
+        let same_pod = existing.pod_uid.is_some() && existing.pod_uid == options.data.pod_uid;
         if stat.ephemeral_owner == session.id() {
             debug!(%node, "found our registration from a create whose reply was lost");
-            return Ok(());
+            return Ok(Claim::Ours);
+        }
+        if stat.ephemeral_owner != 0 && same_pod {
+            let bound = session.timeout() * 2;
+            info!(%node, session = format!("{:#x}", stat.ephemeral_owner), "an earlier container of this pod still holds our registration; waiting for its session to end");
+            return match within(
+                Some(Instant::now() + bound),
+                || format!("waiting for the earlier registration {node} of this pod to go"),
+                session.await_gone(node),
+            )
+            .await
+            {
+                Ok(()) => Ok(Claim::Gone),
+                Err(ZkError::Timeout { .. }) => Err(conflict(format!(
+                    "another live session ({:#x}) of this pod that did not end within {bound:?}",
+                    stat.ephemeral_owner
+                ))),
+                Err(e) => Err(e),
+            };
         }
         if stat.ephemeral_owner != 0 {
             return Err(conflict(format!(
@@ -462,7 +637,7 @@ impl DoubleBarrier {
         }
         if existing.pod_uid == options.data.pod_uid {
             info!(%node, "found our earlier registration; counting it once");
-            return Ok(());
+            return Ok(Claim::Ours);
         }
         Err(conflict(format!(
             "an earlier pod (uid {}); it is removed once that pod has ended",
@@ -501,6 +676,10 @@ impl DoubleBarrier {
 
     async fn leave_and_wait(&self, session: &Session, id: &str, node: &str) -> Result<()> {
         let client = session.client();
+        // The lowest participant as we saw it when we removed our node: once
+        // it is gone, everyone has left (it leaves last), whoever may have
+        // arrived since for a next round.
+        let mut lowest_seen: Option<String> = None;
         loop {
             let children = match session
                 .retry("list", &self.path, || client.list_children(&self.path))
@@ -523,18 +702,26 @@ impl DoubleBarrier {
                 return Ok(());
             };
             let ours = members.iter().position(|m| *m == id);
-            let watch = match ours {
-                Some(0) if members.len() == 1 => {
+            let watch = match (ours, &lowest_seen) {
+                (Some(0), _) if members.len() == 1 => {
                     super::tree::delete_if_present(session, node).await?;
+                    self.reset_if_unowned(session).await?;
                     return Ok(());
                 }
                 // The lowest leaves last: it waits for the highest.
-                Some(0) => path::join(&self.path, members[members.len() - 1]),
-                Some(_) => {
-                    super::tree::delete_if_present(session, node).await?;
+                (Some(0), _) => path::join(&self.path, members[members.len() - 1]),
+                (Some(_), _) | (None, None) => {
+                    if ours.is_some() {
+                        super::tree::delete_if_present(session, node).await?;
+                    }
+                    lowest_seen = Some((*lowest).clone());
                     path::join(&self.path, lowest)
                 }
-                None => path::join(&self.path, lowest),
+                (None, Some(seen)) if !members.contains(&seen) => {
+                    debug!(barrier = %self.path, "everyone has left");
+                    return Ok(());
+                }
+                (None, Some(seen)) => path::join(&self.path, seen),
             };
             let (stat, watcher) = session
                 .retry("watch", &watch, || client.check_and_watch_stat(&watch))
@@ -544,6 +731,34 @@ impl DoubleBarrier {
                 session.stats().record_wakeup();
             }
         }
+    }
+
+    /// The last participant out of a barrier that no controller owns (its
+    /// data names no resource uid) removes `ready`, so the barrier can
+    /// serve another round, as in Curator's recipe. A controller's barrier
+    /// is one round: its resource goes Completed.
+    async fn reset_if_unowned(&self, session: &Session) -> Result<()> {
+        let client = session.client();
+        let data = match session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await
+        {
+            Ok((data, _)) => data,
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let owned = BarrierData::parse(&self.path, &data)
+            .ok()
+            .flatten()
+            .is_some_and(|b| b.uid.is_some());
+        if !owned {
+            super::tree::delete_if_present(session, &path::join(&self.path, READY)).await?;
+            debug!(barrier = %self.path, "reset for the next round");
+        }
+        Ok(())
     }
 
     /// Lists the participants (children other than `ready`) and whether the
@@ -569,45 +784,69 @@ impl DoubleBarrier {
         }
     }
 
-    /// Changes the participant count (old behaviour, test scaffolding).
+    /// Changes the participant count, unless the barrier has opened.
+    /// Returns whether it was changed (`false`: the barrier is open, its
+    /// count is settled). A participant whose view predates the change
+    /// cannot open the barrier on the old count (see the module docs).
     pub async fn set_participants(&self, session: &Session, participants: u32) -> Result<bool> {
-        let client = session.client();
-        let (data, stat) = session
-            .retry("read", &self.path, || client.get_data(&self.path))
-            .await?;
-        let mut barrier = BarrierData::parse(&self.path, &data)?.unwrap_or_default();
-        barrier.participants = participants;
-        let bytes = barrier.to_bytes();
-        session
-            .retry("write", &self.path, || {
-                client.set_data(&self.path, &bytes, Some(stat.version))
-            })
-            .await?;
-        Ok(true)
+        self.update_unopened(session, |data| data.participants = participants)
+            .await
     }
 
-    /// Marks the barrier failed: every waiter stops with
-    /// [`ZkError::BarrierFailed`] carrying `reason`.
+    /// Marks the barrier failed, unless it has opened: every waiter stops
+    /// with [`ZkError::BarrierFailed`] carrying `reason`. Returns whether it
+    /// was marked (`false`: the barrier had opened; its outcome stands).
     pub async fn fail(&self, session: &Session, reason: &str) -> Result<bool> {
+        self.update_unopened(session, |data| data.failed = Some(reason.to_owned()))
+            .await
+    }
+
+    /// Rewrites the barrier's data with `change` in one transaction that
+    /// also asserts `ready` is absent (it creates and deletes `ready`, which
+    /// fails if it exists). The data write moves the node's version, so a
+    /// participant's opening based on the old data fails its version check:
+    /// either the opening or this change lands, never both.
+    async fn update_unopened(
+        &self,
+        session: &Session,
+        change: impl Fn(&mut BarrierData),
+    ) -> Result<bool> {
         let client = session.client();
+        let ready = path::join(&self.path, READY);
+        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
         loop {
             let (data, stat) = session
                 .retry("read", &self.path, || client.get_data(&self.path))
                 .await?;
             let mut barrier = BarrierData::parse(&self.path, &data)?.unwrap_or_default();
-            barrier.failed = Some(reason.to_owned());
+            change(&mut barrier);
             let bytes = barrier.to_bytes();
-            match session
-                .retry("write", &self.path, || {
-                    client.set_data(&self.path, &bytes, Some(stat.version))
-                })
-                .await
-            {
-                Err(ZkError::Zk {
+            let mut writer = client.new_multi_writer();
+            writer
+                .add_set_data(&self.path, &bytes, Some(stat.version))
+                .and_then(|()| writer.add_create(&ready, &[], &ready_options))
+                .and_then(|()| writer.add_delete(&ready, None))
+                .map_err(|e| ZkError::from_client("write", &self.path, e))?;
+            match writer.commit().await {
+                Ok(_) => return Ok(true),
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: zk::Error::NodeExists,
+                }) => return Ok(false),
+                // Changed since we read it (or our own write landed before
+                // a lost connection): read and apply again.
+                Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::BadVersion,
                     ..
                 }) => continue,
-                other => return other.map(|_| true),
+                Err(e) => {
+                    let e = zk::Error::from(e);
+                    if is_connection_loss(&e) {
+                        session.await_connected().await?;
+                        continue;
+                    }
+                    return Err(ZkError::from_client("write", &self.path, e));
+                }
             }
         }
     }

@@ -1,92 +1,170 @@
 //! Clean-up of a node a recipe created, on every way out: an error, a
-//! deadline, or the caller dropping the future (cancellation).
+//! deadline, or the caller dropping the future (cancellation), including
+//! the moment between sending a create and reading its reply, when the node
+//! may exist without the recipe knowing its name.
 
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
+use super::path;
 use super::session::{is_connection_loss, Session};
+
+/// What the guard removes.
+#[derive(Clone, Debug)]
+enum Armed {
+    /// A node we know we created.
+    Node(String),
+    /// A sequential create was sent under `parent`; its node, if any, is
+    /// the child whose name starts with `prefix` (a protected name: the
+    /// prefix holds a uuid of ours).
+    Protected { parent: String, prefix: String },
+    /// A create of `path` was sent; the node there is ours only if this
+    /// session owns it or, for a persistent node, it holds exactly `data`
+    /// (someone else may hold the same name: that node is left alone).
+    Pending { path: String, data: Vec<u8> },
+}
 
 /// Deletes its node unless disarmed. Awaited clean-up goes through
 /// [`NodeGuard::delete_now`]; when the guard is dropped armed (the future
 /// that owned it was cancelled) the delete is sent from a spawned task.
 pub(crate) struct NodeGuard {
     client: zk::Client,
-    path: Option<String>,
+    armed: Option<Armed>,
 }
 
 impl NodeGuard {
     pub(crate) fn new(session: &Session) -> Self {
         NodeGuard {
             client: session.client().clone(),
-            path: None,
+            armed: None,
         }
     }
 
     /// From now on the node at `path` is ours to remove on failure.
     pub(crate) fn arm(&mut self, path: String) {
-        self.path = Some(path);
+        self.armed = Some(Armed::Node(path));
+    }
+
+    /// A sequential create under `parent` with the protected `prefix` is
+    /// about to be sent: from now on its node, wherever it landed, is ours
+    /// to remove.
+    pub(crate) fn arm_protected(&mut self, parent: &str, prefix: &str) {
+        self.armed = Some(Armed::Protected {
+            parent: parent.to_owned(),
+            prefix: prefix.to_owned(),
+        });
+    }
+
+    /// A create of `path` with `data` is about to be sent: on failure, the
+    /// node is removed if it turns out to be ours.
+    pub(crate) fn arm_pending(&mut self, path: &str, data: &[u8]) {
+        self.armed = Some(Armed::Pending {
+            path: path.to_owned(),
+            data: data.to_vec(),
+        });
     }
 
     /// Whether a node is armed.
     pub(crate) fn is_armed(&self) -> bool {
-        self.path.is_some()
+        self.armed.is_some()
     }
 
-    /// Keeps the node: the recipe succeeded.
-    pub(crate) fn disarm(&mut self) -> Option<String> {
-        self.path.take()
+    /// Keeps the node: the recipe succeeded (or it is not ours after all).
+    pub(crate) fn disarm(&mut self) {
+        self.armed = None;
     }
 
     /// Deletes the node now, retrying over a connection loss. A session
     /// that has ended took its ephemeral nodes with it; nothing is left to do.
     pub(crate) async fn delete_now(&mut self, session: &Session) {
-        if let Some(path) = self.path.take() {
-            match session
-                .retry("delete", &path, || self.client.delete(&path, None))
-                .await
-            {
-                Ok(()) => debug!(%path, "removed our node"),
-                Err(e) => match e {
-                    super::ZkError::Zk {
-                        source: zk::Error::NoNode,
-                        ..
-                    } => {}
-                    e => warn!(%path, error = %e, "could not remove our node"),
-                },
-            }
+        if let Some(armed) = self.armed.take() {
+            let client = self.client.clone();
+            let mut state = client.state_watcher();
+            clean_up(&client, armed, session.id(), &mut state).await;
         }
     }
 }
 
 impl Drop for NodeGuard {
     fn drop(&mut self) {
-        let Some(path) = self.path.take() else { return };
+        let Some(armed) = self.armed.take() else {
+            return;
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            warn!(%path, "no runtime to remove our node from; it stays until the session ends");
+            warn!(
+                ?armed,
+                "no runtime to remove our node from; it stays until the session ends"
+            );
             return;
         };
         let client = self.client.clone();
+        let session = client.session_id().0;
         runtime.spawn(async move {
             let mut state = client.state_watcher();
-            // Bounded: a session that never reconnects expires and takes
-            // ephemeral nodes with it.
-            for _ in 0..10 {
-                match client.delete(&path, None).await {
-                    Err(e) if is_connection_loss(&e) => {
-                        if state.changed().await.is_terminated() {
-                            return;
-                        }
-                    }
-                    Ok(()) | Err(zk::Error::NoNode) => {
-                        debug!(%path, "removed our node after cancellation");
-                        return;
-                    }
-                    Err(e) => {
-                        warn!(%path, error = %e, "could not remove our node after cancellation");
-                        return;
-                    }
+            clean_up(&client, armed, session, &mut state).await;
+        });
+    }
+}
+
+/// Removes what `armed` names, retrying after connection losses while the
+/// session lives (bounded: a session that never reconnects expires and
+/// takes ephemeral nodes with it).
+async fn clean_up(client: &zk::Client, armed: Armed, session: i64, state: &mut zk::StateWatcher) {
+    for _ in 0..10 {
+        match remove(client, &armed, session).await {
+            // Retried once the state moves on (disconnected, then connected).
+            Err(e) if is_connection_loss(&e) => {
+                if state.changed().await.is_terminated() {
+                    return;
                 }
             }
-        });
+            Ok(Some(path)) => {
+                debug!(%path, "removed our node");
+                return;
+            }
+            Ok(None) => return,
+            Err(e) => {
+                warn!(?armed, error = %e, "could not remove our node");
+                return;
+            }
+        }
+    }
+}
+
+/// One attempt; `Some(path)` when a node was deleted.
+async fn remove(
+    client: &zk::Client,
+    armed: &Armed,
+    session: i64,
+) -> std::result::Result<Option<String>, zk::Error> {
+    let (path, version) = match armed {
+        Armed::Node(path) => (path.clone(), None),
+        Armed::Protected { parent, prefix } => {
+            let children = match client.list_children(parent).await {
+                Err(zk::Error::NoNode) => return Ok(None),
+                other => other?,
+            };
+            match children.iter().find(|c| c.starts_with(prefix.as_str())) {
+                Some(name) => (path::join(parent, name), None),
+                None => return Ok(None),
+            }
+        }
+        Armed::Pending { path, data } => match client.get_data(path).await {
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(e),
+            Ok((found, stat)) => {
+                let ours = stat.ephemeral_owner == session
+                    || (stat.ephemeral_owner == 0 && found == *data);
+                if !ours {
+                    return Ok(None);
+                }
+                (path.clone(), Some(stat.version))
+            }
+        },
+    };
+    match client.delete(&path, version).await {
+        Ok(()) => Ok(Some(path)),
+        Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
+        Err(e) => Err(e),
     }
 }

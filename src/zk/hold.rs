@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -25,23 +26,24 @@ pub struct LockHold<'s> {
     kind: ContenderKind,
     token: i64,
     persistent: bool,
+    confirmed: Confirmed,
     done: bool,
 }
 
 impl<'s> LockHold<'s> {
     pub(crate) fn new(
         session: &'s Session,
-        path: String,
+        acquired: super::lock::Acquired,
         kind: ContenderKind,
-        token: i64,
         persistent: bool,
     ) -> Self {
         LockHold {
             session,
-            path,
+            path: acquired.node,
             kind,
-            token,
+            token: acquired.token,
             persistent,
+            confirmed: Confirmed::at(acquired.confirmed_at),
             done: false,
         }
     }
@@ -71,8 +73,14 @@ impl<'s> LockHold<'s> {
     /// Follows the hold's state: [`HoldState::Suspended`] at once when the
     /// connection drops, [`HoldState::Lost`] when our node is deleted by
     /// someone else (revoked) or the session has (or may have) expired.
+    /// Every monitor of one hold shares what the others confirmed.
     pub fn monitor(&self) -> HoldMonitor<'s> {
-        HoldMonitor::new(self.session, self.path.clone(), !self.persistent)
+        HoldMonitor::following(
+            self.session,
+            self.path.clone(),
+            !self.persistent,
+            self.confirmed.clone(),
+        )
     }
 
     /// Resolves when the hold is lost, with the reason.
@@ -80,8 +88,13 @@ impl<'s> LockHold<'s> {
         self.monitor().lost().await
     }
 
-    /// Releases the lock and waits for the server. Fails with
-    /// [`ZkError::NodeRemoved`] if the hold had already been revoked.
+    /// Releases the lock and waits for the server.
+    ///
+    /// Fails with [`ZkError::NodeRemoved`] when our node was already gone:
+    /// it was revoked. That includes a release retried after a lost
+    /// connection that finds no node: the first attempt may have deleted
+    /// it, but so may someone else while we were cut off, and a hold that
+    /// may have been lost must be reported as lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         release_node(self.session, &self.path).await
@@ -108,6 +121,30 @@ impl Drop for LockHold<'_> {
     }
 }
 
+/// When the server last confirmed a hold: the send time of the latest
+/// request it answered with our node in place. Shared by a hold's monitors.
+#[derive(Clone, Debug)]
+pub struct Confirmed(Arc<std::sync::Mutex<Instant>>);
+
+impl Confirmed {
+    /// Confirmed by a request sent at `at`.
+    pub fn at(at: Instant) -> Self {
+        Confirmed(Arc::new(std::sync::Mutex::new(at)))
+    }
+
+    /// The latest confirmation.
+    pub fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn advance(&self, to: Instant) {
+        let mut at = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if to > *at {
+            *at = to;
+        }
+    }
+}
+
 /// A persistent hold or barrier registration that outlived the process
 /// that made it: the node's path is its identity.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -125,25 +162,29 @@ impl Registration {
     }
 }
 
-/// Deletes a holder's node; `NodeRemoved` when it was already gone.
+/// Deletes a holder's node; `NodeRemoved` when it was already gone, even
+/// on a retry (see [`LockHold::release`]).
 pub(crate) async fn release_node(session: &Session, path: &str) -> Result<()> {
     let client = session.client();
-    let mut attempts = 0;
+    let mut retried = false;
     loop {
-        attempts += 1;
         match client.delete(path, None).await {
             Ok(()) => {
                 debug!(%path, "released");
                 return Ok(());
             }
-            // A retried delete that finds nothing deleted it the first time.
-            Err(zk::Error::NoNode) if attempts > 1 => return Ok(()),
             Err(zk::Error::NoNode) => {
+                if retried {
+                    warn!(%path, "the node was gone when the release was retried after a lost connection: revoked, or deleted by our first attempt; reporting the hold as lost");
+                }
                 return Err(ZkError::NodeRemoved {
                     path: path.to_owned(),
-                })
+                });
             }
-            Err(e) if is_connection_loss(&e) => session.await_connected().await?,
+            Err(e) if is_connection_loss(&e) => {
+                retried = true;
+                session.await_connected().await?;
+            }
             Err(e) => return Err(ZkError::from_client("delete", path, e)),
         }
     }
@@ -171,8 +212,14 @@ pub enum LossReason {
     SessionExpired,
     /// The session was closed.
     SessionClosed,
-    /// Disconnected for so long that the server may have expired the session
-    /// already: it must be assumed lost.
+    /// The server refused the session's credentials: the session is
+    /// unusable here, and the hold can no longer be confirmed (its node
+    /// lives on until the server expires the session).
+    AuthFailed,
+    /// No reply from the server for so long that it may expire the session
+    /// before we hear from it again: the hold must be given up now, while
+    /// there is still time to stop what depends on it (see
+    /// [`HoldMonitor::with_reserve`]).
     PresumedExpired,
 }
 
@@ -182,24 +229,66 @@ impl std::fmt::Display for LossReason {
             LossReason::Revoked => "its node was deleted by someone else (revoked)",
             LossReason::SessionExpired => "the ZooKeeper session expired",
             LossReason::SessionClosed => "the ZooKeeper session was closed",
+            LossReason::AuthFailed => "ZooKeeper refused the session's credentials",
             LossReason::PresumedExpired => {
-                "disconnected from ZooKeeper long enough that the session may have expired"
+                "no reply from ZooKeeper for so long that the session may expire"
             }
         })
     }
 }
 
-type NodeEvent = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+/// What a terminal session state means for a hold; `None` for the states
+/// a hold survives (and for a persistent hold, which outlives its session).
+fn loss_for(state: SessionState, ephemeral: bool) -> Option<LossReason> {
+    match state {
+        SessionState::Expired if ephemeral => Some(LossReason::SessionExpired),
+        SessionState::AuthFailed if ephemeral => Some(LossReason::AuthFailed),
+        SessionState::Closed => Some(LossReason::SessionClosed),
+        _ => None,
+    }
+}
 
-/// Follows one hold. See [`LockHold::monitor`].
+type NodeEvent<'s> = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send + 's>>;
+type ProbeReply<'s> = Pin<
+    Box<
+        dyn Future<
+                Output = std::result::Result<(Option<zk::Stat>, Option<NodeEvent<'s>>), zk::Error>,
+            > + Send
+            + 's,
+    >,
+>;
+
+/// A request in flight that checks our node: when it was sent, and its reply.
+struct Probe<'s> {
+    sent: Instant,
+    reply: ProbeReply<'s>,
+}
+
+/// Follows one hold (a lock's node or a barrier registration) and tells
+/// when it is, or may be, lost. See [`LockHold::monitor`].
+///
+/// Guarantee: for an ephemeral node, [`HoldState::Lost`] with
+/// [`LossReason::PresumedExpired`] is reported no later than the session
+/// timeout *T* less the reserve after the send time of the last request the
+/// server answered with our node in place. The server cannot expire the
+/// session sooner than *T* after it last heard from us, which is after that
+/// send time, so whatever the holder stops within the reserve is stopped
+/// before anyone else can be granted the lock. The monitor checks its node
+/// every *T*/10 while it runs, so a healthy connection keeps the hold
+/// confirmed; every wait, including the check after a reconnect, runs under
+/// that deadline, and nothing but a reply showing our node reports
+/// [`HoldState::Held`] again.
 pub struct HoldMonitor<'s> {
     session: &'s Session,
     path: String,
     ephemeral: bool,
     states: StateWatcher,
-    node_event: Option<NodeEvent>,
+    node_event: Option<NodeEvent<'s>>,
+    probe: Option<Probe<'s>>,
+    next_probe: Instant,
+    confirmed: Confirmed,
+    reserve: Duration,
     state: HoldState,
-    suspended_since: Option<Instant>,
 }
 
 impl std::fmt::Debug for HoldMonitor<'_> {
@@ -207,30 +296,54 @@ impl std::fmt::Debug for HoldMonitor<'_> {
         f.debug_struct("HoldMonitor")
             .field("path", &self.path)
             .field("state", &self.state)
+            .field("reserve", &self.reserve)
             .finish()
     }
 }
 
 impl<'s> HoldMonitor<'s> {
     /// Follows any node this session relies on: a hold, or a barrier
-    /// registration. `ephemeral` says whether the node dies with the session.
-    pub fn new(session: &'s Session, path: String, ephemeral: bool) -> Self {
+    /// registration. `ephemeral` says whether the node dies with the
+    /// session; `confirmed_at` is the send time of the last request the
+    /// server answered with the node in place (see [`crate::zk::Entered`]).
+    pub fn new(session: &'s Session, path: String, ephemeral: bool, confirmed_at: Instant) -> Self {
+        Self::following(session, path, ephemeral, Confirmed::at(confirmed_at))
+    }
+
+    fn following(
+        session: &'s Session,
+        path: String,
+        ephemeral: bool,
+        confirmed: Confirmed,
+    ) -> Self {
         let states = session.watch_state();
         let state = if states.current() == SessionState::Connected {
             HoldState::Held
         } else {
             HoldState::Suspended
         };
-        let suspended_since = (state == HoldState::Suspended).then(Instant::now);
         HoldMonitor {
             session,
             path,
             ephemeral,
             states,
             node_event: None,
+            probe: None,
+            next_probe: Instant::now(),
+            confirmed,
+            reserve: session.timeout() / 5,
             state,
-            suspended_since,
         }
+    }
+
+    /// Reports [`LossReason::PresumedExpired`] `reserve` before the server
+    /// could expire the session (default: a fifth of the session timeout).
+    /// Make it at least as long as stopping whatever depends on the hold
+    /// takes; it must leave room for a few of the monitor's checks
+    /// (*T*/10 each), or a healthy hold is given up.
+    pub fn with_reserve(mut self, reserve: Duration) -> Self {
+        self.reserve = reserve;
+        self
     }
 
     /// The state as last seen.
@@ -238,12 +351,17 @@ impl<'s> HoldMonitor<'s> {
         self.state
     }
 
-    /// How long a disconnected ephemeral hold is trusted: the client notices
-    /// a silent connection 2/5 of the session timeout after the server last
-    /// heard from it, so half the timeout after that still ends before the
-    /// server can expire the session.
-    fn trust_while_disconnected(&self) -> Duration {
-        self.session.timeout() / 2
+    /// Until when the hold can be trusted (ephemeral nodes only).
+    fn trusted_until(&self) -> Option<Instant> {
+        self.ephemeral.then(|| {
+            (self.confirmed.get() + self.session.timeout())
+                .checked_sub(self.reserve)
+                .unwrap_or_else(Instant::now)
+        })
+    }
+
+    fn heartbeat(&self) -> Duration {
+        (self.session.timeout() / 10).max(Duration::from_millis(20))
     }
 
     fn set(&mut self, state: HoldState) -> HoldState {
@@ -253,46 +371,29 @@ impl<'s> HoldMonitor<'s> {
                 HoldState::Suspended => {
                     warn!(path = %self.path, "disconnected from ZooKeeper: the hold may be lost")
                 }
-                HoldState::Held => debug!(path = %self.path, "reconnected: hold confirmed"),
+                HoldState::Held => debug!(path = %self.path, "hold confirmed"),
             }
         }
         self.state = state;
         state
     }
 
-    fn lost_for(&self, state: SessionState) -> Option<LossReason> {
-        match state {
-            SessionState::Expired | SessionState::AuthFailed if self.ephemeral => {
-                Some(LossReason::SessionExpired)
-            }
-            SessionState::Closed => Some(LossReason::SessionClosed),
-            _ => None,
-        }
-    }
-
-    /// Checks our node and watches it; `Some` when the check settled the state.
-    async fn arm(&mut self) -> Option<HoldState> {
-        match self.session.client().check_and_watch_stat(&self.path).await {
-            Ok((None, _)) => Some(self.set(HoldState::Lost(LossReason::Revoked))),
-            Ok((Some(_), watcher)) => {
-                self.node_event = Some(Box::pin(watcher.changed()));
-                None
-            }
-            // The state watcher reports the disconnection.
-            Err(e) if is_connection_loss(&e) => None,
-            Err(e) => {
-                let state = SessionState::from_client(self.session.client().state());
-                match self.lost_for(state) {
-                    Some(reason) => Some(self.set(HoldState::Lost(reason))),
-                    None => {
-                        warn!(path = %self.path, error = %e, "could not watch the hold; retrying");
-                        // Not a connection problem (say, an ACL): do not spin.
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        None
-                    }
-                }
-            }
-        }
+    /// Sends a check of our node (with a watch when none is set).
+    fn send_probe(&mut self) {
+        let client = self.session.client();
+        let sent = Instant::now();
+        let reply: ProbeReply<'s> = if self.node_event.is_none() {
+            let request = client.check_and_watch_stat(&self.path);
+            Box::pin(async move {
+                let (stat, watcher) = request.await?;
+                let event: NodeEvent<'s> = Box::pin(watcher.changed());
+                Ok((stat, Some(event)))
+            })
+        } else {
+            let request = client.check_stat(&self.path);
+            Box::pin(async move { Ok((request.await?, None)) })
+        };
+        self.probe = Some(Probe { sent, reply });
     }
 
     /// Waits until the state changes and returns the new one. Once lost,
@@ -306,70 +407,115 @@ impl<'s> HoldMonitor<'s> {
             if self.state != entered {
                 return self.state;
             }
-            if let Some(reason) = self.lost_for(self.states.current()) {
+            let session_state = self.states.current();
+            if let Some(reason) = loss_for(session_state, self.ephemeral) {
                 return self.set(HoldState::Lost(reason));
             }
-            if self.node_event.is_none() && self.states.current() == SessionState::Connected {
-                if let Some(settled) = self.arm().await {
-                    return settled;
-                }
+            let connected = session_state == SessionState::Connected;
+            if self.probe.is_none() && connected && Instant::now() >= self.next_probe {
+                self.send_probe();
             }
-            let presumed_at = self
-                .suspended_since
-                .filter(|_| self.ephemeral)
-                .map(|t| t + self.trust_while_disconnected());
+            let deadline = self.trusted_until();
+            let next_probe = self.next_probe;
+            let probing = self.probe.is_some();
+            let probe = &mut self.probe;
             let node_slot = &mut self.node_event;
             let states = &mut self.states;
-            let node_event = async move {
+            let reply = async {
+                match probe.as_mut() {
+                    Some(p) => (p.sent, p.reply.as_mut().await),
+                    None => std::future::pending().await,
+                }
+            };
+            let node_event = async {
                 match node_slot.as_mut() {
                     Some(event) => event.await,
                     None => std::future::pending().await,
                 }
             };
-            let presumed = async {
-                match presumed_at {
+            let expiry = async {
+                match deadline {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
+                biased;
+                () = expiry => { self.set(HoldState::Lost(LossReason::PresumedExpired)); }
+                (sent, result) = reply => {
+                    self.probe = None;
+                    self.on_probe(sent, result).await;
+                }
                 event = node_event => {
                     self.node_event = None;
                     match event.event_type {
                         zk::EventType::NodeDeleted => { self.set(HoldState::Lost(LossReason::Revoked)); }
                         zk::EventType::Session => {
-                            if let Some(reason) = self.lost_for(SessionState::from_client(event.session_state)) {
+                            if let Some(reason) = loss_for(SessionState::from_client(event.session_state), self.ephemeral) {
                                 self.set(HoldState::Lost(reason));
                             }
                         }
-                        // Data changed: re-arm and keep watching.
-                        _ => {}
+                        // Data changed: check again (and watch again) now.
+                        _ => self.next_probe = Instant::now(),
                     }
                 }
+                () = tokio::time::sleep_until(next_probe), if !probing && connected => {}
                 state = states.changed() => match state {
-                    SessionState::Disconnected => {
-                        self.suspended_since.get_or_insert_with(Instant::now);
-                        self.set(HoldState::Suspended);
-                    }
+                    SessionState::Disconnected => { self.set(HoldState::Suspended); }
                     SessionState::Connected => {
-                        self.suspended_since = None;
-                        // Re-check the node before trusting the hold again:
-                        // it may have been deleted while we were away.
-                        self.node_event = None;
-                        if self.arm().await.is_none() {
-                            self.set(HoldState::Held);
-                        }
+                        // A request of the old connection has failed or
+                        // will: check again on this one. Held only once a
+                        // reply shows our node (it may have been deleted
+                        // while we were away).
+                        self.probe = None;
+                        self.next_probe = Instant::now();
                     }
-                    terminal => {
-                        match self.lost_for(terminal) {
-                            Some(reason) => { self.set(HoldState::Lost(reason)); }
-                            // A persistent hold outlives the session, but we
-                            // can no longer see it: it may be lost.
-                            None => { self.set(HoldState::Suspended); return self.state; }
-                        }
-                    }
+                    terminal => match loss_for(terminal, self.ephemeral) {
+                        Some(reason) => { self.set(HoldState::Lost(reason)); }
+                        // A persistent hold outlives the session, but we
+                        // can no longer see it: it may be lost.
+                        None => { self.set(HoldState::Suspended); return self.state; }
+                    },
                 },
-                () = presumed => { self.set(HoldState::Lost(LossReason::PresumedExpired)); }
+            }
+        }
+    }
+
+    async fn on_probe(
+        &mut self,
+        sent: Instant,
+        result: std::result::Result<(Option<zk::Stat>, Option<NodeEvent<'s>>), zk::Error>,
+    ) {
+        match result {
+            Ok((None, _)) => {
+                self.set(HoldState::Lost(LossReason::Revoked));
+            }
+            Ok((Some(_), event)) => {
+                self.confirmed.advance(sent);
+                if event.is_some() {
+                    self.node_event = event;
+                }
+                self.next_probe = Instant::now() + self.heartbeat();
+                if self.state == HoldState::Suspended {
+                    self.set(HoldState::Held);
+                }
+            }
+            // The state watcher reports the disconnection; the reconnect
+            // sends the next check.
+            Err(e) if is_connection_loss(&e) => self.next_probe = Instant::now(),
+            Err(e) => {
+                let state = SessionState::from_client(self.session.client().state());
+                match loss_for(state, self.ephemeral) {
+                    Some(reason) => {
+                        self.set(HoldState::Lost(reason));
+                    }
+                    None => {
+                        // Not a connection problem (an ACL, say): check
+                        // again later, under the same deadline.
+                        warn!(path = %self.path, error = %e, "could not check the hold; retrying");
+                        self.next_probe = Instant::now() + Duration::from_secs(1);
+                    }
+                }
             }
         }
     }
@@ -381,5 +527,33 @@ impl<'s> HoldMonitor<'s> {
                 return reason;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_failure_is_not_expiry() {
+        assert_eq!(
+            loss_for(SessionState::AuthFailed, true),
+            Some(LossReason::AuthFailed)
+        );
+        assert_eq!(
+            loss_for(SessionState::Expired, true),
+            Some(LossReason::SessionExpired)
+        );
+        assert_eq!(loss_for(SessionState::Expired, false), None);
+        assert_eq!(loss_for(SessionState::AuthFailed, false), None);
+        assert_eq!(
+            loss_for(SessionState::Closed, false),
+            Some(LossReason::SessionClosed)
+        );
+        assert_eq!(loss_for(SessionState::Disconnected, true), None);
+        assert_ne!(
+            LossReason::AuthFailed.to_string(),
+            LossReason::SessionExpired.to_string()
+        );
     }
 }

@@ -13,11 +13,19 @@ use super::connect::ConnectString;
 use super::error::{Result, ZkError};
 
 /// Whether a request failed because the connection dropped, so its outcome
-/// is unknown. Besides `ConnectionLoss`, the client hands in-flight requests
-/// the connection's own error (an I/O error such as a reset, or "no response
-/// from connection"), which it reports as `Custom`.
+/// is unknown: it may or may not have been applied. Besides
+/// `ConnectionLoss`, the client hands every in-flight request the error that
+/// ended its connection: an I/O error or "no response from connection"
+/// (`Custom`), a reply it could not match to a request ("unexpected xid",
+/// `UnexpectedError`) or could not decode (`UnmarshalError`).
 pub(crate) fn is_connection_loss(error: &zk::Error) -> bool {
-    matches!(error, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+    matches!(
+        error,
+        zk::Error::ConnectionLoss
+            | zk::Error::Custom(_)
+            | zk::Error::UnexpectedError(_)
+            | zk::Error::UnmarshalError { .. }
+    )
 }
 
 /// How to reach ZooKeeper.
@@ -403,6 +411,25 @@ impl Session {
         }
     }
 
+    /// Waits until the node at `path` is gone, on a watch. Fails when the
+    /// session ends.
+    pub(crate) async fn await_gone(&self, path: &str) -> Result<()> {
+        loop {
+            let (stat, watcher) = self
+                .retry("watch", path, || self.client.check_and_watch_stat(path))
+                .await?;
+            if stat.is_none() {
+                return Ok(());
+            }
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::Session {
+                if let Some(err) = SessionState::from_client(event.session_state).terminal_error() {
+                    return Err(err);
+                }
+            }
+        }
+    }
+
     /// Waits until the session is connected; fails when it is terminal.
     pub(crate) async fn await_connected(&self) -> Result<()> {
         let mut watcher = self.client.state_watcher();
@@ -515,5 +542,34 @@ async fn tls_diagnosis(server: &super::connect::Server, settings: &TlsSettings) 
             }
         }
         Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_that_ends_a_connection_leaves_the_outcome_unknown() {
+        for unknown in [
+            zk::Error::ConnectionLoss,
+            zk::Error::UnexpectedError("recv response with xid 7 but no pending request".into()),
+            zk::Error::UnmarshalError {
+                entity: "reply header",
+                reason: &"insufficient buf",
+            },
+        ] {
+            assert!(is_connection_loss(&unknown), "{unknown:?}");
+        }
+        for known in [
+            zk::Error::NoNode,
+            zk::Error::NodeExists,
+            zk::Error::BadVersion,
+            zk::Error::NoAuth,
+            zk::Error::SessionExpired,
+            zk::Error::AuthFailed,
+        ] {
+            assert!(!is_connection_loss(&known), "{known:?}");
+        }
     }
 }

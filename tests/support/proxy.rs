@@ -47,6 +47,10 @@ struct Control {
     unstalled: Notify,
     freeze: std::sync::Mutex<Option<Freeze>>,
     freezes: AtomicUsize,
+    /// Closes every open connection when notified.
+    cut_all: Notify,
+    /// Every request forwarded: its op and bytes.
+    forwarded: std::sync::Mutex<Vec<(i32, Vec<u8>)>>,
     frozen: Notify,
 }
 
@@ -112,6 +116,27 @@ impl Proxy {
         });
     }
 
+    /// Closes every connection open now (frames held back by a stall are
+    /// dropped with them); the client sees the connection end at once.
+    pub fn cut_all(&self) {
+        self.control.cut_all.notify_waiters();
+    }
+
+    /// How many requests with an op in `ops` and `pattern` in their bytes
+    /// were forwarded to the server.
+    pub fn forwarded(&self, ops: &[i32], pattern: &str) -> usize {
+        let pattern = pattern.as_bytes();
+        self.control
+            .forwarded
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(op, body)| {
+                ops.contains(op) && body.windows(pattern.len().max(1)).any(|w| w == pattern)
+            })
+            .count()
+    }
+
     /// How many connections were frozen.
     pub fn freezes(&self) -> usize {
         self.control.freezes.load(Ordering::SeqCst)
@@ -171,9 +196,16 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 let freeze = op.and_then(|op| {
                     let mut slot = control.freeze.lock().unwrap();
                     let hit = slot.as_ref().is_some_and(|f| {
-                        f.ops.contains(&op) && body.windows(f.pattern.len().max(1)).any(|w| w == &f.pattern[..])
+                        f.ops.contains(&op)
+                            && body
+                                .windows(f.pattern.len().max(1))
+                                .any(|w| w == &f.pattern[..])
                     });
-                    if hit { slot.take() } else { None }
+                    if hit {
+                        slot.take()
+                    } else {
+                        None
+                    }
                 });
                 if let Some(freeze) = freeze {
                     frozen.store(true, Ordering::SeqCst);
@@ -195,6 +227,9 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 }
                 server_write.write_all(&len).await?;
                 server_write.write_all(&body).await?;
+                if let Some(op) = op {
+                    control.forwarded.lock().unwrap().push((op, body));
+                }
                 if doomed {
                     // Give the server time to apply it, then drop both sides
                     // without passing the reply on.
@@ -233,6 +268,7 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     tokio::select! {
         _ = up => {}
         _ = down => {}
+        () = control.cut_all.notified() => {}
     }
 }
 

@@ -57,18 +57,10 @@ pub(crate) async fn acquire<'s>(
     )
     .await;
     match outcome {
-        Ok(token) => {
-            let node = guard.disarm().ok_or_else(|| ZkError::NodeRemoved {
-                path: spec.path.clone(),
-            })?;
-            debug!(path = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
-            Ok(LockHold::new(
-                session,
-                node,
-                spec.kind,
-                token,
-                spec.persistent,
-            ))
+        Ok(acquired) => {
+            guard.disarm();
+            debug!(path = %acquired.node, token = acquired.token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
+            Ok(LockHold::new(session, acquired, spec.kind, spec.persistent))
         }
         Err(e) => {
             guard.delete_now(session).await;
@@ -77,9 +69,24 @@ pub(crate) async fn acquire<'s>(
     }
 }
 
-/// Creates our node and waits until no contender blocks it. Returns the
-/// fencing token (our node's czxid); `guard` holds our node's path.
-async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuard) -> Result<i64> {
+/// A hold as the queue hands it over.
+pub(crate) struct Acquired {
+    /// Our node.
+    pub node: String,
+    /// Its czxid.
+    pub token: i64,
+    /// When the request that showed us holding was sent: the server knew
+    /// the session alive then.
+    pub confirmed_at: Instant,
+}
+
+/// Creates our node and waits until no contender blocks it; `guard` holds
+/// our node (from before its create is sent).
+async fn queue_and_wait(
+    session: &Session,
+    spec: &LockSpec,
+    guard: &mut NodeGuard,
+) -> Result<Acquired> {
     let client = session.client();
     let parent = spec.path.as_str();
     let protection = format!("{PROTECTED_PREFIX}{}-", uuid::Uuid::new_v4());
@@ -102,13 +109,18 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
     } else {
         None
     };
+    let mut listed_at = Instant::now();
     let (name, token, mut children) = if let Some(found) = adopted {
         guard.arm(path::join(parent, &found.0));
         found
     } else {
         loop {
+            // From the moment the create is sent, its node is ours to
+            // remove, found by its protected name even if the reply is lost.
+            guard.arm_protected(parent, &protection);
             // The create and the first listing go out together: the server
             // answers them in order, so the listing already holds our node.
+            listed_at = Instant::now();
             let create = client.create(&prefix, &spec.data, &options);
             let listing = client.list_children(parent);
             match create.await {
@@ -117,7 +129,10 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
                     guard.arm(path::join(parent, &name));
                     let children = match listing.await {
                         Ok(children) => children,
-                        Err(_) => list(session, parent).await?,
+                        Err(_) => {
+                            listed_at = Instant::now();
+                            list(session, parent).await?
+                        }
                     };
                     break (name, stat.czxid, children);
                 }
@@ -144,6 +159,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
                     // The create may have been applied before the connection
                     // dropped: our protected prefix finds that ghost node.
                     session.await_connected().await?;
+                    listed_at = Instant::now();
                     let children = list(session, parent).await?;
                     if let Some(name) = children
                         .iter()
@@ -178,7 +194,11 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
             });
         };
         let Some(blocker) = contender::blocker(&queue, index) else {
-            return Ok(token);
+            return Ok(Acquired {
+                node: path::join(parent, &name),
+                token,
+                confirmed_at: listed_at,
+            });
         };
         let blocker = path::join(parent, &blocker.name);
         // Progress at a modest rate: the first time, then at most every 10 s.
@@ -207,6 +227,7 @@ async fn queue_and_wait(session: &Session, spec: &LockSpec, guard: &mut NodeGuar
         }
         // Every wake-up re-reads the queue: the blocker may be gone for good
         // or merely changed, and others may have joined or left.
+        listed_at = Instant::now();
         children = list(session, parent).await?;
     }
 }

@@ -12,6 +12,7 @@ mod internals;
 
 use tokio::time::Instant;
 
+pub(crate) use self::internals::Acquired;
 use self::internals::LockSpec;
 use super::contender::ContenderKind;
 use super::error::Result;
