@@ -128,6 +128,27 @@ impl<'a> BarrierCommand<'a> {
         result.map(|_| 0)
     }
 
+    /// Connects and enters with an ephemeral registration (sidecar, run),
+    /// unless stopped first; on failure the session is closed.
+    async fn enter_ephemeral(
+        &self,
+        stop: &mut Termination,
+    ) -> Result<(Session, Entered), AgentError> {
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        match stop
+            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
+            .await
+        {
+            Ok(entered) => Ok((session, entered)),
+            Err(e) => {
+                close(session).await;
+                Err(e)
+            }
+        }
+    }
+
     /// `leave`: leaves and returns once every participant has left.
     pub async fn leave(&self) -> Result<i32, AgentError> {
         let session = self.participant.connect().await?;
@@ -146,19 +167,7 @@ impl<'a> BarrierCommand<'a> {
     ) -> Result<i32, AgentError> {
         let mut stop = Termination::install()?;
         let readiness = Readiness::start(readiness).await?;
-        let session = stop
-            .unless_stopped("connecting", self.participant.connect())
-            .await?;
-        let entered = match stop
-            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
-            .await
-        {
-            Ok(entered) => entered,
-            Err(e) => {
-                close(session).await;
-                return Err(e);
-            }
-        };
+        let (session, entered) = self.enter_ephemeral(&mut stop).await?;
         readiness.set_ready()?;
         let outcome = tokio::select! {
             _ = stop.received() => {
@@ -183,19 +192,7 @@ impl<'a> BarrierCommand<'a> {
     pub async fn run(&self, command: &[String], grace: Duration) -> Result<i32, AgentError> {
         child::check_command(command)?;
         let mut stop = Termination::install()?;
-        let session = stop
-            .unless_stopped("connecting", self.participant.connect())
-            .await?;
-        let entered = match stop
-            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
-            .await
-        {
-            Ok(entered) => entered,
-            Err(e) => {
-                close(session).await;
-                return Err(e);
-            }
-        };
+        let (session, entered) = self.enter_ephemeral(&mut stop).await?;
         drop(stop);
         let ended = match child::spawn(command, &[]) {
             Ok(child) => {
