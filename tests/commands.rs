@@ -6,36 +6,12 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::{children, eventually, isolated_connect, session};
-use tokio::process::{Child, Command};
+use support::{children, eventually, isolated_connect, output, session, zkgate};
+use tokio::process::Child;
 use zkgate::zk::{BarrierData, DoubleBarrier};
 
 const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
 const LOCKS: &str = "/zkgate/namespaces/default/locks";
-
-/// `zkgate ARGS...` against `connect`, logging only warnings.
-fn zkgate(connect: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
-    cmd.args(args)
-        .env("ZKGATE_ZOOKEEPER", connect)
-        .envs(support::tls_env(connect))
-        .env("ZKGATE_LOG", "warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-async fn output(mut cmd: Command) -> (i32, String) {
-    let out = cmd
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("run zkgate");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 async fn exited(child: &mut Child, within: Duration) -> ExitStatus {
     tokio::time::timeout(within, child.wait())

@@ -56,11 +56,46 @@ async fn barrier_of(s: &zkgate::zk::Session, participants: u32) -> DoubleBarrier
     barrier
 }
 
+/// Enters `id` from a task that keeps its session (and so its ephemeral
+/// registration) until the result is taken.
+fn spawn_enter(
+    barrier: &DoubleBarrier,
+    s: zkgate::zk::Session,
+    id: &'static str,
+    uid: Option<&'static str>,
+    deadline: Option<Instant>,
+) -> tokio::task::JoinHandle<(Result<zkgate::zk::Entered, ZkError>, zkgate::zk::Session)> {
+    let barrier = barrier.clone();
+    tokio::spawn(async move {
+        let r = barrier.enter(&s, id, &ephemeral(uid), deadline).await;
+        (r, s)
+    })
+}
+
+/// Waits until the barrier's children are exactly `ids`.
+async fn registered(admin: &zkgate::zk::Session, ids: &[&str]) {
+    eventually(
+        Duration::from_secs(5),
+        &format!("{ids:?} registered"),
+        || async { (children(admin, BARRIER).await == ids).then_some(()) },
+    )
+    .await;
+}
+
+/// A task's result, within `within`.
+async fn joined<T>(task: tokio::task::JoinHandle<T>, within: Duration) -> T {
+    tokio::time::timeout(within, task)
+        .await
+        .expect("the participant finishes in time")
+        .expect("the participant's task")
+}
+
 fn ephemeral(uid: Option<&str>) -> EnterOptions {
     EnterOptions {
         data: ParticipantData {
             pod: None,
             pod_uid: uid.map(str::to_owned),
+            ..ParticipantData::default()
         },
         ..EnterOptions::default()
     }
@@ -229,40 +264,22 @@ async fn a_participant_with_a_stale_view_cannot_open_a_failed_barrier() {
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
 
-    let first = tokio::spawn({
-        let barrier = barrier.clone();
-        async move { barrier.enter(&a, "a", &ephemeral(None), None).await }
-    });
-    eventually(Duration::from_secs(5), "a registered", || async {
-        (children(&admin, BARRIER).await == ["a"]).then_some(())
-    })
-    .await;
+    let first = spawn_enter(&barrier, a, "a", None, None);
+    registered(&admin, &["a"]).await;
     // b's requests reach the server, its replies are held back: it reads
     // the barrier as it is now, and acts on that view later.
     proxy.stall_replies();
-    let second = tokio::spawn({
-        let barrier = barrier.clone();
-        async move { barrier.enter(&b, "b", &ephemeral(None), None).await }
-    });
-    eventually(Duration::from_secs(5), "b registered", || async {
-        (children(&admin, BARRIER).await == ["a", "b"]).then_some(())
-    })
-    .await;
+    let second = spawn_enter(&barrier, b, "b", None, None);
+    registered(&admin, &["a", "b"]).await;
     let marked = barrier.fail(&admin, "TimedOut").await.unwrap();
     assert!(marked, "the barrier had not opened");
-    let first = tokio::time::timeout(Duration::from_secs(10), first)
-        .await
-        .unwrap()
-        .unwrap();
+    let (first, _) = joined(first, Duration::from_secs(10)).await;
     assert!(
         matches!(first, Err(ZkError::BarrierFailed { .. })),
         "{first:?}"
     );
     proxy.resume();
-    let second = tokio::time::timeout(Duration::from_secs(10), second)
-        .await
-        .unwrap()
-        .unwrap();
+    let (second, _) = joined(second, Duration::from_secs(10)).await;
     assert!(
         matches!(second, Err(ZkError::BarrierFailed { .. })),
         "a failed the barrier, b must too, not pass alone: {second:?}"
@@ -300,24 +317,11 @@ async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
     let c = session(&direct).await;
-    let enter = |s: zkgate::zk::Session, id: &'static str| {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            let r = barrier.enter(&s, id, &ephemeral(None), None).await;
-            (r, s)
-        })
-    };
-    let first = enter(a, "a");
-    eventually(Duration::from_secs(5), "a registered", || async {
-        (children(&admin, BARRIER).await == ["a"]).then_some(())
-    })
-    .await;
+    let first = spawn_enter(&barrier, a, "a", None, None);
+    registered(&admin, &["a"]).await;
     proxy.stall_replies();
-    let second = enter(b, "b");
-    eventually(Duration::from_secs(5), "b registered", || async {
-        (children(&admin, BARRIER).await == ["a", "b"]).then_some(())
-    })
-    .await;
+    let second = spawn_enter(&barrier, b, "b", None, None);
+    registered(&admin, &["a", "b"]).await;
     let raised = barrier.set_participants(&admin, 3).await.unwrap();
     assert!(raised, "the barrier had not opened");
     proxy.resume();
@@ -331,14 +335,11 @@ async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
     })
     .await;
     // Not open with two: the third registration opens it.
-    let third = enter(c, "c");
+    let third = spawn_enter(&barrier, c, "c", None, None);
     // The sessions stay open (their registrations with them) until the end.
     let mut sessions = Vec::new();
     for task in [first, second, third] {
-        let (result, session) = tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .unwrap()
-            .unwrap();
+        let (result, session) = joined(task, Duration::from_secs(10)).await;
         result.unwrap();
         sessions.push(session);
     }
@@ -370,25 +371,16 @@ async fn a_deadline_racing_the_opening_create_settles_its_outcome() {
     let barrier = barrier_of(&admin, 2).await;
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
-    let first = tokio::spawn({
-        let barrier = barrier.clone();
-        async move { barrier.enter(&a, "a", &ephemeral(None), None).await }
-    });
-    eventually(Duration::from_secs(5), "a registered", || async {
-        (children(&admin, BARRIER).await == ["a"]).then_some(())
-    })
-    .await;
+    let first = spawn_enter(&barrier, a, "a", None, None);
+    registered(&admin, &["a"]).await;
     proxy.freeze_at(&op::CREATES, "/ready", true);
     let deadline = Instant::now() + Duration::from_secs(1);
     let second = barrier
         .enter(&b, "b", &ephemeral(None), Some(deadline))
         .await;
     assert_eq!(proxy.freezes(), 1, "the opening create was sent");
-    tokio::time::timeout(Duration::from_secs(5), first)
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("a passes: the barrier opened");
+    let (first, _a) = joined(first, Duration::from_secs(5)).await;
+    first.expect("a passes: the barrier opened");
     let second = second.expect("b's create opened the barrier: b entered too");
     assert_eq!(second.participants, 2);
     assert!(children(&admin, BARRIER).await.contains(&"b".to_owned()));
@@ -403,53 +395,20 @@ async fn a_restart_of_the_same_pod_waits_for_its_old_registration_to_go() {
     let admin = session(&direct).await;
     let barrier = barrier_of(&admin, 2).await;
     let old = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
-    let old_wait = tokio::spawn({
-        let barrier = barrier.clone();
-        async move {
-            let r = barrier
-                .enter(&old, "w", &ephemeral(Some("uid-1")), None)
-                .await;
-            (r, old)
-        }
-    });
-    eventually(Duration::from_secs(5), "the old registration", || async {
-        (children(&admin, BARRIER).await == ["w"]).then_some(())
-    })
-    .await;
+    let old_wait = spawn_enter(&barrier, old, "w", Some("uid-1"), None);
+    registered(&admin, &["w"]).await;
     // The old container is cut off (killed on a frozen node): its session
     // lives on until the server expires it.
     proxy.stall();
     let new = session_with_timeout(&direct, Duration::from_secs(4)).await;
-    let restarted = tokio::spawn({
-        let barrier = barrier.clone();
-        async move {
-            let r = barrier
-                .enter(
-                    &new,
-                    "w",
-                    &ephemeral(Some("uid-1")),
-                    Some(Instant::now() + Duration::from_secs(30)),
-                )
-                .await;
-            (r, new)
-        }
-    });
-    let other = session(&direct).await;
-    let other_wait = tokio::spawn({
-        let barrier = barrier.clone();
-        async move {
-            let r = barrier.enter(&other, "x", &ephemeral(None), None).await;
-            (r, other)
-        }
-    });
-    let (restarted, _s) = tokio::time::timeout(Duration::from_secs(30), restarted)
-        .await
-        .unwrap()
-        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let restarted = spawn_enter(&barrier, new, "w", Some("uid-1"), Some(deadline));
+    let other = spawn_enter(&barrier, session(&direct).await, "x", None, None);
+    let (restarted, _s) = joined(restarted, Duration::from_secs(30)).await;
     let entered =
         restarted.expect("the restarted container registers once the old session is gone");
     assert!(!entered.was_registered);
-    let (other, _s) = other_wait.await.unwrap();
+    let (other, _s) = joined(other, Duration::from_secs(10)).await;
     other.unwrap();
     old_wait.abort();
 }
@@ -559,7 +518,7 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
 #[tokio::test]
 async fn a_kill_grace_that_cannot_fit_in_the_session_timeout_is_refused() {
     let (direct, _, _proxy) = routes().await;
-    let out = support::zkgate(
+    let (code, err) = support::output(support::zkgate(
         &direct,
         &[
             "lock",
@@ -573,13 +532,9 @@ async fn a_kill_grace_that_cannot_fit_in_the_session_timeout_is_refused() {
             "--",
             "true",
         ],
-    )
-    .stderr(std::process::Stdio::piped())
-    .output()
-    .await
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    ))
+    .await;
+    assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("--kill-grace") && err.contains("session timeout"),
         "{err}"

@@ -259,7 +259,7 @@ fn safety_margin(session_timeout: Duration) -> Duration {
 /// told to stop `grace` + a margin before the server can expire the session,
 /// and at least 0.4 of the timeout must remain for ZooKeeper to be silent
 /// before that (a few of the hold's checks) without stopping a healthy hold.
-pub fn check_kill_grace(
+fn check_kill_grace(
     grace: Duration,
     session_timeout: Duration,
     which: &str,

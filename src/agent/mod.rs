@@ -30,6 +30,10 @@ pub struct Participant {
     pub namespace: String,
     /// This participant's id (the pod name by default).
     pub id: String,
+    /// The pod's name (`metadata.name`): the pod whose end the controller
+    /// checks. Without it (and a persistent registration), the controller
+    /// cannot tell when the pod ended and leaves the node alone.
+    pub pod_name: Option<String>,
     /// The pod's uid: tells a restarted container of the same pod from a
     /// new pod with the same name.
     pub pod_uid: Option<String>,
@@ -63,7 +67,8 @@ impl Participant {
     /// The JSON written into our nodes: who we are.
     pub fn identity(&self) -> crate::zk::ParticipantData {
         crate::zk::ParticipantData {
-            pod: Some(self.id.clone()),
+            id: Some(self.id.clone()),
+            pod: self.pod_name.clone(),
             pod_uid: self.pod_uid.clone(),
         }
     }
@@ -144,10 +149,10 @@ impl Termination {
             result = work => result,
             exit = self.received() => {
                 let signal = if exit == Exit::Terminated { "SIGTERM" } else { "SIGINT" };
-                tracing::info!(signal, "stopping: removing our registration");
+                tracing::info!(signal, "stopping: removing any registration of ours");
                 Err(AgentError::new(
                     exit,
-                    format!("stopped by {signal} while {what}; our registration was removed"),
+                    format!("stopped by {signal} while {what}; any registration of ours was removed"),
                 ))
             }
         }

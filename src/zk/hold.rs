@@ -124,16 +124,16 @@ impl Drop for LockHold<'_> {
 /// When the server last confirmed a hold: the send time of the latest
 /// request it answered with our node in place. Shared by a hold's monitors.
 #[derive(Clone, Debug)]
-pub struct Confirmed(Arc<std::sync::Mutex<Instant>>);
+pub(crate) struct Confirmed(Arc<std::sync::Mutex<Instant>>);
 
 impl Confirmed {
     /// Confirmed by a request sent at `at`.
-    pub fn at(at: Instant) -> Self {
+    pub(crate) fn at(at: Instant) -> Self {
         Confirmed(Arc::new(std::sync::Mutex::new(at)))
     }
 
     /// The latest confirmation.
-    pub fn get(&self) -> Instant {
+    pub(crate) fn get(&self) -> Instant {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 

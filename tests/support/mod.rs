@@ -167,6 +167,19 @@ pub fn zkgate(connect: &str, args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
+/// Runs a command to its end; its exit code and standard error.
+pub async fn output(mut cmd: tokio::process::Command) -> (i32, String) {
+    let out = cmd
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .expect("run zkgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Waits for a process with a deadline and returns its exit code and
 /// standard error (which must have been piped).
 pub async fn finished(child: tokio::process::Child, within: Duration) -> (i32, String) {
