@@ -231,6 +231,11 @@ pub struct Common {
     /// This participant's id [default: the host name, i.e. the pod name].
     #[arg(long, env = "ZKGATE_ID", value_parser = node_name)]
     pub id: Option<String>,
+    /// The pod's name (metadata.name, from the downward API): the pod whose
+    /// end the controller checks for a registration that outlives this
+    /// process. The id may differ from it.
+    #[arg(long, env = "ZKGATE_POD_NAME", value_parser = node_name)]
+    pub pod_name: Option<String>,
     /// The pod's uid (metadata.uid), recorded in the participant's node.
     #[arg(long, env = "ZKGATE_POD_UID")]
     pub pod_uid: Option<String>,
@@ -443,6 +448,7 @@ impl Common {
             layout,
             namespace: self.namespace.clone(),
             id,
+            pod_name: self.pod_name.clone(),
             pod_uid: self.pod_uid.clone().filter(|u| !u.is_empty()),
             timeout: self.timeout,
         })

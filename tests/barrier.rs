@@ -137,6 +137,7 @@ async fn a_restarted_participant_is_counted_once() {
         data: ParticipantData {
             pod: Some("job-0".into()),
             pod_uid: Some("uid-1".into()),
+            ..ParticipantData::default()
         },
         create_with_participants: Some(2),
         ..EnterOptions::default()

@@ -226,6 +226,7 @@ async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
             data: ParticipantData {
                 pod: Some(format!("job-{i}")),
                 pod_uid: Some(uid.clone()),
+                ..ParticipantData::default()
             },
             ..EnterOptions::default()
         };
@@ -278,6 +279,79 @@ async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
     .await;
     assert_eq!(b.status.unwrap().left, 2);
     assert_eq!(children(&observer, &path).await, ["ready"]);
+}
+
+/// Issue 12, item 12: the participant id is not the pod name. An init
+/// container registering as `worker-0` for the pod `trainer-7f9c2` keeps its
+/// registration while that pod lives, loses it when that pod ends; one that
+/// names no pod is left alone, and the status says so.
+#[tokio::test]
+async fn registrations_are_checked_by_their_pod_name_not_their_id() {
+    let s = setup().await;
+    create_barrier(&s, "gang", json!({ "participants": 3 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "trainer-7f9c2", "labels": { "zkgate.io/barrier": "gang" } },
+        "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+    }))
+    .unwrap();
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let named = zkgate(&s, &["barrier", "enter", "gang", "--id", "worker-0"])
+        .env("ZKGATE_POD_NAME", "trainer-7f9c2")
+        .env("ZKGATE_POD_UID", &uid)
+        .spawn()
+        .unwrap();
+    let anonymous = zkgate(&s, &["barrier", "enter", "gang", "--id", "anonymous"])
+        .spawn()
+        .unwrap();
+    let b = barrier_where(&s, "gang", "both registered and kept", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.entered == 2
+                && st
+                    .participants
+                    .iter()
+                    .any(|p| p.id == "worker-0" && p.pod.as_deref() == Some("trainer-7f9c2"))
+        })
+    })
+    .await;
+    let untracked = b
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "PodsTracked")
+        .expect("a PodsTracked condition");
+    assert_eq!(untracked.status, "False");
+    assert!(
+        untracked.message.contains("anonymous") && !untracked.message.contains("worker-0"),
+        "{}",
+        untracked.message
+    );
+    // The pod (not the id) ends: its registration goes; the anonymous one stays.
+    let patch = json!({ "status": { "phase": "Failed" } });
+    pods.patch_status(
+        "trainer-7f9c2",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    let observer = session(&s.zk).await;
+    let path = barrier_path(&s.ns, "gang");
+    eventually(WITHIN, "worker-0's registration removed", || async {
+        (children(&observer, &path).await == ["anonymous"]).then_some(())
+    })
+    .await;
+    drop((named, anonymous));
 }
 
 #[tokio::test]
@@ -541,6 +615,61 @@ async fn invalid_resources_are_refused_with_messages_a_user_understands() {
         "names the allowed modes: {err}"
     );
     assert!(err.contains("spec.leaseDuration"), "{err}");
+}
+
+/// Issue 12, item 17: a zero lease or timeout, and a duration too large to
+/// mean anything (it used to be dropped silently: no lease at all), are
+/// refused when applied.
+#[tokio::test]
+async fn zero_and_overflowing_durations_are_refused() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let resource = kube::api::ApiResource::erase::<LockLease>(&());
+    let locks: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    for (i, bad) in [
+        "0s",
+        "0ms",
+        "0h0m",
+        "99999999999999999999d",
+        "1s99999999999999999999ms",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let lock: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": format!("l{i}") },
+            "spec": { "leaseDuration": bad }
+        }))
+        .unwrap();
+        let err = locks.create(&PostParams::default(), &lock).await;
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.to_string().contains("spec.leaseDuration")),
+            "leaseDuration {bad:?} was accepted: {err:?}"
+        );
+        let barrier: Barrier = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("b{i}") },
+            "spec": { "participants": 2, "timeout": bad }
+        }))
+        .unwrap();
+        let err = barriers.create(&PostParams::default(), &barrier).await;
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.to_string().contains("spec.timeout")),
+            "timeout {bad:?} was accepted: {err:?}"
+        );
+    }
+    let fine: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "fine" },
+        "spec": { "participants": 2, "timeout": "0h90s" }
+    }))
+    .unwrap();
+    barriers
+        .create(&PostParams::default(), &fine)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -169,12 +169,8 @@ async fn a_stalled_holder_is_told_its_hold_is_lost_while_another_holds_the_lock(
     let started = dir.path().join("started");
     let script = format!("touch {}; exec sleep 120", started.display());
     let zkgate = |connect: &str, args: &[&str]| {
-        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
-        c.args(args)
-            .env("ZKGATE_ZOOKEEPER", connect)
-            .env("ZKGATE_LOG", "warn")
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut c = support::zkgate(connect, args);
+        c.stderr(Stdio::piped());
         c
     };
     let holder = zkgate(
@@ -222,27 +218,15 @@ async fn a_stalled_holder_is_told_its_hold_is_lost_while_another_holds_the_lock(
     proxy.stall();
     // Without any traffic getting through, the holder gives the hold up on
     // its own once the server may have expired its session: exit 6.
-    let out = tokio::time::timeout(Duration::from_secs(20), holder.wait_with_output())
-        .await
-        .expect("the stalled holder stops")
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(6), "{err}");
+    let (code, err) = support::finished(holder, Duration::from_secs(20)).await;
+    assert_eq!(code, 6, "{err}");
     assert!(
         err.contains("lost the lock") && err.contains("terminated"),
         "{err}"
     );
     // Meanwhile the other process got the lock and finishes normally.
-    let out = tokio::time::timeout(Duration::from_secs(30), next.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, err) = support::finished(next, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
     proxy.resume();
 }
 
@@ -475,16 +459,8 @@ async fn a_barrier_node_deleted_by_hand_stops_its_waiters_and_is_made_again() {
     let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
     let admin = support::session(&zk).await;
     zkgate::zk::tree::delete_tree(&admin, &path).await.unwrap();
-    let out = tokio::time::timeout(within, waiter.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(4),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, err) = support::finished(waiter, within).await;
+    assert_eq!(code, 4, "{err}");
     // The controller makes the node again, for the same resource.
     let data = eventually(within, "the node made again", || async {
         let (data, _) = admin.client().get_data(&path).await.ok()?;
@@ -674,4 +650,147 @@ async fn foreign_children_count_in_a_barrier_are_ignored_in_a_lock_and_go_with_t
             "{gone} left behind"
         );
     }
+}
+
+/// Issue 12, item 13: a ZooKeeper term that fails at once (here: the root
+/// belongs to another credential, so taking the leader lock is refused) is
+/// retried with exponential backoff, not in a tight loop; `/readyz` says
+/// why and a metric counts the failures.
+#[tokio::test]
+async fn a_term_that_fails_fast_is_retried_with_backoff_and_readyz_says_why() {
+    let zk = support::isolated_connect();
+    let owner = zkgate::zk::Session::connect(&support::options(&zk).digest("other", "secret"))
+        .await
+        .unwrap();
+    owner
+        .client()
+        .create(
+            "/zkgate",
+            &[],
+            &zookeeper_client::CreateMode::Persistent.with_acls(owner.node_acls()),
+        )
+        .await
+        .unwrap();
+    let (controller, mut lines) = ControllerProcess::start_logged(
+        &support::kube::kubeconfig(),
+        &zk,
+        "refused",
+        &[
+            "--auth",
+            "controller:secret",
+            "--watch-namespace",
+            "default",
+        ],
+    );
+    let port = controller.metrics_port;
+    // Count the sessions it opens (one per attempt) for six seconds.
+    let mut attempts = 0;
+    let mut log = Vec::new();
+    let window = tokio::time::sleep(Duration::from_secs(6));
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line.unwrap() {
+                Some(line) => {
+                    if line.contains("ZooKeeper session established") {
+                        attempts += 1;
+                    }
+                    log.push(line);
+                }
+                None => panic!("the controller exited: {log:#?}"),
+            },
+            () = &mut window => break,
+        }
+    }
+    // 0.2 s doubling (±20 %): attempts at about 0, 0.2, 0.6, 1.4, 3 and 6.2 s.
+    assert!(
+        (2..=7).contains(&attempts),
+        "{attempts} attempts in 6 s: {:#?}",
+        &log[log.len().saturating_sub(10)..]
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("retrying") && l.contains("not authorized")),
+        "each attempt logs its cause: {log:#?}"
+    );
+    let (code, body) = support::http_get(port, "/readyz").await.expect("served");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("not authorized"), "{body}");
+    let (_, metrics) = support::http_get(port, "/metrics").await.expect("served");
+    let failures: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("zkgate_term_failures_total ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no zkgate_term_failures_total in {metrics}"));
+    assert!(failures >= 2.0, "{failures}");
+}
+
+/// Issue 12, item 15: a reconcile that keeps failing (here: the barrier's
+/// node is someone else's, so the controller may not read it) is retried
+/// with a backoff of its own, and every warning names the object.
+#[tokio::test]
+async fn a_failing_reconcile_backs_off_per_object_and_names_it() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let other = zkgate::zk::Session::connect(&support::options(&zk).digest("other", "secret"))
+        .await
+        .unwrap();
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let barriers = format!("/zkgate/namespaces/{ns}/barriers");
+    other.client().mkdir(&barriers, &open).await.unwrap();
+    other
+        .client()
+        .create(
+            &format!("{barriers}/stuck"),
+            &[],
+            &zookeeper_client::CreateMode::Persistent.with_acls(other.node_acls()),
+        )
+        .await
+        .unwrap();
+    let (_controller, mut lines) = ControllerProcess::start_logged(
+        &support::kube::kubeconfig(),
+        &zk,
+        "backoff",
+        &["--watch-namespace", &ns],
+    );
+    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let stuck: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "stuck" }, "spec": { "participants": 2 }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &stuck).await.unwrap();
+    let mut failures = Vec::new();
+    let window = tokio::time::sleep(Duration::from_secs(16));
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line.unwrap() {
+                Some(line) if line.contains("reconcile failed") => failures.push(line),
+                Some(_) => {}
+                None => panic!("the controller exited"),
+            },
+            () = &mut window => break,
+        }
+    }
+    assert!(!failures.is_empty(), "the reconcile did not fail");
+    assert!(
+        failures
+            .iter()
+            .all(|l| l.contains(&format!("Barrier/{ns}/stuck"))),
+        "each warning names the object: {failures:#?}"
+    );
+    // 1 s doubling (±20 %): about 0, 1, 3, 7 and 15 s; a fixed 2 s would be 9.
+    assert!(
+        failures.len() <= 6,
+        "{} retries in 16 s: {failures:#?}",
+        failures.len()
+    );
 }

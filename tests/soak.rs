@@ -21,8 +21,11 @@ use support::checker::{HoldLog, Share};
 use support::{children, Ensemble};
 use tokio::time::Instant;
 use zkgate::zk::{
-    BarrierData, DoubleBarrier, EnterOptions, LockOptions, Mutex, ReadWriteLock, Session,
+    BarrierData, DoubleBarrier, EnterOptions, LockOptions, Mutex, ReadWriteLock, Session, ZkError,
 };
+
+/// Releases that could not be confirmed (retried across a leader kill).
+static UNCONFIRMED: AtomicUsize = AtomicUsize::new(0);
 
 const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long one operation may take, leader elections included.
@@ -74,9 +77,18 @@ async fn lock_worker(connect: String, n: usize, seed: u64, until: Instant, log: 
         let held = log.held(lock, share, hold.fencing_token(), &me);
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
         held.released();
-        hold.release()
-            .await
-            .unwrap_or_else(|e| panic!("{me}: releasing {lock}: {e}"));
+        match hold.release().await {
+            Ok(()) => {}
+            // Nothing revokes in the soak: a release retried across a
+            // leader kill that finds its node gone was our own first
+            // attempt. The library cannot tell that from a revocation and
+            // must report the hold as lost; the hold ended here either way,
+            // and the checker still sees every interval.
+            Err(ZkError::NodeRemoved { .. }) => {
+                UNCONFIRMED.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => panic!("{me}: releasing {lock}: {e}"),
+        }
         ops += 1;
     }
     s.close().await.ok();
@@ -217,7 +229,8 @@ async fn soak_random_barriers_and_locks_through_random_leader_kills() {
     let rounds = rounds.load(Ordering::SeqCst);
     log.assert_invariants();
     println!(
-        "soak: {secs} s, {kills} leader kills, {holds} lock holds, {rounds} barrier rounds, no violations (seed {seed})"
+        "soak: {secs} s, {kills} leader kills, {holds} lock holds ({} releases unconfirmed), {rounds} barrier rounds, no violations (seed {seed})",
+        UNCONFIRMED.load(Ordering::Relaxed)
     );
     assert!(kills >= 1, "the soak killed no leader");
     assert!(holds > 0 && rounds > 0, "the soak did no work");

@@ -41,9 +41,11 @@ pub struct BarrierSpec {
     #[schemars(range(min = 1))]
     pub participants: u32,
     /// How long the barrier may wait for all participants before it fails
-    /// (e.g. `90s`, `10m`, `1h30m`). No limit when absent.
+    /// (e.g. `90s`, `10m`, `1h30m`; not zero), counted from the Barrier's
+    /// creation (apply it with its Job, or allow for the time before the
+    /// Job's pods start). No limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^([0-9]+(ms|s|m|h|d))+$"))]
+    #[schemars(pattern(crate::api::DURATION_PATTERN))]
     pub timeout: Option<String>,
     /// What happens when a participant that entered is lost (its pod failed
     /// or vanished, its session expired): `Wait` (it can be replaced) or

@@ -44,10 +44,10 @@ pub struct LockLeaseSpec {
     /// `Exclusive` (one holder) or `ReadWrite` (holders ask for read or write).
     #[serde(default)]
     pub mode: LockMode,
-    /// The longest one holder may hold the lock (e.g. `30s`, `5m`); past it
-    /// the controller revokes the hold. No limit when absent.
+    /// The longest one holder may hold the lock (e.g. `30s`, `5m`; not
+    /// zero); past it the controller revokes the hold. No limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^([0-9]+(ms|s|m|h|d))+$"))]
+    #[schemars(pattern(crate::api::DURATION_PATTERN))]
     pub lease_duration: Option<String>,
 }
 

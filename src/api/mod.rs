@@ -16,8 +16,13 @@ use kube::CustomResourceExt;
 pub const GROUP: &str = "zkgate.io";
 
 /// A duration as users write it (`90s`, `10m`, `1h30m`), validated by the
-/// API server with this pattern so a typo is refused at `kubectl apply`.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h|d))+$";
+/// API server with this pattern so a typo is refused at `kubectl apply`:
+/// numbers of at most 9 digits (so the sum cannot overflow), and at least
+/// one part that is not zero, written without a leading zero (a zero
+/// timeout or lease means nothing; there is no lookahead in the API
+/// server's regular expressions to say it otherwise).
+pub const DURATION_PATTERN: &str =
+    r"^([0-9]{1,9}(ms|s|m|h|d))*[1-9][0-9]{0,8}(ms|s|m|h|d)([0-9]{1,9}(ms|s|m|h|d))*$";
 
 /// The Secret, in each namespace with Barriers or LockLeases, that holds the
 /// namespace's ZooKeeper credential (key `auth`, `user:password`) when the
@@ -54,11 +59,22 @@ mod tests {
     #[test]
     fn the_duration_pattern_and_the_parser_agree() {
         let pattern = regex_lite::Regex::new(DURATION_PATTERN).unwrap();
-        for ok in ["90s", "10m", "1h30m", "500ms", "2d"] {
+        for ok in ["90s", "10m", "1h30m", "500ms", "2d", "0h90s", "999999999d"] {
             assert!(pattern.is_match(ok), "{ok}");
             assert!(parse_duration(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "10", "ten minutes", "10 m", "-5s", "1.5h"] {
+        for bad in [
+            "",
+            "10",
+            "ten minutes",
+            "10 m",
+            "-5s",
+            "1.5h",
+            "0s",
+            "0h0m",
+            "1000000000s",
+            "99999999999999999999d",
+        ] {
             assert!(!pattern.is_match(bad), "{bad}");
         }
     }

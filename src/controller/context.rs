@@ -33,6 +33,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The namespaces' ZooKeeper credentials and ACLs.
     pub credentials: super::credentials::Credentials,
+    /// Reconcile failures in a row, per object (the error policy's backoff).
+    pub failures: super::backoff::Failures,
 }
 
 impl Context {

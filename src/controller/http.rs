@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -15,8 +15,36 @@ use super::metrics::Metrics;
 pub struct Health {
     /// The metrics.
     pub metrics: Arc<Metrics>,
-    /// Ready: the ZooKeeper session is connected and the API server answers.
+    /// The ZooKeeper session is connected.
     pub ready: AtomicBool,
+    /// Why the last leadership term failed, while the controller waits to
+    /// try again (see [`super::run`]).
+    pub failing: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// What `/readyz` answers: ready while the ZooKeeper session is
+    /// connected and no failed leadership term is waiting to be retried.
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(cause) = self
+            .failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(cause);
+        }
+        if self.ready.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("ZooKeeper not connected".into())
+        }
+    }
+
+    /// Records a failed leadership term (`None`: a term is running).
+    pub fn set_failing(&self, cause: Option<String>) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = cause;
+    }
 }
 
 /// Serves the endpoints until the process ends.
@@ -43,12 +71,11 @@ pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> std::io::Result<()>
         .route(
             "/readyz",
             get(move || {
-                let ready = readiness.ready.load(Ordering::SeqCst);
+                let readiness = readiness.readiness();
                 async move {
-                    if ready {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "ZooKeeper not connected").into_response()
+                    match readiness {
+                        Ok(()) => (StatusCode::OK, "ready".to_owned()).into_response(),
+                        Err(cause) => (StatusCode::SERVICE_UNAVAILABLE, cause).into_response(),
                     }
                 }
             }),

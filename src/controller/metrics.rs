@@ -44,6 +44,7 @@ pub struct Metrics {
     open_latency: Histogram,
     session_connected: Gauge,
     leader: Gauge,
+    term_failures: Counter,
     seen: Mutex<Seen>,
 }
 
@@ -66,6 +67,7 @@ impl Default for Metrics {
         let open_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let session_connected = Gauge::default();
         let leader = Gauge::default();
+        let term_failures = Counter::default();
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -108,6 +110,11 @@ impl Default for Metrics {
             "1 while this replica leads (reconciles)",
             leader.clone(),
         );
+        registry.register(
+            "term_failures",
+            "ZooKeeper terms (connect, lead) that ended in an error and are retried with backoff",
+            term_failures.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -120,6 +127,7 @@ impl Default for Metrics {
             open_latency,
             session_connected,
             leader,
+            term_failures,
             seen: Mutex::default(),
         }
     }
@@ -151,6 +159,11 @@ impl Metrics {
     /// Sets whether the ZooKeeper session is connected.
     pub fn set_session_connected(&self, connected: bool) {
         self.session_connected.set(connected as i64);
+    }
+
+    /// Counts a failed ZooKeeper term (connect, lead, follow).
+    pub fn term_failed(&self) {
+        self.term_failures.inc();
     }
 
     /// Sets whether this replica leads.

@@ -9,6 +9,7 @@
 //! soon as the server expires the old session. Standby replicas wait in the
 //! lock's queue (herd-free), and no Lease RBAC is needed.
 
+mod backoff;
 mod barrier;
 mod context;
 pub mod credentials;
@@ -97,6 +98,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
     let health = Arc::new(http::Health {
         metrics: metrics.clone(),
         ready: Default::default(),
+        failing: Default::default(),
     });
     let listener_addr = options.metrics_addr;
     // Bind before anything else, so a bad address fails at start.
@@ -123,44 +125,76 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         }
     });
 
-    let mut backoff = Duration::from_millis(200);
+    let mut retry = TermBackoff::default();
     while !shutdown.is_cancelled() {
-        let session = tokio::select! {
+        let started = tokio::time::Instant::now();
+        let term = match tokio::select! {
             s = Session::connect(&options.zookeeper) => s,
             () = shutdown.cancelled() => break,
-        };
-        let session = match session {
-            Ok(session) => Arc::new(session),
-            Err(e) => {
-                warn!(error = %e, "cannot reach ZooKeeper; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = shutdown.cancelled() => break,
+        } {
+            Err(e) => Err(anyhow::Error::from(e).context("cannot reach ZooKeeper")),
+            Ok(session) => {
+                let session = Arc::new(session);
+                health.set_failing(None);
+                let readiness = tokio::spawn(follow_session(session.watch_state(), health.clone()));
+                health
+                    .ready
+                    .store(session.state() == SessionState::Connected, Ordering::SeqCst);
+                metrics.set_session_connected(true);
+                let outcome = lead(&client, &session, &options, &metrics, &shutdown).await;
+                metrics.set_leader(false);
+                readiness.abort();
+                health.ready.store(false, Ordering::SeqCst);
+                metrics.set_session_connected(false);
+                if let Ok(session) = Arc::try_unwrap(session) {
+                    let _ = session.close().await;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
+                outcome
             }
         };
-        backoff = Duration::from_millis(200);
-        let readiness = tokio::spawn(follow_session(session.watch_state(), health.clone()));
-        health
-            .ready
-            .store(session.state() == SessionState::Connected, Ordering::SeqCst);
-        metrics.set_session_connected(true);
-        match lead(&client, &session, &options, &metrics, &shutdown).await {
-            Ok(()) => {}
-            Err(e) => warn!(error = %e, "stopped leading; starting over with a new session"),
-        }
-        metrics.set_leader(false);
-        readiness.abort();
-        health.ready.store(false, Ordering::SeqCst);
-        metrics.set_session_connected(false);
-        if let Ok(session) = Arc::try_unwrap(session) {
-            let _ = session.close().await;
+        let Err(e) = term else { continue };
+        // A term that fails fast (an ensemble too old for the controller,
+        // a root it may not touch) would otherwise be retried at once,
+        // forever: back off, and say why, once per attempt.
+        let wait = retry.after(started.elapsed());
+        metrics.term_failed();
+        warn!(error = format!("{e:#}"), retry_in = ?wait, attempt = retry.attempt, "the controller's ZooKeeper term failed; retrying");
+        health.set_failing(Some(format!(
+            "the last attempt failed ({e:#}); retrying in {}",
+            humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+        )));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => break,
         }
     }
     info!("stopped");
     Ok(())
+}
+
+/// How long to wait before the next term after one failed: exponential
+/// from 0.2 s to 60 s with jitter; back to the start after a term that ran
+/// for a while.
+#[derive(Debug, Default)]
+struct TermBackoff {
+    /// Failed terms in a row.
+    attempt: u32,
+}
+
+impl TermBackoff {
+    const WAITS: backoff::Backoff =
+        backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(60));
+    /// A term that lasted this long was healthy: its failure starts afresh.
+    const HEALTHY: Duration = Duration::from_secs(60);
+
+    fn after(&mut self, lasted: Duration) -> Duration {
+        if lasted >= Self::HEALTHY {
+            self.attempt = 0;
+        }
+        let wait = Self::WAITS.wait(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
+        wait
+    }
 }
 
 /// Keeps `/readyz` in step with the session.
@@ -168,6 +202,9 @@ async fn follow_session(mut states: crate::zk::StateWatcher, health: Arc<http::H
     loop {
         let state = states.changed().await;
         let connected = state == SessionState::Connected;
+        if connected {
+            health.set_failing(None);
+        }
         health.ready.store(connected, Ordering::SeqCst);
         health.metrics.set_session_connected(connected);
         if state.is_terminal() {
@@ -187,6 +224,7 @@ async fn lead(
 ) -> anyhow::Result<()> {
     let leader_path = format!("{}/leader", options.layout.root());
     let who = serde_json::to_vec(&crate::zk::ParticipantData {
+        id: Some(options.identity.clone()),
         pod: Some(options.identity.clone()),
         pod_uid: None,
     })?;
@@ -223,6 +261,7 @@ async fn lead(
             options.zookeeper.credential.clone(),
             options.namespace_secret.clone(),
         ),
+        failures: Default::default(),
     });
     let (barrier_tx, barrier_rx) = unbounded_channel();
     let (lock_tx, lock_rx) = unbounded_channel();
@@ -323,9 +362,20 @@ async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Context>) -> Action {
-    warn!(%error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+/// Retries a failed reconcile after a backoff of the object's own (1 s
+/// doubling to 5 min, with jitter), saying which object failed and why.
+fn error_policy<K: reconciler::Reconciled>(
+    object: Arc<K>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    const WAITS: backoff::Backoff =
+        backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+    let key = reconciler::key(object.as_ref());
+    let attempt = ctx.failures.failed(&key);
+    let wait = WAITS.wait(attempt);
+    warn!(object = %key, %error, attempt = attempt + 1, retry_in = ?wait, "reconcile failed; retrying");
+    Action::requeue(wait)
 }
 
 fn log_result<K: kube::Resource, E: std::fmt::Display, Q: std::fmt::Display>(
@@ -335,5 +385,20 @@ fn log_result<K: kube::Resource, E: std::fmt::Display, Q: std::fmt::Display>(
     match result {
         Ok((object, _)) => tracing::debug!(kind, object = %object, "reconciled"),
         Err(e) => tracing::debug!(kind, error = %e, "reconcile error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_terms_back_off_and_start_afresh_after_a_healthy_one() {
+        let mut retry = TermBackoff::default();
+        let quick = Duration::from_millis(10);
+        let waits: Vec<Duration> = (0..12).map(|_| retry.after(quick)).collect();
+        assert!(waits[0] <= Duration::from_millis(240));
+        assert!(waits[11] >= Duration::from_secs(48), "{waits:?}");
+        assert!(retry.after(TermBackoff::HEALTHY) <= Duration::from_millis(240));
     }
 }

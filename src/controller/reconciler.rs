@@ -45,6 +45,7 @@ pub trait Reconciled:
 /// Reconciles one object, wrapped in the finalizer helper.
 pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = object.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let object_ref = object.clone();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let started = std::time::Instant::now();
     let result = finalizer(&api, FINALIZER, object, |event| async {
@@ -77,7 +78,21 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
     .map_err(|e| Error::Finalizer(Box::new(e)));
     ctx.metrics
         .observe_reconcile(&K::kind(&()), started.elapsed(), result.is_err());
+    if result.is_ok() {
+        ctx.failures.succeeded(&key(object_ref.as_ref()));
+    }
     result
+}
+
+/// How an object is named in logs and in the error policy's counts:
+/// `Kind/namespace/name`.
+pub fn key<K: Reconciled>(object: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
 }
 
 /// Writes `status` by server-side apply with the controller's field manager.

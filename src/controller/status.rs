@@ -13,7 +13,7 @@ use crate::api::{
     LockPhase, OnParticipantLoss, ParticipantStatus,
 };
 use crate::zk::contender::{self, ContenderKind};
-use crate::zk::tree::Snapshot;
+use crate::zk::tree::{ChildNode, Snapshot};
 use crate::zk::{BarrierData, ParticipantData, READY};
 
 /// A Kubernetes event to record.
@@ -72,6 +72,49 @@ fn condition(
         observed_generation: generation,
         last_transition_time,
     }
+}
+
+/// The `PodsTracked` condition: whether every registration that outlives
+/// its process (a persistent node: an init container's) names the pod whose
+/// end the controller checks. One that names none is left in place, since
+/// the controller cannot tell when it is done; the condition says which.
+fn pods_tracked(
+    children: &[ChildNode],
+    generation: Option<i64>,
+    now: Timestamp,
+    previous: &[Condition],
+) -> Condition {
+    let untracked: Vec<String> = children
+        .iter()
+        .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
+        .filter_map(|c| {
+            let who = ParticipantData::parse(&c.data);
+            who.pod
+                .is_none()
+                .then(|| who.id.unwrap_or_else(|| c.name.clone()))
+        })
+        .collect();
+    let message = if untracked.is_empty() {
+        "every registration that outlives its process names its pod".to_owned()
+    } else {
+        format!(
+            "the registrations of {} name no pod (set ZKGATE_POD_NAME from metadata.name): the controller cannot tell when their pods end and leaves them in place",
+            untracked.join(", ")
+        )
+    };
+    condition(
+        "PodsTracked",
+        untracked.is_empty(),
+        if untracked.is_empty() {
+            "PodsNamed"
+        } else {
+            "PodUnknown"
+        },
+        &message,
+        generation,
+        now,
+        previous,
+    )
 }
 
 /// What to do about a barrier.
@@ -350,7 +393,16 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             participants,
             opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
             completed_at,
-            conditions: vec![ready_condition, accepted],
+            conditions: vec![
+                ready_condition,
+                accepted,
+                pods_tracked(
+                    &obs.node.children,
+                    obs.generation,
+                    obs.now,
+                    &obs.previous.conditions,
+                ),
+            ],
             observed_generation: obs.generation,
             znode: Some(obs.znode.to_owned()),
         },
@@ -416,7 +468,11 @@ pub fn lock_with(
             continue;
         };
         let who = ParticipantData::parse(&child.data);
-        let id = who.pod.clone().unwrap_or_else(|| c.name.clone());
+        let id = who
+            .id
+            .clone()
+            .or_else(|| who.pod.clone())
+            .unwrap_or_else(|| c.name.clone());
         if contender::blocker(&queue, i).is_some() {
             waiting.push(id);
             continue;
@@ -532,6 +588,7 @@ pub fn lock_with(
                     &previous.conditions,
                 ),
                 accepted,
+                pods_tracked(&node.children, generation, now, &previous.conditions),
             ],
             observed_generation: generation,
             znode: Some(znode.to_owned()),

@@ -43,7 +43,17 @@ pub async fn follow(session: &Session, layout: &Layout, triggers: Triggers) -> R
         .retry("watch", &root, || {
             client.watch(&root, zk::AddWatchMode::PersistentRecursive)
         })
-        .await?;
+        .await
+        .map_err(|e| match e {
+            ZkError::Zk {
+                source: zk::Error::Unimplemented,
+                ..
+            } => ZkError::Unsupported {
+                what: "persistent recursive watches",
+                needs: "ZooKeeper 3.6 or newer",
+            },
+            e => e,
+        })?;
     info!(%root, "following ZooKeeper changes");
     loop {
         let event = watcher.changed().await;

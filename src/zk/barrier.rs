@@ -70,7 +70,13 @@ impl BarrierData {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ParticipantData {
-    /// The pod's name, when the participant is a pod.
+    /// The participant's id (free text: the node name for a barrier; a
+    /// lock's contender node is named by the recipe, so the id is here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The pod's name (`metadata.name`), when the participant is a pod: the
+    /// pod whose end the controller watches. Not the id, which may differ
+    /// (`--id worker-0`, a host name cut at 63 characters, `spec.hostname`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     /// The pod's uid: a new pod with the same name is a different participant.

@@ -73,6 +73,15 @@ pub enum ZkError {
         reason: String,
     },
 
+    /// The ensemble lacks a feature zkgate needs.
+    #[error("the ZooKeeper ensemble does not support {what}: zkgate needs {needs}")]
+    Unsupported {
+        /// The feature.
+        what: &'static str,
+        /// What provides it.
+        needs: &'static str,
+    },
+
     /// The server refused the credentials.
     #[error("ZooKeeper authentication failed (check the digest credentials)")]
     AuthFailed,
@@ -176,7 +185,9 @@ impl ZkError {
             | ZkError::SessionClosed
             | ZkError::AuthFailed
             | ZkError::NotAuthorized { .. } => ErrorKind::Unavailable,
-            ZkError::InvalidData { .. } | ZkError::Zk { .. } => ErrorKind::Internal,
+            ZkError::InvalidData { .. } | ZkError::Zk { .. } | ZkError::Unsupported { .. } => {
+                ErrorKind::Internal
+            }
         }
     }
 

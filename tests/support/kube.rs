@@ -106,6 +106,33 @@ impl ControllerProcess {
         id: &str,
         extra: &[&str],
     ) -> ControllerProcess {
+        Self::spawn(kubeconfig, zookeeper, id, extra, Stdio::inherit())
+    }
+
+    /// [`ControllerProcess::start_with`], its log (standard error) handed
+    /// to the test line by line.
+    pub fn start_logged(
+        kubeconfig: &std::path::Path,
+        zookeeper: &str,
+        id: &str,
+        extra: &[&str],
+    ) -> (
+        ControllerProcess,
+        tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    ) {
+        use tokio::io::AsyncBufReadExt;
+        let mut controller = Self::spawn(kubeconfig, zookeeper, id, extra, Stdio::piped());
+        let stderr = controller.child.stderr.take().expect("piped");
+        (controller, tokio::io::BufReader::new(stderr).lines())
+    }
+
+    fn spawn(
+        kubeconfig: &std::path::Path,
+        zookeeper: &str,
+        id: &str,
+        extra: &[&str],
+        stderr: Stdio,
+    ) -> ControllerProcess {
         let metrics_port = super::zookeeper::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_zkgate"))
             .args(["controller", "--zookeeper", zookeeper, "--id", id])
@@ -120,7 +147,7 @@ impl ControllerProcess {
             .env("ZKGATE_LOG", "zkgate=debug,warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .expect("start the controller");
