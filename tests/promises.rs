@@ -702,7 +702,8 @@ fn as_pid_1(connect: &str, args: &[&str]) -> tokio::process::Child {
 
 /// Issue 12, item 9: SIGTERM to a waiting `barrier enter` or `lock
 /// acquire` running as PID 1 (which gets no default signal handlers)
-/// removes its persistent registration, closes the session and exits 143.
+/// removes its persistent registration, closes the session and exits 143;
+/// so do the sidecars, with their ephemeral ones.
 #[tokio::test]
 async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
     let (direct, _, _proxy) = routes().await;
@@ -733,7 +734,8 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
     })
     .await;
     let other_token = format!("{}/other", dir.path().display());
-    let cases: [(Vec<&str>, String); 2] = [
+    let sidecar_ready = format!("{}/sidecar-ready", dir.path().display());
+    let cases: [(Vec<&str>, String); 4] = [
         (
             vec![
                 "barrier",
@@ -759,6 +761,34 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
                 "u2",
                 "--token-file",
                 &other_token,
+            ],
+            format!("{LOCKS}/db"),
+        ),
+        (
+            vec![
+                "barrier",
+                "sidecar",
+                "g",
+                "--participants",
+                "2",
+                "--id",
+                "p3",
+                "--ready-file",
+                &sidecar_ready,
+            ],
+            format!("{BARRIERS}/g"),
+        ),
+        (
+            vec![
+                "lock",
+                "sidecar",
+                "db",
+                "--id",
+                "p4",
+                "--token-file",
+                &other_token,
+                "--ready-file",
+                &sidecar_ready,
             ],
             format!("{LOCKS}/db"),
         ),
