@@ -188,6 +188,10 @@ pub enum LockAction {
         token: TokenFile,
     },
     /// Acquire, write the token, report ready, hold until SIGTERM (native sidecar).
+    ///
+    /// When the hold is lost, or may be, the token file goes (early enough
+    /// for `zkgate lock watch` in the main container to stop its command
+    /// before anyone else can hold the lock) and the sidecar exits 6.
     Sidecar {
         /// The lock.
         #[command(flatten)]
@@ -198,6 +202,25 @@ pub enum LockAction {
         /// Readiness reporting.
         #[command(flatten)]
         readiness: ReadinessArgs,
+        /// How long a command under `zkgate lock watch` gets after SIGTERM:
+        /// at most half the session timeout [default: a quarter of it].
+        #[arg(long, env = "ZKGATE_KILL_GRACE", value_parser = duration)]
+        kill_grace: Option<Duration>,
+    },
+    /// Run the command while a `lock sidecar` in the same pod holds the
+    /// lock (main container): stop it (exit 6) as soon as the sidecar
+    /// withdraws the token file. Needs no ZooKeeper connection.
+    Watch {
+        /// The token file the sidecar writes.
+        #[command(flatten)]
+        token: TokenFile,
+        /// After SIGTERM, how long the command gets before SIGKILL
+        /// [default: what the sidecar published; never longer].
+        #[arg(long, value_parser = duration)]
+        kill_grace: Option<Duration>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
     },
     /// Acquire, run the command with ZKGATE_FENCING_TOKEN set, release.
     ///
@@ -562,12 +585,18 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 lock: l,
                 token,
                 readiness,
+                kill_grace,
             } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
-                    .sidecar(&token.token_file, &readiness.options())
+                    .sidecar(&token.token_file, &readiness.options(), kill_grace)
                     .await
             }
+            LockAction::Watch {
+                token,
+                kill_grace,
+                command,
+            } => crate::agent::lock::watch(&token.token_file, &command, kill_grace).await,
             LockAction::Run {
                 lock: l,
                 kill_grace,

@@ -60,8 +60,17 @@ async fn every_example_is_accepted_by_the_api_server() {
             }
         }
         let target = if dir.ends_with("gang-sidecar") {
-            check_native_sidecar_job(&dir.join("job.yaml"));
+            check_native_sidecar_job(&dir.join("job.yaml"), "barrier");
             dir.join("barrier.yaml")
+        } else if dir.ends_with("lock-sidecar") {
+            let pod = check_native_sidecar_job(&dir.join("job.yaml"), "lock");
+            let main = pod.containers[0].command.as_ref().unwrap();
+            assert_eq!(
+                &main[1..3],
+                ["lock", "watch"],
+                "the main container watches the token"
+            );
+            dir.join("locklease.yaml")
         } else {
             dir.clone()
         };
@@ -88,15 +97,23 @@ async fn every_example_is_accepted_by_the_api_server() {
         assert!(said.contains("(server dry run)"), "{said}");
         checked += 1;
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 5);
 }
 
-fn check_native_sidecar_job(path: &Path) {
+/// Checks a Job whose pods hold `kind` (barrier, lock) from a native
+/// sidecar gated by a startupProbe; returns its pod spec.
+fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::v1::PodSpec {
     use k8s_openapi::api::batch::v1::Job;
     let job: Job = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap())
         .expect("a valid Job (Kubernetes 1.33 types)");
     let pod = job.spec.unwrap().template.spec.unwrap();
-    let sidecar = &pod.init_containers.as_ref().unwrap()[0];
+    let sidecar = pod
+        .init_containers
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.restart_policy.is_some())
+        .expect("a native sidecar");
     assert_eq!(
         sidecar.restart_policy.as_deref(),
         Some("Always"),
@@ -112,5 +129,6 @@ fn check_native_sidecar_job(path: &Path) {
         .args
         .as_ref()
         .unwrap()
-        .starts_with(&["barrier".to_string(), "sidecar".to_string()]));
+        .starts_with(&[kind.to_string(), "sidecar".to_string()]));
+    pod
 }

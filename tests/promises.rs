@@ -426,11 +426,16 @@ fn read_nanos(path: &std::path::Path) -> u128 {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Issue 12, item 1: a `lock run` holder cut off from ZooKeeper has its
-/// command dead (SIGKILL if it ignores SIGTERM) before the server can
-/// expire its session, so the next holder's command never runs beside it.
-#[tokio::test]
-async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
+/// A holder cut off from ZooKeeper (its connection through `proxy` stalls)
+/// while the next holder waits on a direct connection. `start_holder` gets
+/// the command to run under the lock (it ignores SIGTERM, as slow shutdowns
+/// effectively do, and writes the time every 20 ms while it lives) and
+/// starts the processes that hold the lock with it; they must all exit 6
+/// with `lost` in their message. Then the command must have been dead
+/// before the next holder's command started.
+async fn cut_off_holder_stops_before_the_next_starts(
+    start_holder: impl FnOnce(&str, &str) -> Vec<(tokio::process::Child, &'static str)>,
+) {
     let (direct, through_proxy, proxy) = routes().await;
     let dir = tempfile::tempdir().unwrap();
     let (started, beat, next_started) = (
@@ -438,35 +443,12 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
         dir.path().join("beat"),
         dir.path().join("next"),
     );
-    // The command ignores SIGTERM (as slow shutdowns effectively do) and
-    // writes the time every 20 ms while it lives.
     let script = format!(
         "trap '' TERM; touch {s}; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
         s = started.display(),
         b = beat.display()
     );
-    let holder = support::zkgate(
-        &through_proxy,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "8s",
-            "--kill-grace",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    )
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let holders = start_holder(&through_proxy, &script);
     eventually(Duration::from_secs(10), "the holder's command", || async {
         started.exists().then_some(())
     })
@@ -499,9 +481,11 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
     )
     .await;
     proxy.stall();
-    let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
-    assert_eq!(code, 6, "{err}");
-    assert!(err.contains("lost the lock"), "{err}");
+    for (holder, lost) in holders {
+        let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
+        assert_eq!(code, 6, "{err}");
+        assert!(err.contains(lost), "{err}");
+    }
     let (code, err) = support::finished(next, Duration::from_secs(40)).await;
     assert_eq!(code, 0, "{err}");
     let (last_beat, next_start) = (read_nanos(&beat), read_nanos(&next_started));
@@ -511,6 +495,90 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
         (last_beat - next_start) / 1_000_000
     );
     proxy.resume();
+}
+
+fn piped(mut cmd: tokio::process::Command) -> tokio::process::Child {
+    cmd.stderr(std::process::Stdio::piped()).spawn().unwrap()
+}
+
+/// Issue 12, item 1: a `lock run` holder cut off from ZooKeeper has its
+/// command dead (SIGKILL if it ignores SIGTERM) before the server can
+/// expire its session, so the next holder's command never runs beside it.
+#[tokio::test]
+async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
+    cut_off_holder_stops_before_the_next_starts(|through_proxy, script| {
+        let holder = support::zkgate(
+            through_proxy,
+            &[
+                "lock",
+                "run",
+                "db",
+                "--create",
+                "--id",
+                "holder",
+                "--session-timeout",
+                "8s",
+                "--kill-grace",
+                "3s",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        vec![(piped(holder), "lost the lock")]
+    })
+    .await;
+}
+
+/// Issue 12, item 2: a `lock sidecar` cut off from ZooKeeper withdraws its
+/// token early enough that the main container's command, run under
+/// `zkgate lock watch`, is dead before the next holder starts; both exit 6.
+#[tokio::test]
+async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holder_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fencing-token");
+    let ready = dir.path().join("ready");
+    cut_off_holder_stops_before_the_next_starts(|through_proxy, script| {
+        let sidecar = support::zkgate(
+            through_proxy,
+            &[
+                "lock",
+                "sidecar",
+                "db",
+                "--create",
+                "--id",
+                "holder",
+                "--session-timeout",
+                "8s",
+                "--kill-grace",
+                "3s",
+                "--token-file",
+                token.to_str().unwrap(),
+                "--ready-file",
+                ready.to_str().unwrap(),
+            ],
+        );
+        // The main container: no ZooKeeper, only the shared volume.
+        let main = support::zkgate(
+            "127.0.0.1:1",
+            &[
+                "lock",
+                "watch",
+                "--token-file",
+                token.to_str().unwrap(),
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        vec![
+            (piped(main), "withdrew the token"),
+            (piped(sidecar), "lost the lock"),
+        ]
+    })
+    .await;
 }
 
 /// Issue 12, item 1: a kill grace that cannot fit in the session timeout

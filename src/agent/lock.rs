@@ -1,5 +1,6 @@
 //! `zkgate lock acquire | sidecar | run`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -151,32 +152,51 @@ impl<'a> LockCommand<'a> {
     }
 
     /// `sidecar`: acquires, writes the token and reports ready, holds until
-    /// SIGTERM (then releases). If the hold is lost it withdraws the token
-    /// file and readiness and exits 6 at once.
+    /// SIGTERM (then releases).
+    ///
+    /// It cannot stop the main container itself. What the pod sees when the
+    /// hold is lost, or may be: the token file goes (with the readiness),
+    /// and the sidecar exits 6. The token file goes early enough for a
+    /// command run under `zkgate lock watch` to be stopped within `grace`
+    /// (published beside the token, see [`grace_file`]) before the server
+    /// can expire the session, as for `lock run`.
     pub async fn sidecar(
         &self,
         token_file: &std::path::Path,
         readiness: &ReadinessOptions,
+        grace: Option<Duration>,
     ) -> Result<i32, AgentError> {
+        if let Some(grace) = grace {
+            check_kill_grace(grace, self.participant.session.session_timeout, "asked for")?;
+        }
         let mut stop = Termination::install()?;
         let readiness = Readiness::start(readiness).await?;
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
         let outcome = async {
+            let grace = grace.unwrap_or(session.timeout() / 4);
+            check_kill_grace(grace, session.timeout(), "granted by the server")?;
             let hold = stop
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
                 .await?;
+            ready::write_atomically(
+                &grace_file(token_file),
+                &format!("{}\n", humantime::format_duration(grace)),
+            )?;
             ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
             readiness.set_ready()?;
+            let monitor = hold
+                .monitor()
+                .with_reserve(grace + safety_margin(session.timeout()) + WATCH_POLL);
             let lost = tokio::select! {
                 _ = stop.received() => None,
-                reason = hold.lost() => Some(reason),
+                reason = monitor.lost() => Some(reason),
             };
             readiness.clear();
             ready::remove(token_file);
             match lost {
-                Some(reason) => Err(self.lost("")(reason)),
+                Some(reason) => Err(self.lost("; the token file was withdrawn")(reason)),
                 None => {
                     info!("asked to stop: releasing the lock");
                     hold.release()
@@ -245,6 +265,83 @@ impl<'a> LockCommand<'a> {
         .await;
         close(session).await;
         outcome
+    }
+}
+
+/// How often `lock watch` looks at the token file.
+const WATCH_POLL: Duration = Duration::from_millis(100);
+
+/// Where `lock sidecar` publishes the kill grace it leaves a watched
+/// command: beside the token file, so `lock watch` needs no setting of its own.
+pub fn grace_file(token_file: &Path) -> PathBuf {
+    let mut name = token_file.as_os_str().to_owned();
+    name.push(".kill-grace");
+    PathBuf::from(name)
+}
+
+/// `lock watch` (the main container beside a `lock sidecar`): waits for the
+/// token file, runs `command` with `ZKGATE_FENCING_TOKEN` set, and stops it
+/// (SIGTERM, SIGKILL after the kill grace the sidecar published, or
+/// `grace`, which may only be shorter) as soon as the token file goes or
+/// changes: the sidecar lost the hold. Exits with the command's code, or 6
+/// when it was stopped. Needs no ZooKeeper connection.
+pub async fn watch(
+    token_file: &Path,
+    command: &[String],
+    grace: Option<Duration>,
+) -> Result<i32, AgentError> {
+    child::check_command(command)?;
+    let read_token = || {
+        std::fs::read_to_string(token_file)
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+    };
+    let token = loop {
+        if let Some(token) = read_token() {
+            break token;
+        }
+        tokio::time::sleep(WATCH_POLL).await;
+    };
+    let published = std::fs::read_to_string(grace_file(token_file))
+        .ok()
+        .and_then(|g| humantime::parse_duration(g.trim()).ok());
+    let grace = match (grace, published) {
+        (Some(asked), Some(max)) if asked > max => {
+            return Err(AgentError::usage(format!(
+                "--kill-grace {} is longer than the {} the lock sidecar leaves (its --kill-grace): the command could outlive the hold",
+                humantime::format_duration(asked),
+                humantime::format_duration(max)
+            )))
+        }
+        (Some(asked), _) => asked,
+        (None, Some(published)) => published,
+        (None, None) => {
+            return Err(AgentError::usage(format!(
+                "{} is missing: run `zkgate lock sidecar` with the same --token-file, or give --kill-grace",
+                grace_file(token_file).display()
+            )))
+        }
+    };
+    info!(token = %token, "the lock is held by the sidecar: starting the command");
+    let child = child::spawn(command, &[("ZKGATE_FENCING_TOKEN", token.clone())])?;
+    let withdrawn = async {
+        loop {
+            tokio::time::sleep(WATCH_POLL).await;
+            if read_token().as_deref() != Some(token.as_str()) {
+                return;
+            }
+        }
+    };
+    match child::supervise(child, withdrawn, grace).await? {
+        Ended::Exited(code) => Ok(code),
+        Ended::Interrupted((), code) => Err(AgentError::new(
+            Exit::LockLost,
+            format!(
+                "the lock sidecar withdrew the token {token} ({}): the hold is lost; the command was terminated (it exited {code})",
+                token_file.display()
+            ),
+        )),
     }
 }
 
