@@ -577,6 +577,100 @@ async fn waiters_are_listed_in_queue_order() {
     assert_eq!(st.waiting, ["second", "third"]);
 }
 
+/// Issue 12, item 14: the status read back is not the controller's
+/// memory. A status that shows less than the controller wrote (a watch
+/// cache lagging its own last write, or someone editing the status) must
+/// not restart a lease (pushing its expiry back) or repeat an event.
+#[tokio::test]
+async fn a_stale_or_edited_status_neither_restarts_a_lease_nor_repeats_events() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
+        "spec": { "leaseDuration": "10m" }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let holder = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "holder",
+            "--timeout",
+            "30s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let held = eventually(WITHIN, "the hold in the status", || async {
+        let st = api.get("db").await.ok()?.status?;
+        st.holders.first().cloned()
+    })
+    .await;
+    let expires = held.expires_at.clone().expect("a lease");
+    eventually(WITHIN, "the Acquired event", || async {
+        event_reasons(&s)
+            .await
+            .iter()
+            .any(|r| r == "Acquired")
+            .then_some(())
+    })
+    .await;
+    // The status as a stale cache (or an edit) would show it: no holder.
+    let edited = json!({ "status": { "holders": [], "holderCount": 0, "phase": "Free" } });
+    api.patch_status("db", &PatchParams::default(), &Patch::Merge(&edited))
+        .await
+        .unwrap();
+    // The controller looks again (the edit, then a waiter, trigger it) and
+    // writes the hold back as it was.
+    let waiter = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "waiter",
+            "--timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let rewritten = eventually(WITHIN, "the hold and the waiter in the status", || async {
+        let st = api.get("db").await.ok()?.status?;
+        (st.waiting == ["waiter"]).then_some(st.holders.first().cloned()?)
+    })
+    .await;
+    assert_eq!(
+        rewritten.expires_at,
+        Some(expires),
+        "the lease restarted when the status showed no holder"
+    );
+    assert_eq!(rewritten.since, held.since);
+    // Repeats of one event are folded into a series: count them all.
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
+    let acquired: i32 = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Acquired"))
+        .map(|e| e.series.as_ref().map_or(1, |series| series.count))
+        .sum();
+    assert_eq!(acquired, 1, "the Acquired event was repeated");
+    drop((holder, waiter));
+}
+
 #[tokio::test]
 async fn invalid_resources_are_refused_with_messages_a_user_understands() {
     let client = client().await;

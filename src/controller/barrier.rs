@@ -125,7 +125,7 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     }
     node.children.retain(|c| !removed.contains(&c.name));
 
-    let previous = barrier.status.clone().unwrap_or_default();
+    let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
     let outcome = status::barrier(&BarrierObservation {
         spec: &barrier.spec,
         created: barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -147,6 +147,7 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     if barrier.status.as_ref() != Some(&outcome.status) {
         write_status(barrier, namespace, &outcome.status, ctx).await?;
     }
+    ctx.barrier_status.remember(&uid, &outcome.status);
     for note in &outcome.notes {
         ctx.record(barrier, note).await;
     }
@@ -175,6 +176,9 @@ async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Ac
     }
     tree::delete_tree(zk, &path).await?;
     ctx.metrics.barrier_gone(namespace, &name);
+    if let Some(uid) = barrier.uid() {
+        ctx.barrier_status.forget(&uid);
+    }
     info!(barrier = %name, %path, "deleted the barrier's znodes");
     Ok(Action::await_change())
 }

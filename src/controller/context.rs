@@ -35,6 +35,57 @@ pub struct Context {
     pub credentials: super::credentials::Credentials,
     /// Reconcile failures in a row, per object (the error policy's backoff).
     pub failures: super::backoff::Failures,
+    /// The Barrier statuses this term applied.
+    pub barrier_status: StatusMemory<crate::api::BarrierStatus>,
+    /// The LockLease statuses this term applied.
+    pub lock_status: StatusMemory<crate::api::LockLeaseStatus>,
+}
+
+/// The last status the controller applied, per resource uid: its memory of
+/// lease starts, transitions (events) and leave times.
+///
+/// Why not the status read back: the controller's watch cache can lag its
+/// own last write (a reconcile racing its own patch would restart a lease,
+/// repeatedly under contention, and repeat events), and anyone with access
+/// to the status subresource can edit it. A new term (another replica, a
+/// restart) starts from the status read back, which is then as new as
+/// anything written: the previous term's last write.
+#[derive(Debug)]
+pub struct StatusMemory<S> {
+    last: std::sync::Mutex<std::collections::HashMap<String, S>>,
+}
+
+impl<S> Default for StatusMemory<S> {
+    fn default() -> Self {
+        StatusMemory {
+            last: Default::default(),
+        }
+    }
+}
+
+impl<S: Clone + Default> StatusMemory<S> {
+    /// What the status was: the last one applied for `uid` in this term,
+    /// else `read` (the status read back).
+    pub fn previous(&self, uid: &str, read: Option<&S>) -> S {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.get(uid).or(read).cloned().unwrap_or_default()
+    }
+
+    /// `status` was applied for `uid`.
+    pub fn remember(&self, uid: &str, status: &S) {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_owned(), status.clone());
+    }
+
+    /// The resource is gone.
+    pub fn forget(&self, uid: &str) {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
 }
 
 impl Context {

@@ -153,7 +153,7 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     }
     node.children.retain(|c| !removed.contains(&c.name));
 
-    let previous = lock.status.clone().unwrap_or_default();
+    let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
     let mut outcome = status::lock_with(
         &lock.spec,
         &node,
@@ -196,6 +196,7 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     if lock.status.as_ref() != Some(&outcome.status) {
         write_status(lock, namespace, &outcome.status, ctx).await?;
     }
+    ctx.lock_status.remember(&uid, &outcome.status);
     for note in &outcome.notes {
         ctx.record(lock, note).await;
     }
@@ -231,6 +232,9 @@ async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Act
     }
     tree::delete_tree(zk, &path).await?;
     ctx.metrics.lock_gone(namespace, &name);
+    if let Some(uid) = lock.uid() {
+        ctx.lock_status.forget(&uid);
+    }
     info!(lock = %name, %path, "deleted the lock's znodes");
     Ok(Action::await_change())
 }

@@ -262,6 +262,8 @@ async fn lead(
             options.namespace_secret.clone(),
         ),
         failures: Default::default(),
+        barrier_status: Default::default(),
+        lock_status: Default::default(),
     });
     let (barrier_tx, barrier_rx) = unbounded_channel();
     let (lock_tx, lock_rx) = unbounded_channel();
