@@ -284,9 +284,10 @@ pub struct Common {
 #[derive(Debug, Args)]
 pub struct Security {
     /// ZooKeeper digest credential, `user:password` (participants: their
-    /// namespace's, from the Secret the controller keeps).
+    /// namespace's, from the Secret the controller keeps); empty: none (a
+    /// Secret made empty on purpose for open ACLs).
     #[arg(long, env = "ZKGATE_AUTH", value_parser = credential, hide_env_values = true, conflicts_with = "auth_file")]
-    pub auth: Option<Credential>,
+    pub auth: Option<MaybeCredential>,
     /// A file holding the digest credential, `user:password` (a mounted Secret).
     #[arg(long, env = "ZKGATE_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
@@ -310,7 +311,7 @@ impl Security {
             })
         };
         options.credential = match (&self.auth, &self.auth_file) {
-            (Some(credential), _) => Some(credential.clone()),
+            (Some(MaybeCredential(credential)), _) => credential.clone(),
             (None, Some(file)) => Some(
                 Credential::parse(&read("credential file", file)?).map_err(|e| {
                     AgentError::usage(format!("the credential file {}: {e}", file.display()))
@@ -428,8 +429,16 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn credential(s: &str) -> Result<Credential, String> {
-    Credential::parse(s)
+/// A credential given on the command line or in the environment; empty
+/// means none.
+#[derive(Clone, Debug)]
+pub struct MaybeCredential(Option<Credential>);
+
+fn credential(s: &str) -> Result<MaybeCredential, String> {
+    if s.is_empty() {
+        return Ok(MaybeCredential(None));
+    }
+    Credential::parse(s).map(|c| MaybeCredential(Some(c)))
 }
 
 fn connect_string(s: &str) -> Result<ConnectString, String> {

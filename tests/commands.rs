@@ -861,3 +861,34 @@ async fn invalid_values_from_the_environment_are_refused_up_front() {
         "nothing was created"
     );
 }
+
+/// Issue 12, item 16: the examples reference the credential Secret without
+/// `optional`, so with open ACLs it is made with an empty value: an empty
+/// `ZKGATE_AUTH` means no credential (not a usage error), while a malformed
+/// one is still refused.
+#[tokio::test]
+async fn an_empty_credential_means_none_and_a_malformed_one_is_refused() {
+    let connect = isolated_connect();
+    let mut cmd = zkgate(
+        &connect,
+        &[
+            "barrier",
+            "run",
+            "solo",
+            "--participants",
+            "1",
+            "--",
+            "true",
+        ],
+    );
+    cmd.env("ZKGATE_AUTH", "");
+    let (code, err) = output(cmd).await;
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = zkgate(
+        &connect,
+        &["barrier", "enter", "solo", "--participants", "1"],
+    );
+    cmd.env("ZKGATE_AUTH", "no-colon-here");
+    let (code, err) = output(cmd).await;
+    assert_eq!(code, 2, "{err}");
+}

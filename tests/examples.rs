@@ -49,7 +49,7 @@ async fn every_example_is_accepted_by_the_api_server() {
             }
             for wanted in [
                 "automountServiceAccountToken: false",
-                "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth, optional: true}",
+                "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth}}",
                 "runAsNonRoot: true",
                 "readOnlyRootFilesystem: true",
                 "allowPrivilegeEscalation: false",
