@@ -108,6 +108,11 @@ pub struct ControllerArgs {
         value_parser = node_name
     )]
     pub namespace_secret: String,
+    /// After a credential rotation, how long the replaced credential keeps
+    /// working beside the new one (pods of a gang that started with it
+    /// finish their round), before it is taken away.
+    #[arg(long, env = "ZKGATE_ROTATION_GRACE", default_value = "15m", value_parser = duration)]
+    pub rotation_grace: Duration,
 }
 
 impl ControllerArgs {
@@ -120,6 +125,7 @@ impl ControllerArgs {
                     .connect_timeout(self.connect_timeout),
             )?,
             namespace_secret: self.namespace_secret.clone(),
+            rotation_grace: self.rotation_grace,
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
             metrics_addr: self.metrics_addr,
             identity: match &self.id {

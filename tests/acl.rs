@@ -43,9 +43,60 @@ async fn credential_of(client: &kube::Client, ns: &str) -> Credential {
     .await
 }
 
+/// How long a replaced credential keeps working in these tests.
+const GRACE: &str = "4s";
+
 /// A controller (over every namespace of `api`) with a credential of its own.
 fn controller_with_credential(api: &PrivateApiServer, zk: &str, id: &str) -> ControllerProcess {
-    ControllerProcess::start_with(&api.kubeconfig(), zk, id, &["--auth", CONTROLLER_AUTH])
+    ControllerProcess::start_with(
+        &api.kubeconfig(),
+        zk,
+        id,
+        &["--auth", CONTROLLER_AUTH, "--rotation-grace", GRACE],
+    )
+}
+
+/// Asks for a rotation of `ns`'s credential and returns the new one, once
+/// the controller has made it (a reconcile of the namespace is poked by
+/// touching `poke`, a LockLease or Barrier `name` there).
+async fn rotate<K>(
+    client: &kube::Client,
+    ns: &str,
+    poke: &Api<K>,
+    name: &str,
+    old: &Credential,
+) -> Credential
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    secrets
+        .patch(
+            SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } })),
+        )
+        .await
+        .unwrap();
+    // Reconciles happen on changes and at least every 5 minutes: poke one.
+    eventually(Duration::from_secs(90), "a rotated credential", || async {
+        let _ = poke
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "annotations": { "poke": uuid::Uuid::new_v4().to_string() } } })),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let secret = secrets.get(SECRET).await.ok()?;
+        if secret.metadata.annotations.as_ref()?.contains_key("zkgate.io/rotate") {
+            return None;
+        }
+        let bytes = secret.data?.get("auth")?.0.clone();
+        let now = Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
+        (now != *old).then_some(now)
+    })
+    .await
 }
 
 /// A pod holding `credential` takes the lock at `lock`; the hold shows in
@@ -300,54 +351,34 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     a_hold_shows_in_the_status(&zk, &cred_a, &lock_a, &locks_a).await;
 
     // Rotation: asked for on the Secret, done by the controller.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &a);
-    secrets
-        .patch(
-            SECRET,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } })),
-        )
-        .await
-        .unwrap();
-    // Reconciles of a happen on changes and at least every 5 minutes: poke
-    // one by touching the LockLease.
     let locks: Api<LockLease> = Api::namespaced(client.clone(), &a);
-    let rotated = eventually(Duration::from_secs(90), "a rotated credential", || async {
-        let _ = locks
-            .patch(
-                "db",
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "annotations": { "poke": uuid::Uuid::new_v4().to_string() } } })),
-            )
-            .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let secret = secrets.get(SECRET).await.ok()?;
-        if secret.metadata.annotations.as_ref()?.contains_key("zkgate.io/rotate") {
-            return None;
-        }
-        let bytes = secret.data?.get("auth")?.0.clone();
-        let now = Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
-        (now != cred_a).then_some(now)
-    })
+    let rotated = rotate(&client, &a, &locks, "db", &cred_a).await;
+    // Once the rotation's grace window has closed, the old credential is refused.
+    eventually(
+        Duration::from_secs(30),
+        "the old credential refused",
+        || async {
+            let mut old = zkgate(
+                &zk,
+                &a,
+                &[
+                    "lock",
+                    "run",
+                    "db",
+                    "--id",
+                    "old",
+                    "--timeout",
+                    "5s",
+                    "--",
+                    "true",
+                ],
+            );
+            old.env("ZKGATE_AUTH", cred_a.expose());
+            let (code, _) = run(&mut old).await;
+            (code == 5).then_some(())
+        },
+    )
     .await;
-    let mut old = zkgate(
-        &zk,
-        &a,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--id",
-            "old",
-            "--timeout",
-            "5s",
-            "--",
-            "true",
-        ],
-    );
-    old.env("ZKGATE_AUTH", cred_a.expose());
-    let (code, err) = run(&mut old).await;
-    assert_eq!(code, 5, "the old credential still works: {err}");
     let mut new = zkgate(
         &zk,
         &a,
@@ -407,4 +438,100 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
         "a is untouched"
     );
     drop(api);
+}
+
+/// Issue 12, item 16: a rotation in the middle of a gang's round does not
+/// fail the gang. A participant that entered with the old credential leaves
+/// with it, while one that starts after the rotation uses the new one; the
+/// old credential stops working when the grace window closes.
+#[tokio::test]
+async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
+    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
+        .await
+        .unwrap();
+    let client = client_of(&api.kubeconfig()).await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = ControllerProcess::start_with(
+        &api.kubeconfig(),
+        &zk,
+        "controller-rotation",
+        &["--auth", CONTROLLER_AUTH, "--rotation-grace", "20s"],
+    );
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "round" }, "spec": { "participants": 2 } })).unwrap();
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let old = credential_of(&client, &ns).await;
+    let participant = |id: &str, credential: &Credential| {
+        let mut cmd = zkgate(
+            &zk,
+            &ns,
+            &[
+                "barrier",
+                "run",
+                "round",
+                "--id",
+                id,
+                "--timeout",
+                "60s",
+                "--",
+                "sleep",
+                "1",
+            ],
+        );
+        cmd.env("ZKGATE_AUTH", credential.expose());
+        cmd.spawn().unwrap()
+    };
+    let first = participant("p1", &old);
+    eventually(Duration::from_secs(30), "p1 registered", || async {
+        (barriers.get("round").await.ok()?.status?.entered == 1).then_some(())
+    })
+    .await;
+    let new = rotate(&client, &ns, &barriers, "round", &old).await;
+    let second = participant("p2", &new);
+    for (who, p) in [
+        ("p1 (old credential)", first),
+        ("p2 (new credential)", second),
+    ] {
+        let out = tokio::time::timeout(Duration::from_secs(60), p.wait_with_output())
+            .await
+            .expect("the participant finishes")
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{who}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let done = barriers.get("round").await.unwrap().status.unwrap();
+    assert_ne!(done.phase, Some(BarrierPhase::Failed), "{done:?}");
+    // After the grace window, the old credential opens nothing.
+    eventually(
+        Duration::from_secs(60),
+        "the old credential refused",
+        || async {
+            let mut late = zkgate(
+                &zk,
+                &ns,
+                &[
+                    "barrier",
+                    "enter",
+                    "round",
+                    "--id",
+                    "late",
+                    "--timeout",
+                    "2s",
+                ],
+            );
+            late.env("ZKGATE_AUTH", old.expose());
+            let (code, _) = run(&mut late).await;
+            (code == 5).then_some(())
+        },
+    )
+    .await;
 }

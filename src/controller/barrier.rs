@@ -154,10 +154,20 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
     let recheck = if persistent { Some(POD_RECHECK) } else { None };
-    Ok(match outcome.requeue.into_iter().chain(recheck).min() {
-        Some(after) => Action::requeue(after),
-        None => Action::requeue(Duration::from_secs(300)),
-    })
+    // A rotation's grace window closing is a change to act on.
+    let grace = ctx.credentials.grace_left(namespace).await;
+    Ok(
+        match outcome
+            .requeue
+            .into_iter()
+            .chain(recheck)
+            .chain(grace)
+            .min()
+        {
+            Some(after) => Action::requeue(after),
+            None => Action::requeue(Duration::from_secs(300)),
+        },
+    )
 }
 
 async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {

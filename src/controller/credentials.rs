@@ -20,19 +20,22 @@
 //! Rotation: annotate the Secret `zkgate.io/rotate` (any value). Within a
 //! reconcile of the namespace (the Secret is looked at every 30 s at most,
 //! and every resource is reconciled at least every 5 minutes) the controller
-//! makes a new credential, moves every node of the namespace to it (the
-//! participants' own nodes included), rewrites the Secret and drops the
-//! annotation. The replaced credential is kept (stored and held) until the
-//! next rotation, so a rotation cut short by an error or a crash is finished
-//! by the next look rather than lost. The old credential stops working at once: running
-//! participants keep their ephemeral nodes until their sessions end, but
-//! cannot change anything more; new pods read the new Secret.
+//! makes a new credential, gives every node of the namespace to it as well
+//! (the participants' own nodes included), rewrites the Secret and drops
+//! the annotation. The replaced credential keeps working beside the new one
+//! for a grace window (`--rotation-grace`, stored with the credentials, so
+//! a restarted controller keeps to it): a gang that started with it
+//! finishes its round, while new pods read the new Secret. When the window
+//! closes, the next look (reconciles are scheduled for it) takes it away
+//! from every node. The replaced credential is kept (stored and held) until
+//! the next rotation, so a rotation cut short by an error or a crash is
+//! finished by the next look rather than lost.
 //!
 //! When a namespace is deleted, the deletion of its last resource removes
 //! its subtree and its stored credential as well.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -75,15 +78,20 @@ impl NamespaceAcls {
         }
     }
 
-    fn new(controller: &Credential, namespace: &Credential) -> NamespaceAcls {
+    /// The ACLs for `namespace`'s credentials: the current one, and during
+    /// a rotation's grace window the one it replaced as well.
+    fn new(controller: &Credential, namespace: &[&Credential]) -> NamespaceAcls {
         use zk::Permission as P;
-        NamespaceAcls {
-            dirs: vec![controller.acl(P::ALL), namespace.acl(P::READ)],
-            resources: vec![
-                controller.acl(P::ALL),
-                namespace.acl(P::READ | P::CREATE | P::DELETE),
-            ],
+        let mut acls = NamespaceAcls {
+            dirs: vec![controller.acl(P::ALL)],
+            resources: vec![controller.acl(P::ALL)],
+        };
+        for credential in namespace {
+            acls.dirs.push(credential.acl(P::READ));
+            acls.resources
+                .push(credential.acl(P::READ | P::CREATE | P::DELETE));
         }
+        acls
     }
 }
 
@@ -96,6 +104,11 @@ struct Stored {
     /// rotation finished, so the controller holds it too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     previous: Option<String>,
+    /// Until when (Unix milliseconds) `previous` keeps working beside
+    /// `current`: the rotation's grace window for work in flight. Absent:
+    /// over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_until_ms: Option<i64>,
 }
 
 struct Known {
@@ -104,27 +117,80 @@ struct Known {
     /// The one it replaced, while nodes may still name it (this session
     /// holds it too).
     previous: Option<Credential>,
+    /// While the rotation's grace window is open: when it closes. Until
+    /// then `previous` works beside `credential` on every node; then the
+    /// next look takes it away.
+    grace_until: Option<SystemTime>,
     /// When the Secret was last looked at and the namespace's nodes were
     /// known to carry the ACLs; `None` on the first look of a term and while
     /// a rotation is unfinished.
     checked: Option<Instant>,
 }
 
+impl Known {
+    /// The credentials the namespace's nodes grant: the current one, and the
+    /// replaced one while the grace window is open.
+    fn granted(&self) -> Vec<&Credential> {
+        let open = self.grace_until.is_some_and(|t| SystemTime::now() < t);
+        std::iter::once(&self.credential)
+            .chain(self.previous.as_ref().filter(|_| open))
+            .collect()
+    }
+
+    /// How the participants' own nodes go from the replaced credential to
+    /// the current one: shared while the grace window is open, replaced after.
+    fn moving(&self) -> Option<Moving<'_>> {
+        let old = self.previous.as_ref()?;
+        Some(Moving {
+            old,
+            new: &self.credential,
+            keep_old: self.granted().len() > 1,
+        })
+    }
+}
+
+/// A rotation's move of the participants' nodes.
+#[derive(Clone, Copy)]
+struct Moving<'c> {
+    old: &'c Credential,
+    new: &'c Credential,
+    /// The grace window is open: both work.
+    keep_old: bool,
+}
+
 /// The namespaces' credentials, for one leadership term (one session).
 pub struct Credentials {
     controller: Option<Credential>,
     secret_name: String,
+    /// How long a replaced credential keeps working after a rotation.
+    grace: Duration,
     known: tokio::sync::Mutex<HashMap<String, Known>>,
 }
 
 impl Credentials {
     /// Namespace credentials when `controller` is set; open ACLs otherwise.
-    pub fn new(controller: Option<Credential>, secret_name: String) -> Credentials {
+    pub fn new(
+        controller: Option<Credential>,
+        secret_name: String,
+        grace: Duration,
+    ) -> Credentials {
         Credentials {
             controller,
             secret_name,
+            grace,
             known: Default::default(),
         }
+    }
+
+    /// How long until `namespace`'s rotation grace window closes (and a
+    /// look must take the replaced credential away), if one is open.
+    pub async fn grace_left(&self, namespace: &str) -> Option<Duration> {
+        let known = self.known.lock().await;
+        let until = known.get(namespace)?.grace_until?;
+        Some(
+            until.duration_since(SystemTime::now()).unwrap_or_default()
+                + Duration::from_millis(100),
+        )
     }
 
     /// The ACLs for `namespace`'s nodes. With credentials, first makes sure
@@ -146,16 +212,25 @@ impl Credentials {
         let k = hold(&mut known, namespace, zk, layout, true)
             .await?
             .ok_or(Error::Incomplete("namespace credential"))?;
+        // A grace window that has closed: the replaced credential goes now.
+        if k.grace_until.is_some_and(|t| SystemTime::now() >= t) {
+            info!(
+                namespace,
+                "the rotation's grace window closed: the replaced credential stops working"
+            );
+            k.grace_until = None;
+            k.checked = None;
+        }
         if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
-            return Ok(NamespaceAcls::new(controller, &k.credential));
+            return Ok(NamespaceAcls::new(controller, &k.granted()));
         }
         // The first look of a term, or a rotation left unfinished (by an
         // error here, or by a crash: the stored previous credential says
-        // so): every node moves to the current credential. Idempotent.
+        // so): every node moves to the current credential (shared with the
+        // replaced one while the grace window is open). Idempotent.
         if k.checked.is_none() {
-            let acls = NamespaceAcls::new(controller, &k.credential);
-            let moving = k.previous.as_ref().map(|old| (old, &k.credential));
-            protect(zk, layout, namespace, &acls, moving).await?;
+            let acls = NamespaceAcls::new(controller, &k.granted());
+            protect(zk, layout, namespace, &acls, k.moving()).await?;
         }
 
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -170,21 +245,22 @@ impl Credentials {
             // rather than rotating from a stale credential.
             let new = Credential::generate(user_of(namespace));
             zk.add_credential(&new).await?;
+            let until = SystemTime::now() + self.grace;
             store(
                 zk,
                 &layout.credential(namespace)?,
                 &new,
-                Some(&k.credential),
+                Some((&k.credential, until)),
             )
             .await?;
-            info!(namespace, "rotated the namespace's ZooKeeper credential");
+            info!(namespace, grace = ?self.grace, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
             k.previous = Some(std::mem::replace(&mut k.credential, new));
+            k.grace_until = Some(until);
             k.checked = None;
             self.write_secret(&secrets, secret.is_some(), &k.credential, true)
                 .await?;
-            let acls = NamespaceAcls::new(controller, &k.credential);
-            let moving = k.previous.as_ref().map(|old| (old, &k.credential));
-            protect(zk, layout, namespace, &acls, moving).await?;
+            let acls = NamespaceAcls::new(controller, &k.granted());
+            protect(zk, layout, namespace, &acls, k.moving()).await?;
         } else {
             let in_secret = secret
                 .as_ref()
@@ -196,7 +272,7 @@ impl Credentials {
             }
         }
         k.checked = Some(Instant::now());
-        Ok(NamespaceAcls::new(controller, &k.credential))
+        Ok(NamespaceAcls::new(controller, &k.granted()))
     }
 
     /// When `namespace` is being deleted and none of its barriers and locks
@@ -325,24 +401,14 @@ async fn hold<'k>(
     create: bool,
 ) -> Result<Option<&'k mut Known>, Error> {
     if !known.contains_key(namespace) {
-        let mut stored = load(zk, &layout.credential(namespace)?, namespace, create)
-            .await?
-            .into_iter();
-        let Some(credential) = stored.next() else {
+        let Some(loaded) = load(zk, &layout.credential(namespace)?, namespace, create).await?
+        else {
             return Ok(None);
         };
-        let previous = stored.next();
-        for c in std::iter::once(&credential).chain(previous.as_ref()) {
+        for c in std::iter::once(&loaded.credential).chain(loaded.previous.as_ref()) {
             zk.add_credential(c).await?;
         }
-        known.insert(
-            namespace.to_owned(),
-            Known {
-                credential,
-                previous,
-                checked: None,
-            },
-        );
+        known.insert(namespace.to_owned(), loaded);
     }
     Ok(known.get_mut(namespace))
 }
@@ -352,14 +418,14 @@ fn user_of(namespace: &str) -> String {
     format!("namespace-{namespace}")
 }
 
-/// The stored credentials, current first; with `create`, making one when
-/// there is none (else none).
+/// The stored credentials; with `create`, making one when there is none
+/// (else `None`).
 async fn load(
     zk: &Session,
     node: &str,
     namespace: &str,
     create: bool,
-) -> Result<Vec<Credential>, Error> {
+) -> Result<Option<Known>, Error> {
     let client = zk.client();
     loop {
         match zk.retry("read", node, || client.get_data(node)).await {
@@ -375,16 +441,20 @@ async fn load(
                         reason,
                     })
                 };
-                let mut all = vec![parse(&stored.current)?];
-                if let Some(previous) = &stored.previous {
-                    all.push(parse(previous)?);
-                }
-                return Ok(all);
+                return Ok(Some(Known {
+                    credential: parse(&stored.current)?,
+                    previous: stored.previous.as_deref().map(parse).transpose()?,
+                    grace_until: stored
+                        .previous_until_ms
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+                    checked: None,
+                }));
             }
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..
-            }) if !create => return Ok(Vec::new()),
+            }) if !create => return Ok(None),
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..
@@ -393,6 +463,7 @@ async fn load(
                 let data = serde_json::to_vec(&Stored {
                     current: fresh.expose(),
                     previous: None,
+                    previous_until_ms: None,
                 })
                 .unwrap_or_default();
                 // The controller's own ACL: nobody else may read it.
@@ -428,16 +499,24 @@ async fn load(
     }
 }
 
-/// Stores `current` (and the credential it replaces).
+/// Stores `current` (and the credential it replaces, with the end of its
+/// grace window).
 async fn store(
     zk: &Session,
     node: &str,
     current: &Credential,
-    previous: Option<&Credential>,
+    previous: Option<(&Credential, SystemTime)>,
 ) -> Result<(), Error> {
     let data = serde_json::to_vec(&Stored {
         current: current.expose(),
-        previous: previous.map(Credential::expose),
+        previous: previous.map(|(c, _)| c.expose()),
+        previous_until_ms: previous.and_then(|(_, until)| {
+            let ms = until
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .ok()?
+                .as_millis();
+            i64::try_from(ms).ok()
+        }),
     })
     .unwrap_or_default();
     let client = zk.client();
@@ -454,7 +533,7 @@ async fn protect(
     layout: &Layout,
     namespace: &str,
     acls: &NamespaceAcls,
-    rotation: Option<(&Credential, &Credential)>,
+    rotation: Option<Moving<'_>>,
 ) -> Result<(), Error> {
     let client = zk.client();
     let dirs = layout.namespace_dirs(namespace)?;
@@ -477,9 +556,14 @@ async fn protect(
         for resource in children(zk, parent).await? {
             let resource = format!("{parent}/{resource}");
             acl::ensure(zk, &resource, &acls.resources).await?;
-            if let Some((old, new)) = rotation {
+            if let Some(Moving { old, new, keep_old }) = rotation {
                 for member in children(zk, &resource).await? {
-                    acl::replace_digest(zk, &format!("{resource}/{member}"), old, new).await?;
+                    let member = format!("{resource}/{member}");
+                    if keep_old {
+                        acl::share_digest(zk, &member, old, new).await?;
+                    } else {
+                        acl::replace_digest(zk, &member, old, new).await?;
+                    }
                 }
             }
         }

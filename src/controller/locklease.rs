@@ -202,10 +202,20 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     }
     ctx.metrics.lock_seen(namespace, &name, &outcome.status);
     let recheck = persistent.then_some(Duration::from_secs(15));
-    Ok(match outcome.requeue.into_iter().chain(recheck).min() {
-        Some(after) => Action::requeue(after),
-        None => Action::requeue(Duration::from_secs(300)),
-    })
+    // A rotation's grace window closing is a change to act on.
+    let grace = ctx.credentials.grace_left(namespace).await;
+    Ok(
+        match outcome
+            .requeue
+            .into_iter()
+            .chain(recheck)
+            .chain(grace)
+            .min()
+        {
+            Some(after) => Action::requeue(after),
+            None => Action::requeue(Duration::from_secs(300)),
+        },
+    )
 }
 
 async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {

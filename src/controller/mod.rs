@@ -71,6 +71,9 @@ pub struct ControllerOptions {
     /// With a controller credential: the Secret holding each namespace's
     /// credential (see [`credentials`]).
     pub namespace_secret: String,
+    /// How long a namespace's replaced credential keeps working after a
+    /// rotation, for the participants' work in flight.
+    pub rotation_grace: Duration,
 }
 
 impl ControllerOptions {
@@ -260,6 +263,7 @@ async fn lead(
         credentials: credentials::Credentials::new(
             options.zookeeper.credential.clone(),
             options.namespace_secret.clone(),
+            options.rotation_grace,
         ),
         failures: Default::default(),
         barrier_status: Default::default(),

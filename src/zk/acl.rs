@@ -105,21 +105,50 @@ pub async fn replace_digest(
     old: &Credential,
     new: &Credential,
 ) -> Result<bool> {
-    let old_id = old.digest_id();
-    let names_old = |a: &zk::Acl| a.scheme() == "digest" && a.id() == old_id;
+    rewrite_digest(session, path, old, new, false).await
+}
+
+/// Gives `new` the permissions `old` has in `path`'s ACL, keeping `old`'s
+/// (a rotation's grace window: both work). Returns whether it changed.
+pub async fn share_digest(
+    session: &Session,
+    path: &str,
+    old: &Credential,
+    new: &Credential,
+) -> Result<bool> {
+    rewrite_digest(session, path, old, new, true).await
+}
+
+async fn rewrite_digest(
+    session: &Session,
+    path: &str,
+    old: &Credential,
+    new: &Credential,
+    keep_old: bool,
+) -> Result<bool> {
+    let (old_id, new_id) = (old.digest_id(), new.digest_id());
+    let names = |a: &zk::Acl, id: &str| a.scheme() == "digest" && a.id() == id;
     update(session, path, |current| {
-        current.iter().any(names_old).then(|| {
-            current
-                .iter()
-                .map(|a| {
-                    if names_old(a) {
-                        new.acl(a.permission())
-                    } else {
-                        a.clone()
-                    }
-                })
-                .collect()
-        })
+        let has_old = current.iter().any(|a| names(a, &old_id));
+        let has_new = current.iter().any(|a| names(a, &new_id));
+        if !has_old || (keep_old && has_new) {
+            return None;
+        }
+        let mut wanted = Vec::with_capacity(current.len() + 1);
+        for a in current {
+            if names(a, &old_id) {
+                if keep_old {
+                    wanted.push(a.clone());
+                }
+                // Shared during a grace window, `new` is there already.
+                if !has_new {
+                    wanted.push(new.acl(a.permission()));
+                }
+            } else {
+                wanted.push(a.clone());
+            }
+        }
+        Some(wanted)
     })
     .await
 }
