@@ -10,14 +10,10 @@ use tracing::{info, warn};
 
 use super::context::{Context, PodFate};
 use super::error::Error;
-use super::reconciler::{repair_node_data, write_status, Reconciled};
+use super::reconciler::{next_look, repair_node_data, write_status, Reconciled, POD_RECHECK};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
-
-/// How often a barrier with registrations from init containers is looked at
-/// again, for pods that carry no `zkgate.io/barrier` label to be watched.
-const POD_RECHECK: Duration = Duration::from_secs(15);
 
 impl Reconciled for Barrier {
     async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -153,21 +149,8 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     }
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
-    let recheck = if persistent { Some(POD_RECHECK) } else { None };
-    // A rotation's grace window closing is a change to act on.
-    let grace = ctx.credentials.grace_left(namespace).await;
-    Ok(
-        match outcome
-            .requeue
-            .into_iter()
-            .chain(recheck)
-            .chain(grace)
-            .min()
-        {
-            Some(after) => Action::requeue(after),
-            None => Action::requeue(Duration::from_secs(300)),
-        },
-    )
+    let recheck = persistent.then_some(POD_RECHECK);
+    Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
 }
 
 async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {

@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 
 use super::context::{Context, PodFate};
 use super::error::Error;
-use super::reconciler::{repair_node_data, write_status, Reconciled};
+use super::reconciler::{next_look, repair_node_data, write_status, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ParticipantData, ZkError};
@@ -201,21 +201,8 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         ctx.record(lock, note).await;
     }
     ctx.metrics.lock_seen(namespace, &name, &outcome.status);
-    let recheck = persistent.then_some(Duration::from_secs(15));
-    // A rotation's grace window closing is a change to act on.
-    let grace = ctx.credentials.grace_left(namespace).await;
-    Ok(
-        match outcome
-            .requeue
-            .into_iter()
-            .chain(recheck)
-            .chain(grace)
-            .min()
-        {
-            Some(after) => Action::requeue(after),
-            None => Action::requeue(Duration::from_secs(300)),
-        },
-    )
+    let recheck = persistent.then_some(POD_RECHECK);
+    Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
 }
 
 async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {

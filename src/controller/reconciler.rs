@@ -84,6 +84,25 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
     result
 }
 
+/// How often a resource with registrations that outlive their processes
+/// (init containers' persistent nodes) is looked at again, for pods that
+/// carry no `zkgate.io/barrier` / `zkgate.io/lock` label to be watched.
+pub const POD_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// When to look at a resource again: the soonest of what its status needs
+/// (`due`: a timeout or lease to enforce, the pod recheck), the end of its
+/// namespace's rotation grace window (a change to act on), and a periodic
+/// look every 5 minutes.
+pub async fn next_look(
+    ctx: &Context,
+    namespace: &str,
+    due: impl IntoIterator<Item = Option<std::time::Duration>>,
+) -> Action {
+    let grace = ctx.credentials.grace_left(namespace).await;
+    let soonest = due.into_iter().flatten().chain(grace).min();
+    Action::requeue(soonest.unwrap_or(std::time::Duration::from_secs(300)))
+}
+
 /// How an object is named in logs and in the error policy's counts:
 /// `Kind/namespace/name`.
 pub fn key<K: Reconciled>(object: &K) -> String {
