@@ -880,3 +880,26 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
     }
     drop(holder);
 }
+
+/// Found by the soak (seed 1796013422618736417): a participant whose first
+/// round is lost with its connection (here: nothing of it reaches the
+/// server) must register on the next round, not take the registration it
+/// never made for granted and then find itself "removed".
+#[tokio::test]
+async fn a_registration_lost_with_the_connection_is_made_on_the_next_round() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = barrier_of(&admin, 2).await;
+    let b = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
+    // b's first round dies with its connection before reaching the server.
+    proxy.freeze_at(&[op::GET_DATA], BARRIER, false);
+    let second = spawn_enter(&barrier, b, "b", None, None);
+    tokio::time::timeout(Duration::from_secs(5), proxy.frozen())
+        .await
+        .expect("b's first round was sent");
+    let first = spawn_enter(&barrier, session(&direct).await, "a", None, None);
+    for task in [first, second] {
+        let (entered, _s) = joined(task, Duration::from_secs(20)).await;
+        entered.expect("both enter");
+    }
+}

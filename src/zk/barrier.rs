@@ -349,6 +349,11 @@ impl DoubleBarrier {
         };
         let create_options = mode.with_acls(session.node_acls());
         let mut was_registered = false;
+        // Whether our registration is known to be there. A create whose
+        // outcome was lost with the connection is not: the next round sends
+        // it again (and claims the node if the first one was applied), while
+        // the guard keeps it pending for clean-up meanwhile.
+        let mut registered = false;
         let mut last_progress = Instant::now();
         let mut last_count = None;
         loop {
@@ -358,7 +363,7 @@ impl DoubleBarrier {
             let sent = Instant::now();
             let barrier_f = client.get_and_watch_data(&self.path);
             let ready_f = client.check_and_watch_stat(&ready);
-            let create_f = (!guard.is_armed()).then(|| {
+            let create_f = (!registered).then(|| {
                 // Ours to remove from the moment it is sent (if it turns out
                 // to be ours: someone else may hold the name).
                 guard.arm_pending(&node, &our_data);
@@ -383,16 +388,17 @@ impl DoubleBarrier {
                         // Sent with the barrier missing: it fails, unless
                         // the barrier was made in between. Settle which.
                         Some(create_f) => match create_f.await {
-                            Ok(_) => guard.arm(node.clone()),
+                            Ok(_) => {
+                                guard.arm(node.clone());
+                                registered = true;
+                                continue;
+                            }
                             Err(e) if is_connection_loss(&e) => {
                                 session.await_connected().await?;
                                 continue;
                             }
                             Err(_) => guard.disarm(),
                         },
-                    }
-                    if guard.is_armed() {
-                        continue;
                     }
                     match options.create_with_participants {
                         Some(participants) => {
@@ -433,6 +439,7 @@ impl DoubleBarrier {
                     Ok(_) => {
                         debug!(%node, "registered");
                         guard.arm(node.clone());
+                        registered = true;
                     }
                     Err(zk::Error::NodeExists) => {
                         // Not known to be ours until claimed.
@@ -441,6 +448,7 @@ impl DoubleBarrier {
                             Claim::Ours => {
                                 was_registered = true;
                                 guard.arm(node.clone());
+                                registered = true;
                             }
                             Claim::Gone => continue,
                         }
@@ -448,7 +456,7 @@ impl DoubleBarrier {
                     Err(e) if is_connection_loss(&e) => {
                         // Whether the create was applied is settled by the
                         // next round: NodeExists with our session as owner.
-                        guard.disarm();
+                        // The guard stays pending until then.
                         session.await_connected().await?;
                         continue;
                     }
