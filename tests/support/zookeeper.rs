@@ -110,18 +110,26 @@ impl ZkServer {
     /// Waits until the server serves requests (`ruok` says `imok` and, for an
     /// ensemble member, it has a mode).
     pub fn wait_serving(&self, within: Duration) {
+        if let Err(log) = self.serving(within) {
+            panic!(
+                "ZooKeeper on port {} did not start within {within:?}; log:\n{log}",
+                self.port
+            );
+        }
+    }
+
+    /// [`ZkServer::wait_serving`], the server's log as the error.
+    fn serving(&self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(srvr) = four_letter(self.port, "srvr") {
                 if srvr.contains("Mode:") {
-                    return;
+                    return Ok(());
                 }
             }
             if Instant::now() > deadline {
-                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-                panic!(
-                    "ZooKeeper on port {} did not start within {within:?}; log:\n{log}",
-                    self.port
+                return Err(
+                    std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -207,8 +215,25 @@ pub struct Ensemble {
 }
 
 impl Ensemble {
-    /// Starts three servers and waits until they form a quorum.
+    /// Starts three servers and waits until they form a quorum. The ports
+    /// are picked free but not held, so another process may take one before
+    /// a server binds it (a server then exits: "Address already in use"):
+    /// that start is retried on new ports.
     pub fn start() -> Ensemble {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::try_start() {
+                Ok(ensemble) => return ensemble,
+                Err(log) => failures.push(log),
+            }
+        }
+        panic!(
+            "the ensemble did not start in 3 attempts; last log:\n{}",
+            failures.pop().unwrap_or_default()
+        );
+    }
+
+    fn try_start() -> Result<Ensemble, String> {
         let tmp = tempfile::tempdir().expect("temp dir");
         let peers: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let mut servers: Vec<ZkServer> = (0..3)
@@ -231,9 +256,9 @@ impl Ensemble {
             s.start();
         }
         for s in &servers {
-            s.wait_serving(Duration::from_secs(60));
+            s.serving(Duration::from_secs(60))?;
         }
-        Ensemble { servers, _tmp: tmp }
+        Ok(Ensemble { servers, _tmp: tmp })
     }
 
     /// All servers as a connect string.
