@@ -24,6 +24,14 @@ struct PhaseLabel {
     phase: String,
 }
 
+const PHASES: [BarrierPhase; 5] = [
+    BarrierPhase::Waiting,
+    BarrierPhase::Open,
+    BarrierPhase::Leaving,
+    BarrierPhase::Completed,
+    BarrierPhase::Failed,
+];
+
 #[derive(Default)]
 struct Seen {
     barriers: HashMap<(String, String), (BarrierPhase, i64)>,
@@ -166,9 +174,69 @@ impl Metrics {
         self.term_failures.inc();
     }
 
-    /// Sets whether this replica leads.
+    /// Sets whether this replica leads. A replica that stops leading
+    /// forgets the resources it saw: its gauges would otherwise add to the
+    /// new leader's in any sum across replicas.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(leader as i64);
+        if !leader {
+            let Ok(mut seen) = self.seen.lock() else {
+                return;
+            };
+            *seen = Seen::default();
+            for phase in PHASES {
+                self.phase_gauge(phase).set(0);
+            }
+            self.waiting_participants.set(0);
+            self.lock_holders.set(0);
+            self.lock_waiters.set(0);
+        }
+    }
+
+    fn phase_gauge(&self, phase: BarrierPhase) -> Gauge {
+        self.barriers
+            .get_or_create(&PhaseLabel {
+                phase: format!("{phase:?}"),
+            })
+            .clone()
+    }
+
+    /// Replaces what is known of one barrier, moving the gauges by the
+    /// difference (a look at one resource costs the same at any scale).
+    fn set_barrier(
+        &self,
+        seen: &mut Seen,
+        key: (String, String),
+        now: Option<(BarrierPhase, i64)>,
+    ) {
+        let before = match now {
+            Some(v) => seen.barriers.insert(key, v),
+            None => seen.barriers.remove(&key),
+        };
+        if let Some((phase, waiting)) = before {
+            self.phase_gauge(phase).dec();
+            self.waiting_participants.dec_by(waiting);
+        }
+        if let Some((phase, waiting)) = now {
+            self.phase_gauge(phase).inc();
+            self.waiting_participants.inc_by(waiting);
+        }
+    }
+
+    /// [`Metrics::set_barrier`] for a lock: holders and waiters.
+    fn set_lock(&self, seen: &mut Seen, key: (String, String), now: Option<(i64, i64)>) {
+        let before = match now {
+            Some(v) => seen.locks.insert(key, v),
+            None => seen.locks.remove(&key),
+        };
+        if let Some((holders, waiters)) = before {
+            self.lock_holders.dec_by(holders);
+            self.lock_waiters.dec_by(waiters);
+        }
+        if let Some((holders, waiters)) = now {
+            self.lock_holders.inc_by(holders);
+            self.lock_waiters.inc_by(waiters);
+        }
     }
 
     /// Records a barrier's latest status.
@@ -211,8 +279,7 @@ impl Metrics {
             }
             seen.opened.insert(key.clone(), ());
         }
-        seen.barriers.insert(key, (phase, waiting));
-        self.refresh(&seen);
+        self.set_barrier(&mut seen, key, Some((phase, waiting)));
     }
 
     /// Forgets a deleted barrier.
@@ -221,9 +288,8 @@ impl Metrics {
             return;
         };
         let key = (namespace.to_owned(), name.to_owned());
-        seen.barriers.remove(&key);
         seen.opened.remove(&key);
-        self.refresh(&seen);
+        self.set_barrier(&mut seen, key, None);
     }
 
     /// Records a lock's latest status.
@@ -231,11 +297,12 @@ impl Metrics {
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
-        seen.locks.insert(
+        let now = (status.holder_count as i64, status.waiting_count as i64);
+        self.set_lock(
+            &mut seen,
             (namespace.to_owned(), name.to_owned()),
-            (status.holder_count as i64, status.waiting_count as i64),
+            Some(now),
         );
-        self.refresh(&seen);
     }
 
     /// Forgets a deleted lock.
@@ -243,30 +310,71 @@ impl Metrics {
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
-        seen.locks.remove(&(namespace.to_owned(), name.to_owned()));
-        self.refresh(&seen);
+        self.set_lock(&mut seen, (namespace.to_owned(), name.to_owned()), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn barrier(phase: BarrierPhase) -> BarrierStatus {
+        BarrierStatus {
+            phase: Some(phase),
+            ..BarrierStatus::default()
+        }
     }
 
-    fn refresh(&self, seen: &Seen) {
-        for phase in [
-            BarrierPhase::Waiting,
-            BarrierPhase::Open,
-            BarrierPhase::Leaving,
-            BarrierPhase::Completed,
-            BarrierPhase::Failed,
-        ] {
-            let count = seen.barriers.values().filter(|(p, _)| *p == phase).count() as i64;
-            self.barriers
-                .get_or_create(&PhaseLabel {
-                    phase: format!("{phase:?}"),
+    fn node(children: usize) -> Snapshot {
+        Snapshot {
+            data: Vec::new(),
+            stat: crate::zk::tree::test_stat(0, 1, 0),
+            children: (0..children)
+                .map(|i| crate::zk::tree::ChildNode {
+                    name: format!("p{i}"),
+                    data: Vec::new(),
+                    stat: crate::zk::tree::test_stat(0, 2, 0),
                 })
-                .set(count);
+                .collect(),
         }
-        self.waiting_participants
-            .set(seen.barriers.values().map(|(_, w)| w).sum());
-        self.lock_holders
-            .set(seen.locks.values().map(|(h, _)| h).sum());
-        self.lock_waiters
-            .set(seen.locks.values().map(|(_, w)| w).sum());
+    }
+
+    fn value(metrics: &Metrics, line_start: &str) -> f64 {
+        metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in {}", metrics.encode()))
+    }
+
+    #[test]
+    fn gauges_follow_each_resource_and_a_replica_that_stops_leading_forgets_them() {
+        let metrics = Metrics::default();
+        metrics.set_leader(true);
+        metrics.barrier_seen("a", "x", &barrier(BarrierPhase::Waiting), &node(2));
+        metrics.barrier_seen("a", "y", &barrier(BarrierPhase::Waiting), &node(1));
+        metrics.barrier_seen("a", "x", &barrier(BarrierPhase::Open), &node(2));
+        let lock = LockLeaseStatus {
+            holder_count: 1,
+            waiting_count: 3,
+            ..LockLeaseStatus::default()
+        };
+        metrics.lock_seen("a", "db", &lock);
+        assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Waiting\"} "), 1.0);
+        assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Open\"} "), 1.0);
+        assert_eq!(value(&metrics, "zkgate_barrier_participants_waiting "), 1.0);
+        assert_eq!(value(&metrics, "zkgate_lock_waiters "), 3.0);
+        metrics.barrier_gone("a", "y");
+        assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Waiting\"} "), 0.0);
+        assert_eq!(value(&metrics, "zkgate_barrier_participants_waiting "), 0.0);
+
+        metrics.set_leader(false);
+        assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Open\"} "), 0.0);
+        assert_eq!(value(&metrics, "zkgate_lock_holders "), 0.0);
+        assert_eq!(value(&metrics, "zkgate_lock_waiters "), 0.0);
+        // A later term starts from nothing, not from negative counts.
+        metrics.set_leader(true);
+        metrics.lock_seen("a", "db", &lock);
+        assert_eq!(value(&metrics, "zkgate_lock_waiters "), 3.0);
     }
 }

@@ -606,19 +606,7 @@ mod tests {
     use zookeeper_client::Stat;
 
     fn stat(ctime: i64, czxid: i64, ephemeral_owner: i64) -> Stat {
-        Stat {
-            czxid,
-            mzxid: czxid,
-            pzxid: czxid,
-            ctime,
-            mtime: ctime,
-            version: 0,
-            cversion: 0,
-            aversion: 0,
-            ephemeral_owner,
-            data_length: 0,
-            num_children: 0,
-        }
+        crate::zk::tree::test_stat(ctime, czxid, ephemeral_owner)
     }
 
     fn child(name: &str, ctime: i64, czxid: i64, data: &str) -> ChildNode {

@@ -136,3 +136,21 @@ pub async fn delete_if_present(session: &Session, path: &str) -> Result<bool> {
         Err(e) => Err(e),
     }
 }
+
+/// A stat for unit tests of code that reads snapshots.
+#[cfg(test)]
+pub(crate) fn test_stat(ctime: i64, czxid: i64, ephemeral_owner: i64) -> zk::Stat {
+    zk::Stat {
+        czxid,
+        mzxid: czxid,
+        pzxid: czxid,
+        ctime,
+        mtime: ctime,
+        version: 0,
+        cversion: 0,
+        aversion: 0,
+        ephemeral_owner,
+        data_length: 0,
+        num_children: 0,
+    }
+}
