@@ -148,6 +148,10 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "Secrets are granted only with a controller credential"
     );
     assert!(
+        custom.contains("resourceNames: [\"zkgate-zookeeper-auth\"]"),
+        "get and patch on Secrets only by the credential Secret's name: {custom}"
+    );
+    assert!(
         !custom.contains("ServiceMonitor"),
         "no ServiceMonitor where the cluster does not serve it"
     );
@@ -233,7 +237,10 @@ fn service_account_kubeconfig(ns: &str, release: &str, dir: &Path) -> PathBuf {
 /// (with a controller credential when `with_auth`, which makes it keep a
 /// credential Secret per namespace), and tells whether a Barrier goes from
 /// Waiting to Open with a participant in it.
-async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>, with_auth: bool) -> bool {
+async fn controller_reconciles_with_chart_rbac(
+    remove_rule: Option<&[&str]>,
+    with_auth: bool,
+) -> bool {
     let client = client().await;
     install_crds(&client).await;
     let ns = namespace(&client).await;
@@ -261,7 +268,9 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>, with_a
         None,
     ));
     if let Some(rule) = remove_rule {
-        // Drop one rule from the installed ClusterRole: the controller must notice.
+        // Drop the rule that holds every one of `rule`'s words (in its
+        // resources, names or verbs) from the installed ClusterRole: the
+        // controller must notice.
         let role = format!("{release}-zkgate");
         let current = ok(run(
             &tool("kubectl"),
@@ -272,7 +281,7 @@ async fn controller_reconciles_with_chart_rbac(remove_rule: Option<&str>, with_a
         value["rules"]
             .as_array_mut()
             .unwrap()
-            .retain(|r| !r["resources"].to_string().contains(rule));
+            .retain(|r| !rule.iter().all(|word| r.to_string().contains(word)));
         ok(run(
             &tool("kubectl"),
             &["replace", "-f", "-"],
@@ -363,11 +372,16 @@ async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secre
 #[tokio::test]
 async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     assert!(
-        !controller_reconciles_with_chart_rbac(Some("barriers/status"), false).await,
+        !controller_reconciles_with_chart_rbac(Some(&["barriers/status"]), false).await,
         "without status patch the Barrier must not get a status"
     );
+    // Each of the two Secret rules is needed on its own.
     assert!(
-        !controller_reconciles_with_chart_rbac(Some("secrets"), true).await,
-        "without the Secret rule a controller with a credential must not provision"
+        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"create\""]), true).await,
+        "without create a controller with a credential must not provision"
+    );
+    assert!(
+        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"get\""]), true).await,
+        "without get/patch by name a controller with a credential must not provision"
     );
 }
