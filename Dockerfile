@@ -2,14 +2,21 @@
 # the native sidecar and the command wrapper. Built elsewhere (no Docker
 # engine runs on the development machines):
 #   docker build -t ghcr.io/zkgate/zkgate:0.1.0 .
+# scripts/images builds the same image without Docker (same binary build,
+# files, user and entrypoint; tests/e2e.rs compares them) for the local cluster.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-RUN cargo build --release --locked --bin zkgate && strip target/release/zkgate
+COPY scripts/build-static ./scripts/build-static
+# A static executable: `zkgate install` copies it into images that may have
+# no glibc (busybox, distroless/static, scratch).
+RUN CARGO_TARGET_DIR=/src/target scripts/build-static >/dev/null \
+ && cp target/x86_64-unknown-linux-gnu/release/zkgate /zkgate && strip /zkgate
 
-# Distroless: glibc and CA certificates, no shell, runs as nobody (65532).
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/zkgate /usr/local/bin/zkgate
+# Distroless static: CA certificates and accounts, no libc, no shell; runs as
+# nonroot (65532).
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /zkgate /usr/local/bin/zkgate
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/zkgate"]
