@@ -141,10 +141,13 @@ pub fn watches_under(prefix: &str) -> usize {
 /// `GET path` on a loopback port: the status line and the body, or `None`
 /// when nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_get_at("127.0.0.1", port, path).await
+}
+
+/// `GET path` on `host:port` (a pod's address on the local cluster's bridge).
+pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
+    let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .ok()?;

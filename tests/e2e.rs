@@ -1,0 +1,642 @@
+//! End to end on a real one-node Kubernetes 1.20 (`scripts/cluster`: a
+//! kubelet on containerd + runc, the scheduler, the controller-manager's Job
+//! and garbage-collector controllers, kube-proxy): the chart installed with
+//! the locally built image, the controller in its own pods with the chart's
+//! ServiceAccount, and the examples' Jobs run as a user runs them.
+//!
+//! `scripts/test` brings the cluster up and sets `ZKGATE_TEST_CLUSTER` to its
+//! directory when this machine can run it (`scripts/cluster available`);
+//! without it these tests say so and pass vacuously.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, LogParams};
+use kube::{Client, ResourceExt};
+use support::kube::{client_of, namespace};
+use support::{eventually, http_get_at};
+use zkgate::api::{Barrier, BarrierPhase};
+use zkgate::layout::Layout;
+
+/// Pods start in seconds here, but the machine is shared with the rest of
+/// the suite.
+const WITHIN: Duration = Duration::from_secs(180);
+const SYSTEM_NAMESPACE: &str = "zkgate-system";
+const RELEASE: &str = "zkgate";
+const ROOT: &str = "/zkgate";
+/// The host's address on the cluster's bridge (`scripts/cluster`).
+const HOST_IP: &str = "10.88.0.1";
+
+struct Cluster {
+    dir: PathBuf,
+    client: Client,
+}
+
+/// The cluster of this run, the chart installed on it (once per run, with
+/// ZooKeeper ACLs on); `None` (the test passes vacuously) without one.
+async fn cluster() -> Option<Cluster> {
+    let dir = match std::env::var("ZKGATE_TEST_CLUSTER") {
+        Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => {
+            eprintln!("no local cluster (ZKGATE_TEST_CLUSTER): scripts/test starts one where `scripts/cluster available` says it can");
+            return None;
+        }
+    };
+    install_chart(&dir);
+    let client = client_of(&dir.join("kubeconfig")).await;
+    Some(Cluster { dir, client })
+}
+
+fn kube_bin(name: &str) -> PathBuf {
+    let cache = std::env::var("ZKGATE_KUBE_CACHE")
+        .unwrap_or_else(|_| format!("{}/.cache/zkgate/kube", std::env::var("HOME").unwrap()));
+    Path::new(&cache).join("bin").join(name)
+}
+
+fn helm() -> PathBuf {
+    let dir = std::env::var("ZKGATE_TOOLS")
+        .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap()));
+    Path::new(&dir).join("helm")
+}
+
+/// `helm install` of the chart with the local image, 2 replicas, and a
+/// controller credential (so every namespace gets its own), unless this run
+/// already did it. Test processes run side by side: `flock` lets one install.
+fn install_chart(dir: &Path) {
+    let zookeeper = std::fs::read_to_string(dir.join("zookeeper")).expect("DIR/zookeeper");
+    let script = format!(
+        r#"set -e
+export KUBECONFIG={dir}/kubeconfig
+if {helm} status {RELEASE} -n {SYSTEM_NAMESPACE} >/dev/null 2>&1; then exit 0; fi
+{kubectl} create namespace {SYSTEM_NAMESPACE} --dry-run=client -o yaml | {kubectl} apply -f - >/dev/null
+{kubectl} -n {SYSTEM_NAMESPACE} create secret generic zkgate-controller-auth \
+  --from-literal=auth=zkgate-controller:$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n') --dry-run=client -o yaml \
+  | {kubectl} apply -f - >/dev/null
+{helm} install {RELEASE} {chart} -n {SYSTEM_NAMESPACE} --wait --timeout 180s \
+  --set image.repository=zkgate --set image.tag=local --set image.pullPolicy=Never \
+  --set zookeeper.connect={zookeeper} --set zookeeper.auth.existingSecret=zkgate-controller-auth \
+  --set replicaCount=2 --set controller.logFormat=text >/dev/null
+"#,
+        dir = dir.display(),
+        helm = helm().display(),
+        kubectl = kube_bin("kubectl").display(),
+        chart = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/zkgate")
+            .display(),
+        zookeeper = zookeeper.trim(),
+    );
+    let out = Command::new("flock")
+        .arg(dir.join("e2e-install.lock"))
+        .args(["bash", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm install failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Cluster {
+    fn zookeeper(&self) -> String {
+        std::fs::read_to_string(self.dir.join("zookeeper"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    /// `kubectl apply -f -` of `manifest` in `namespace` (the cluster's
+    /// kubectl, 1.20 like the server).
+    fn apply(&self, namespace: &str, manifest: &str) {
+        let mut child = Command::new(kube_bin("kubectl"))
+            .args(["--kubeconfig"])
+            .arg(self.dir.join("kubeconfig"))
+            .args(["-n", namespace, "apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(manifest.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{manifest}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// An example's manifest as a user on this cluster runs it: the local
+    /// images, this cluster's ZooKeeper, and without the fields 1.20 lacks
+    /// (Indexed completion, 1.21+). Each replacement must apply, so that an
+    /// example drifting from what this test runs fails here.
+    fn example(&self, path: &str, extra: &[(&str, &str)]) -> String {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(path);
+        let mut text = std::fs::read_to_string(&file).expect("example");
+        let zookeeper = self.zookeeper();
+        let local = [
+            ("ghcr.io/zkgate/zkgate:0.1.0", "zkgate:local"),
+            ("busybox:1.36", "workload:local"),
+            ("zookeeper.zookeeper.svc:2181", zookeeper.as_str()),
+            ("  completionMode: Indexed\n", ""),
+        ];
+        for (from, to) in local {
+            text = text.replace(from, to);
+        }
+        for (from, to) in extra {
+            assert!(text.contains(from), "{} no longer contains {from:?}", file.display());
+            text = text.replace(from, to);
+        }
+        text
+    }
+
+    async fn pods(&self, namespace: &str, selector: &str) -> Vec<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        pods.list(&ListParams::default().labels(selector))
+            .await
+            .expect("list pods")
+            .items
+    }
+
+    async fn logs(&self, namespace: &str, pod: &str, container: &str) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        pods.logs(
+            pod,
+            &LogParams {
+                container: Some(container.to_owned()),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
+    }
+
+    /// Waits until the Job has `n` succeeded pods; fails early when one failed.
+    async fn job_succeeded(&self, namespace: &str, name: &str, n: i32) {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+        eventually(WITHIN, &format!("Job {name} to succeed"), || async {
+            let job = jobs.get(name).await.ok()?;
+            let status = job.status?;
+            assert_eq!(
+                status.failed.unwrap_or(0),
+                0,
+                "a pod of Job {name} failed: {}",
+                self.describe(namespace).await
+            );
+            (status.succeeded.unwrap_or(0) >= n).then_some(())
+        })
+        .await;
+    }
+
+    /// The namespace's pods and their containers' states, for failure messages.
+    async fn describe(&self, namespace: &str) -> String {
+        let mut out = String::new();
+        for pod in self.pods(namespace, "").await {
+            let status = pod.status.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "\n{} {:?}: init {:?} main {:?}",
+                pod.name_any(),
+                status.phase,
+                status.init_container_statuses.map(|s| s
+                    .into_iter()
+                    .map(|c| (c.name, c.state))
+                    .collect::<Vec<_>>()),
+                status.container_statuses.map(|s| s
+                    .into_iter()
+                    .map(|c| (c.name, c.state))
+                    .collect::<Vec<_>>()),
+            ));
+        }
+        out
+    }
+
+    async fn barrier(&self, namespace: &str, name: &str, what: &str, pred: impl Fn(&Barrier) -> bool) -> Barrier {
+        let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
+        eventually(WITHIN, what, || async {
+            api.get(name).await.ok().filter(|b| pred(b))
+        })
+        .await
+    }
+
+    async fn event_reasons(&self, namespace: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    /// A fresh namespace; deleted (with what is in it) when the guard drops.
+    async fn namespace(&self) -> NamespaceGuard {
+        NamespaceGuard {
+            client: self.client.clone(),
+            name: namespace(&self.client).await,
+        }
+    }
+
+    /// Each controller pod's address and whether it leads (`zkgate_leader`).
+    async fn controllers(&self) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        for pod in self
+            .pods(SYSTEM_NAMESPACE, "app.kubernetes.io/name=zkgate")
+            .await
+        {
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+                continue;
+            };
+            let leads = match http_get_at(&ip, 8080, "/metrics").await {
+                Some((200, body)) => body.lines().any(|l| l.trim() == "zkgate_leader 1"),
+                _ => false,
+            };
+            out.push((pod.name_any(), ip, leads));
+        }
+        out
+    }
+}
+
+struct NamespaceGuard {
+    client: Client,
+    name: String,
+}
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let name = self.name.clone();
+        // Best effort, and not awaited: the cluster is torn down after the run.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let namespaces: Api<Namespace> = Api::all(client);
+                let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+            });
+        }
+    }
+}
+
+/// `started-at-us N` lines the workloads print (`now-us`: microseconds).
+fn times(log: &str, key: &str) -> Vec<i64> {
+    log.lines()
+        .filter_map(|l| l.split_once(key))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// The gang-job example: 4 pods whose init containers run `zkgate barrier
+/// enter`. No worker starts before the 4th registration, which is the
+/// moment the barrier's `ready` node was made (one multi with the check of
+/// the participants): its ctime, the server's clock, is this machine's.
+#[tokio::test]
+async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(&ns.name, &c.example("gang-job/barrier.yaml", &[]));
+    c.apply(
+        &ns.name,
+        &c.example(
+            "gang-job/job.yaml",
+            &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
+        ),
+    );
+    let session = support::session(&c.zookeeper()).await;
+    let ready = format!(
+        "{}/ready",
+        Layout::new(ROOT).unwrap().barrier(&ns.name, "train").unwrap()
+    );
+    // `exists` needs no permission: the test reads no data under the ACLs.
+    let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
+        let stat = session.client().check_stat(&ready).await.ok()??;
+        Some(stat.ctime)
+    })
+    .await;
+    c.job_succeeded(&ns.name, "train", 4).await;
+
+    let pods = c.pods(&ns.name, "job-name=train").await;
+    assert_eq!(pods.len(), 4, "{}", c.describe(&ns.name).await);
+    for pod in &pods {
+        let name = pod.name_any();
+        let started = times(&c.logs(&ns.name, &name, "worker").await, "started-at-us");
+        assert_eq!(started.len(), 1, "{name}'s worker printed no start time");
+        assert!(
+            started[0] >= opened_ms * 1000,
+            "{name}'s worker started at {} us, before the 4th registration at {} ms",
+            started[0],
+            opened_ms
+        );
+        let init = c.logs(&ns.name, &name, "barrier").await;
+        assert!(init.contains("barrier open"), "{name}'s init container: {init}");
+    }
+    let barrier = c
+        .barrier(&ns.name, "train", "the Barrier to complete", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
+        })
+        .await;
+    let status = barrier.status.unwrap();
+    assert_eq!((status.entered, status.left), (4, 4));
+    let reasons = eventually(WITHIN, "the Opened and Completed events", || async {
+        let reasons = c.event_reasons(&ns.name).await;
+        (reasons.iter().any(|r| r == "Opened") && reasons.iter().any(|r| r == "Completed"))
+            .then_some(reasons)
+    })
+    .await;
+    assert!(!reasons.iter().any(|r| r == "Failed"), "{reasons:?}");
+}
+
+/// A pod deleted while its init container waits at the barrier: the
+/// kubelet sends SIGTERM to the container's PID 1, which is zkgate; it
+/// removes its registration and exits long before the grace period (120 s)
+/// would have ended in SIGKILL, and the Barrier's status no longer counts it.
+#[tokio::test]
+async fn a_pod_deleted_while_waiting_at_the_barrier_takes_its_registration_with_it() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: trio}\nspec: {participants: 3}\n",
+    );
+    for pod in ["waiter-a", "waiter-b"] {
+        c.apply(&ns.name, &waiting_pod(pod, &c.zookeeper(), "trio", None));
+    }
+    let session = support::session(&c.zookeeper()).await;
+    let barrier_path = Layout::new(ROOT).unwrap().barrier(&ns.name, "trio").unwrap();
+    // The registrations are the barrier's children; `exists` on each needs
+    // no permission under the ACLs.
+    for pod in ["waiter-a", "waiter-b"] {
+        let path = format!("{barrier_path}/{pod}");
+        eventually(WITHIN, &format!("{pod} to register"), || async {
+            session.client().check_stat(&path).await.ok()?.map(|_| ())
+        })
+        .await;
+    }
+    c.barrier(&ns.name, "trio", "the status to count 2", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 2)
+    })
+    .await;
+
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns.name);
+    pods.delete("waiter-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = format!("{barrier_path}/waiter-a");
+    let deleted_at = tokio::time::Instant::now();
+    eventually(Duration::from_secs(60), "waiter-a's registration to go", || async {
+        session.client().check_stat(&gone).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(60), "pod waiter-a to be gone", || async {
+        pods.get_opt("waiter-a").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // Well inside the 120 s grace period: the container exited on SIGTERM.
+    assert!(deleted_at.elapsed() < Duration::from_secs(60));
+    let barrier = c
+        .barrier(&ns.name, "trio", "the status to count 1", |b| {
+            b.status.as_ref().is_some_and(|s| s.entered == 1)
+        })
+        .await;
+    let status = barrier.status.unwrap();
+    assert_ne!(status.phase, Some(BarrierPhase::Open));
+    assert!(
+        status
+            .participants
+            .iter()
+            .all(|p| p.id != "waiter-a" || p.lost || p.left_at.is_some()),
+        "{:?}",
+        status.participants
+    );
+    let b = c.pods(&ns.name, "").await;
+    assert_eq!(b.len(), 1, "waiter-b still waits");
+}
+
+/// A bare pod whose init container waits at `barrier`; `namespace_override`
+/// makes it claim another namespace's barrier with its own credential.
+fn waiting_pod(name: &str, zookeeper: &str, barrier: &str, namespace_override: Option<&str>) -> String {
+    let namespace_env = match namespace_override {
+        Some(ns) => format!("{{name: ZKGATE_NAMESPACE, value: \"{ns}\"}}"),
+        None => "{name: ZKGATE_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}".to_owned(),
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 120
+  automountServiceAccountToken: false
+  securityContext: {{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {{type: RuntimeDefault}}}}
+  initContainers:
+    - name: barrier
+      image: zkgate:local
+      args: ["barrier", "enter", "{barrier}"]
+      env:
+        - {{name: ZKGATE_ZOOKEEPER, value: "{zookeeper}"}}
+        - {{name: ZKGATE_AUTH, valueFrom: {{secretKeyRef: {{name: zkgate-zookeeper-auth, key: auth}}}}}}
+        - {{name: ZKGATE_ID, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+        - {{name: ZKGATE_POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+        - {{name: ZKGATE_POD_UID, valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}}}
+        - {namespace_env}
+      securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+  containers:
+    - name: worker
+      image: workload:local
+      command: ["sh", "-c", "echo through"]
+"#
+    )
+}
+
+/// The lock-job example: 3 pods, `zkgate install` into a busybox image
+/// (no glibc: the static binary), `zkgate lock run` around the command,
+/// ZooKeeper named by a host name. The holds never overlap and the fencing
+/// tokens increase in the order of the holds.
+#[tokio::test]
+async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(&ns.name, &c.example("lock-job/locklease.yaml", &[]));
+    // ZooKeeper by a host name (from the pod's /etc/hosts): the static
+    // binary resolves names in an image without glibc or nsswitch.conf.
+    let host = c.zookeeper().replacen(HOST_IP, "zookeeper.local", 1);
+    let aliases = format!("restartPolicy: Never\n      hostAliases: [{{ip: \"{HOST_IP}\", hostnames: [zookeeper.local]}}]");
+    c.apply(
+        &ns.name,
+        &c.example(
+            "lock-job/job.yaml",
+            &[
+                (
+                    "sleep 10",
+                    "echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; sleep 1; echo until-us $(now-us)",
+                ),
+                ("restartPolicy: Never", &aliases),
+                (&c.zookeeper(), &host),
+            ],
+        ),
+    );
+    c.job_succeeded(&ns.name, "migrate", 3).await;
+    let mut holds = Vec::new();
+    for pod in c.pods(&ns.name, "job-name=migrate").await {
+        let log = c.logs(&ns.name, &pod.name_any(), "migrate").await;
+        let (from, until) = (times(&log, "from-us"), times(&log, "until-us"));
+        let token: i64 = log
+            .lines()
+            .find_map(|l| l.split_once(" token ")?.1.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no fencing token in {log}"));
+        assert!(log.contains("holds db with fencing token"), "{log}");
+        assert_eq!((from.len(), until.len()), (1, 1), "{log}");
+        holds.push((from[0], until[0], token, pod.name_any()));
+    }
+    assert_eq!(holds.len(), 3);
+    holds.sort();
+    for pair in holds.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(a.1 <= b.0, "{} held until {} but {} from {}", a.3, a.1, b.3, b.0);
+        assert!(a.2 < b.2, "tokens out of order: {holds:?}");
+    }
+}
+
+/// With ACLs on, a pod uses its namespace's credential (the Secret the
+/// controller keeps there); a pod in another namespace that names this
+/// namespace's barrier is refused (exit 5, a message naming the Secret),
+/// and the barrier never counts it.
+#[tokio::test]
+async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
+    let Some(c) = cluster().await else { return };
+    let owner = c.namespace().await;
+    let other = c.namespace().await;
+    let barrier = "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: guarded}\nspec: {participants: 2}\n";
+    c.apply(&owner.name, barrier);
+    // The other namespace has resources too, so it has a credential of its own.
+    c.apply(&other.name, barrier);
+    c.apply(
+        &other.name,
+        &waiting_pod("intruder", &c.zookeeper(), "guarded", Some(&owner.name)),
+    );
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &other.name);
+    let pod = eventually(WITHIN, "the intruder to fail", || async {
+        let pod = pods.get("intruder").await.ok()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(pod)
+    })
+    .await;
+    let init = &pod.status.unwrap().init_container_statuses.unwrap()[0];
+    let exit = init
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| t.exit_code);
+    assert_eq!(exit, Some(5), "{init:?}");
+    let log = c.logs(&other.name, "intruder", "barrier").await;
+    assert!(log.contains(zkgate::api::NAMESPACE_SECRET), "{log}");
+    let status = c
+        .barrier(&owner.name, "guarded", "a status", |b| b.status.is_some())
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.entered, 0);
+
+    // The same pod in the owner's namespace is let in.
+    c.apply(&owner.name, &waiting_pod("member", &c.zookeeper(), "guarded", None));
+    c.barrier(&owner.name, "guarded", "the member to be counted", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 1)
+    })
+    .await;
+}
+
+/// The controller's own pods (2 replicas, the chart's ServiceAccount and
+/// RBAC): deleting the leader hands over to the standby, and status keeps
+/// converging.
+#[tokio::test]
+async fn deleting_the_leading_controller_pod_hands_over() {
+    let Some(c) = cluster().await else { return };
+    let leaders = eventually(WITHIN, "one leading controller pod", || async {
+        let all = c.controllers().await;
+        let leaders: Vec<_> = all.iter().filter(|p| p.2).cloned().collect();
+        (all.len() == 2 && leaders.len() == 1).then_some(leaders)
+    })
+    .await;
+    let old = leaders[0].0.clone();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), SYSTEM_NAMESPACE);
+    pods.delete(&old, &DeleteParams::default()).await.unwrap();
+    let new = eventually(WITHIN, "another pod to lead", || async {
+        let all = c.controllers().await;
+        all.into_iter().find(|p| p.2 && p.0 != old).map(|p| p.0)
+    })
+    .await;
+    eprintln!("leadership went from {old} to {new}");
+
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: solo}\nspec: {participants: 1}\n",
+    );
+    c.apply(&ns.name, &waiting_pod("solo", &c.zookeeper(), "solo", None));
+    c.barrier(&ns.name, "solo", "the Barrier to complete under the new leader", |b| {
+        b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
+    })
+    .await;
+}
+
+/// The image `scripts/images` built for the cluster is the Dockerfile's:
+/// the same entrypoint, user and binary path, on distroless/static's files,
+/// and the binary in it is static (it ran in busybox and in this image above).
+#[tokio::test]
+async fn the_local_image_is_the_dockerfiles() {
+    let Some(c) = cluster().await else { return };
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/oci-image"))
+        .arg("--inspect")
+        .arg(c.dir.join("images/zkgate.tar"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let image: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
+    let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    assert!(last_stage.starts_with("gcr.io/distroless/static"), "{last_stage}");
+    let value = |key: &str| {
+        last_stage
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the Dockerfile's last stage"))
+            .trim()
+            .to_owned()
+    };
+    let entrypoint: Vec<String> = serde_json::from_str(&value("ENTRYPOINT ")).unwrap();
+    assert_eq!(image["entrypoint"], serde_json::json!(entrypoint));
+    assert_eq!(image["user"], serde_json::json!(value("USER ")));
+    let copied = value("COPY --from=build ");
+    let binary = copied.split_whitespace().last().unwrap();
+    let files: Vec<&str> = image["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    for file in [binary, "/etc/passwd", "/etc/group", "/etc/ssl/certs/ca-certificates.crt"] {
+        assert!(files.contains(&file), "{file} missing from {files:?}");
+    }
+    assert!(
+        !files.iter().any(|f| f.contains("libc.so") || f.starts_with("/bin/")),
+        "the image has a libc or a shell: {files:?}"
+    );
+}
