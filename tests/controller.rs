@@ -281,6 +281,144 @@ async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
     assert_eq!(children(&observer, &path).await, ["ready"]);
 }
 
+/// Found on the real cluster (issue 13): a kubelet 1.20 SIGKILLs the init
+/// containers of a pod being deleted (its cleanup counts a pod whose main
+/// containers never ran as terminated) and never sends SIGTERM, so the
+/// registration outlives the process for as long as the pod object stays
+/// Terminating (here: a finalizer holds it). A Terminating pod never starts
+/// its main containers, so its registration must not count towards the
+/// opening: the controller removes it, and a newcomer does not open the
+/// barrier with a member that will never run. Failed before the fix: the
+/// registration stayed while the pod was Terminating. A Terminating pod's
+/// lock hold stays (its command may still run in its grace period).
+#[tokio::test]
+async fn a_registration_whose_pod_is_being_deleted_does_not_count_before_the_opening() {
+    let s = setup().await;
+    create_barrier(&s, "gang", json!({ "participants": 2 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut uids = Vec::new();
+    for name in ["doomed", "newcomer"] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "labels": { "zkgate.io/barrier": "gang" },
+                "finalizers": ["zkgate.io/test-hold"],
+            },
+            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+        }))
+        .unwrap();
+        uids.push(
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .unwrap()
+                .uid()
+                .unwrap(),
+        );
+    }
+    let path = barrier_path(&s.ns, "gang");
+    let enter = |name: &'static str, uid: String| {
+        let (zk, path) = (s.zk.clone(), path.clone());
+        tokio::spawn(async move {
+            let options = EnterOptions {
+                persistent: true,
+                data: ParticipantData {
+                    pod: Some(name.to_owned()),
+                    pod_uid: Some(uid),
+                    ..ParticipantData::default()
+                },
+                ..EnterOptions::default()
+            };
+            let session = session(&zk).await;
+            let result = DoubleBarrier::new(&path)
+                .enter(&session, name, &options, None)
+                .await;
+            let _ = session.close().await;
+            result
+        })
+    };
+    // The doomed pod's init container registers; then the pod is deleted
+    // and its process dies without a word (SIGKILL).
+    let mut doomed = zkgate(
+        &s,
+        &[
+            "barrier",
+            "enter",
+            "gang",
+            "--id",
+            "doomed",
+            "--pod-name",
+            "doomed",
+            "--pod-uid",
+            &uids[0],
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let observer = session(&s.zk).await;
+    eventually(WITHIN, "doomed to register", || async {
+        children(&observer, &path)
+            .await
+            .contains(&"doomed".to_owned())
+            .then_some(())
+    })
+    .await;
+    doomed.kill().await.unwrap();
+    assert!(
+        children(&observer, &path)
+            .await
+            .contains(&"doomed".to_owned()),
+        "a SIGKILLed init container leaves its registration"
+    );
+    pods.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        WITHIN,
+        "the Terminating pod's registration to go",
+        || async {
+            (!children(&observer, &path)
+                .await
+                .contains(&"doomed".to_owned()))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // The newcomer registers and waits: one live member of two.
+    let newcomer = enter("newcomer", uids[1].clone());
+    eventually(WITHIN, "the newcomer to register", || async {
+        (children(&observer, &path).await == ["newcomer"]).then_some(())
+    })
+    .await;
+    let b = barrier_where(&s, "gang", "the newcomer counted alone", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.entered == 1
+                && st
+                    .participants
+                    .iter()
+                    .any(|p| p.id == "newcomer" && !p.lost)
+        })
+    })
+    .await;
+    assert_eq!(phase(&b), Some(BarrierPhase::Waiting));
+    assert_eq!(children(&observer, &path).await, ["newcomer"]);
+    assert!(
+        !newcomer.is_finished(),
+        "the newcomer passed a barrier of 2 alone"
+    );
+    newcomer.abort();
+    for name in ["doomed", "newcomer"] {
+        let patch = json!({ "metadata": { "finalizers": null } });
+        let _ = pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+    }
+}
+
 /// Issue 12, item 12: the participant id is not the pod name. An init
 /// container registering as `worker-0` for the pod `trainer-7f9c2` keeps its
 /// registration while that pod lives, loses it when that pod ends; one that

@@ -160,10 +160,38 @@ impl Cluster {
             text = text.replace(from, to);
         }
         for (from, to) in extra {
-            assert!(text.contains(from), "{} no longer contains {from:?}", file.display());
+            assert!(
+                text.contains(from),
+                "{} no longer contains {from:?}",
+                file.display()
+            );
             text = text.replace(from, to);
         }
         text
+    }
+
+    /// The holds the selected pods' commands report (`from-us T token N`,
+    /// `until-us T`, printed with `now-us`): (from, until, token, pod).
+    async fn holds(
+        &self,
+        namespace: &str,
+        selector: &str,
+        container: &str,
+        says: &str,
+    ) -> Vec<Hold> {
+        let mut holds = Vec::new();
+        for pod in self.pods(namespace, selector).await {
+            let log = self.logs(namespace, &pod.name_any(), container).await;
+            let (from, until) = (times(&log, "from-us"), times(&log, "until-us"));
+            let token: i64 = log
+                .lines()
+                .find_map(|l| l.split_once(" token ")?.1.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no fencing token in {log}"));
+            assert!(log.contains(says), "{log}");
+            assert_eq!((from.len(), until.len()), (1, 1), "{log}");
+            holds.push((from[0], until[0], token, pod.name_any()));
+        }
+        holds
     }
 
     async fn pods(&self, namespace: &str, selector: &str) -> Vec<Pod> {
@@ -213,20 +241,24 @@ impl Cluster {
                 "\n{} {:?}: init {:?} main {:?}",
                 pod.name_any(),
                 status.phase,
-                status.init_container_statuses.map(|s| s
-                    .into_iter()
-                    .map(|c| (c.name, c.state))
-                    .collect::<Vec<_>>()),
-                status.container_statuses.map(|s| s
-                    .into_iter()
-                    .map(|c| (c.name, c.state))
-                    .collect::<Vec<_>>()),
+                status
+                    .init_container_statuses
+                    .map(|s| s.into_iter().map(|c| (c.name, c.state)).collect::<Vec<_>>()),
+                status
+                    .container_statuses
+                    .map(|s| s.into_iter().map(|c| (c.name, c.state)).collect::<Vec<_>>()),
             ));
         }
         out
     }
 
-    async fn barrier(&self, namespace: &str, name: &str, what: &str, pred: impl Fn(&Barrier) -> bool) -> Barrier {
+    async fn barrier(
+        &self,
+        namespace: &str,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Barrier) -> bool,
+    ) -> Barrier {
         let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
         eventually(WITHIN, what, || async {
             api.get(name).await.ok().filter(|b| pred(b))
@@ -277,6 +309,13 @@ impl Cluster {
     }
 }
 
+/// (from µs, until µs, fencing token, pod).
+type Hold = (i64, i64, i64, String);
+
+/// What a command prints around its work, for `Cluster::holds`.
+const HOLD: &str =
+    "echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; sleep 1; echo until-us $(now-us)";
+
 struct NamespaceGuard {
     client: Client,
     name: String,
@@ -323,7 +362,10 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
     let session = support::session(&c.zookeeper()).await;
     let ready = format!(
         "{}/ready",
-        Layout::new(ROOT).unwrap().barrier(&ns.name, "train").unwrap()
+        Layout::new(ROOT)
+            .unwrap()
+            .barrier(&ns.name, "train")
+            .unwrap()
     );
     // `exists` needs no permission: the test reads no data under the ACLs.
     let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
@@ -346,7 +388,10 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
             opened_ms
         );
         let init = c.logs(&ns.name, &name, "barrier").await;
-        assert!(init.contains("barrier open"), "{name}'s init container: {init}");
+        assert!(
+            init.contains("barrier open"),
+            "{name}'s init container: {init}"
+        );
     }
     let barrier = c
         .barrier(&ns.name, "train", "the Barrier to complete", |b| {
@@ -364,12 +409,18 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
     assert!(!reasons.iter().any(|r| r == "Failed"), "{reasons:?}");
 }
 
-/// A pod deleted while its init container waits at the barrier: the
-/// kubelet sends SIGTERM to the container's PID 1, which is zkgate; it
-/// removes its registration and exits long before the grace period (120 s)
-/// would have ended in SIGKILL, and the Barrier's status no longer counts it.
+/// Pods leaving while their init containers wait at the barrier.
+///
+/// Deleted: a kubelet 1.20 SIGKILLs the init containers of a pod being
+/// deleted (no SIGTERM: its cleanup takes a pod whose main containers never
+/// ran for terminated), so the controller removes the registration as soon
+/// as the pod is Terminating, and the Barrier's status stops counting it.
+///
+/// Stopped by the runtime (SIGTERM to the container's PID 1, which is
+/// zkgate, as the kubelet's StopContainer sends it): zkgate removes its
+/// registration itself and exits 143.
 #[tokio::test]
-async fn a_pod_deleted_while_waiting_at_the_barrier_takes_its_registration_with_it() {
+async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with_them() {
     let Some(c) = cluster().await else { return };
     let ns = c.namespace().await;
     c.apply(
@@ -380,13 +431,26 @@ async fn a_pod_deleted_while_waiting_at_the_barrier_takes_its_registration_with_
         c.apply(&ns.name, &waiting_pod(pod, &c.zookeeper(), "trio", None));
     }
     let session = support::session(&c.zookeeper()).await;
-    let barrier_path = Layout::new(ROOT).unwrap().barrier(&ns.name, "trio").unwrap();
-    // The registrations are the barrier's children; `exists` on each needs
-    // no permission under the ACLs.
-    for pod in ["waiter-a", "waiter-b"] {
+    let barrier_path = Layout::new(ROOT)
+        .unwrap()
+        .barrier(&ns.name, "trio")
+        .unwrap();
+    // `exists` on each registration needs no permission under the ACLs.
+    let registered = |pod: &str| {
         let path = format!("{barrier_path}/{pod}");
+        let session = &session;
+        async move {
+            session
+                .client()
+                .check_stat(&path)
+                .await
+                .ok()
+                .map(|s| s.is_some())
+        }
+    };
+    for pod in ["waiter-a", "waiter-b"] {
         eventually(WITHIN, &format!("{pod} to register"), || async {
-            session.client().check_stat(&path).await.ok()?.map(|_| ())
+            (registered(pod).await == Some(true)).then_some(())
         })
         .await;
     }
@@ -399,48 +463,92 @@ async fn a_pod_deleted_while_waiting_at_the_barrier_takes_its_registration_with_
     pods.delete("waiter-a", &DeleteParams::default())
         .await
         .unwrap();
-    let gone = format!("{barrier_path}/waiter-a");
-    let deleted_at = tokio::time::Instant::now();
-    eventually(Duration::from_secs(60), "waiter-a's registration to go", || async {
-        session.client().check_stat(&gone).await.ok()?.is_none().then_some(())
+    eventually(WITHIN, "waiter-a's registration to go", || async {
+        (registered("waiter-a").await == Some(false)).then_some(())
     })
     .await;
-    eventually(Duration::from_secs(60), "pod waiter-a to be gone", || async {
-        pods.get_opt("waiter-a").await.ok()?.is_none().then_some(())
-    })
-    .await;
-    // Well inside the 120 s grace period: the container exited on SIGTERM.
-    assert!(deleted_at.elapsed() < Duration::from_secs(60));
-    let barrier = c
+    let status = c
         .barrier(&ns.name, "trio", "the status to count 1", |b| {
             b.status.as_ref().is_some_and(|s| s.entered == 1)
         })
-        .await;
-    let status = barrier.status.unwrap();
+        .await
+        .status
+        .unwrap();
     assert_ne!(status.phase, Some(BarrierPhase::Open));
+
+    // SIGTERM through containerd, as the kubelet stops a container.
+    // The kubelet reports the running container's id a little after it runs.
+    let container = eventually(WITHIN, "waiter-b's container id", || async {
+        let pod = pods.get("waiter-b").await.ok()?;
+        let init = pod.status?.init_container_statuses?.into_iter().next()?;
+        init.state?.running?;
+        init.container_id
+    })
+    .await;
+    let id = container.trim_start_matches("containerd://");
+    let out = Command::new("ctr")
+        .arg("-a")
+        .arg(c.dir.join("containerd/containerd.sock"))
+        .args(["-n", "k8s.io", "tasks", "kill", "--signal", "SIGTERM", id])
+        .output()
+        .unwrap();
     assert!(
-        status
-            .participants
-            .iter()
-            .all(|p| p.id != "waiter-a" || p.lost || p.left_at.is_some()),
-        "{:?}",
-        status.participants
+        out.status.success(),
+        "ctr: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let b = c.pods(&ns.name, "").await;
-    assert_eq!(b.len(), 1, "waiter-b still waits");
+    let pod = eventually(WITHIN, "waiter-b's init container to exit", || async {
+        let pod = pods.get("waiter-b").await.ok()?;
+        let init = pod
+            .status
+            .as_ref()?
+            .init_container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        init.state?.terminated?;
+        Some(pod)
+    })
+    .await;
+    let init = &pod.status.unwrap().init_container_statuses.unwrap()[0];
+    let exit = init
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .as_ref()
+        .unwrap()
+        .exit_code;
+    assert_eq!(exit, 143, "{init:?}");
+    let log = c.logs(&ns.name, "waiter-b", "barrier").await;
+    assert!(
+        log.contains("stopped by SIGTERM") && log.contains("registration of ours was removed"),
+        "{log}"
+    );
+    assert_eq!(registered("waiter-b").await, Some(false));
+    c.barrier(&ns.name, "trio", "the status to count 0", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == 0)
+    })
+    .await;
 }
 
 /// A bare pod whose init container waits at `barrier`; `namespace_override`
 /// makes it claim another namespace's barrier with its own credential.
-fn waiting_pod(name: &str, zookeeper: &str, barrier: &str, namespace_override: Option<&str>) -> String {
+fn waiting_pod(
+    name: &str,
+    zookeeper: &str,
+    barrier: &str,
+    namespace_override: Option<&str>,
+) -> String {
     let namespace_env = match namespace_override {
         Some(ns) => format!("{{name: ZKGATE_NAMESPACE, value: \"{ns}\"}}"),
-        None => "{name: ZKGATE_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}".to_owned(),
+        None => "{name: ZKGATE_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}"
+            .to_owned(),
     };
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: {name}}}
+metadata: {{name: {name}, labels: {{zkgate.io/barrier: {barrier}}}}}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 120
@@ -484,33 +592,33 @@ async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
         &c.example(
             "lock-job/job.yaml",
             &[
-                (
-                    "sleep 10",
-                    "echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; sleep 1; echo until-us $(now-us)",
-                ),
+                ("sleep 10", HOLD),
                 ("restartPolicy: Never", &aliases),
                 (&c.zookeeper(), &host),
             ],
         ),
     );
     c.job_succeeded(&ns.name, "migrate", 3).await;
-    let mut holds = Vec::new();
-    for pod in c.pods(&ns.name, "job-name=migrate").await {
-        let log = c.logs(&ns.name, &pod.name_any(), "migrate").await;
-        let (from, until) = (times(&log, "from-us"), times(&log, "until-us"));
-        let token: i64 = log
-            .lines()
-            .find_map(|l| l.split_once(" token ")?.1.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no fencing token in {log}"));
-        assert!(log.contains("holds db with fencing token"), "{log}");
-        assert_eq!((from.len(), until.len()), (1, 1), "{log}");
-        holds.push((from[0], until[0], token, pod.name_any()));
-    }
+    let mut holds = c
+        .holds(
+            &ns.name,
+            "job-name=migrate",
+            "migrate",
+            "holds db with fencing token",
+        )
+        .await;
     assert_eq!(holds.len(), 3);
     holds.sort();
     for pair in holds.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
-        assert!(a.1 <= b.0, "{} held until {} but {} from {}", a.3, a.1, b.3, b.0);
+        assert!(
+            a.1 <= b.0,
+            "{} held until {} but {} from {}",
+            a.3,
+            a.1,
+            b.3,
+            b.0
+        );
         assert!(a.2 < b.2, "tokens out of order: {holds:?}");
     }
 }
@@ -555,7 +663,10 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
     assert_eq!(status.entered, 0);
 
     // The same pod in the owner's namespace is let in.
-    c.apply(&owner.name, &waiting_pod("member", &c.zookeeper(), "guarded", None));
+    c.apply(
+        &owner.name,
+        &waiting_pod("member", &c.zookeeper(), "guarded", None),
+    );
     c.barrier(&owner.name, "guarded", "the member to be counted", |b| {
         b.status.as_ref().is_some_and(|s| s.entered == 1)
     })
@@ -590,9 +701,12 @@ async fn deleting_the_leading_controller_pod_hands_over() {
         "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: solo}\nspec: {participants: 1}\n",
     );
     c.apply(&ns.name, &waiting_pod("solo", &c.zookeeper(), "solo", None));
-    c.barrier(&ns.name, "solo", "the Barrier to complete under the new leader", |b| {
-        b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
-    })
+    c.barrier(
+        &ns.name,
+        "solo",
+        "the Barrier to complete under the new leader",
+        |b| b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed),
+    )
     .await;
 }
 
@@ -612,7 +726,10 @@ async fn the_local_image_is_the_dockerfiles() {
     let dockerfile =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
     let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
-    assert!(last_stage.starts_with("gcr.io/distroless/static"), "{last_stage}");
+    assert!(
+        last_stage.starts_with("gcr.io/distroless/static"),
+        "{last_stage}"
+    );
     let value = |key: &str| {
         last_stage
             .lines()
@@ -632,11 +749,69 @@ async fn the_local_image_is_the_dockerfiles() {
         .iter()
         .map(|f| f.as_str().unwrap())
         .collect();
-    for file in [binary, "/etc/passwd", "/etc/group", "/etc/ssl/certs/ca-certificates.crt"] {
+    for file in [
+        binary,
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ] {
         assert!(files.contains(&file), "{file} missing from {files:?}");
     }
     assert!(
-        !files.iter().any(|f| f.contains("libc.so") || f.starts_with("/bin/")),
+        !files
+            .iter()
+            .any(|f| f.contains("libc.so") || f.starts_with("/bin/")),
         "the image has a libc or a shell: {files:?}"
     );
+}
+
+/// The rw-lock example: 3 reader pods and a writer pod on a ReadWrite
+/// LockLease. The writer's hold overlaps no reader's, and its fencing token
+/// orders it against each of them.
+#[tokio::test]
+async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(&ns.name, &c.example("rw-lock/locklease.yaml", &[]));
+    c.apply(
+        &ns.name,
+        &c.example("rw-lock/readers.yaml", &[("sleep 5", HOLD)]),
+    );
+    c.apply(
+        &ns.name,
+        &c.example("rw-lock/writer.yaml", &[("sleep 5", HOLD)]),
+    );
+    c.job_succeeded(&ns.name, "catalog-readers", 3).await;
+    c.job_succeeded(&ns.name, "catalog-writer", 1).await;
+    let readers = c
+        .holds(
+            &ns.name,
+            "job-name=catalog-readers",
+            "work",
+            "reads the catalog",
+        )
+        .await;
+    let writer = c
+        .holds(
+            &ns.name,
+            "job-name=catalog-writer",
+            "work",
+            "writes the catalog",
+        )
+        .await;
+    assert_eq!((readers.len(), writer.len()), (3, 1));
+    let w = &writer[0];
+    for r in &readers {
+        let (first, second) = if r.0 < w.0 { (r, w) } else { (w, r) };
+        assert!(
+            first.1 <= second.0,
+            "{} and {} overlap: {readers:?} {writer:?}",
+            first.3,
+            second.3
+        );
+        assert!(
+            first.2 < second.2,
+            "tokens out of order: {readers:?} {writer:?}"
+        );
+    }
 }

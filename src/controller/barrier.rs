@@ -100,7 +100,11 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     }
 
     // Registrations made by init containers outlive them: remove those whose
-    // pod has finished (it left) or is gone.
+    // pod has finished (it left) or is gone, and, until the barrier opens,
+    // those whose pod is being deleted: such a pod starts no main container,
+    // so it must not complete the count (after the opening it is leaving,
+    // and its main containers may still run out their grace period).
+    let opened = node.children.iter().any(|c| c.name == READY);
     let mut persistent = false;
     let mut removed = Vec::new();
     for member in node
@@ -112,6 +116,7 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
         let who = ParticipantData::parse(&member.data);
         match ctx.pod_fate(namespace, &who).await? {
             PodFate::Alive => {}
+            PodFate::Terminating if opened => {}
             fate => {
                 info!(barrier = %name, participant = %member.name, ?fate, "removing the registration of a pod that ended");
                 tree::delete_if_present(zk, &crate::zk::path::join(&path, &member.name)).await?;

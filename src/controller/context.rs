@@ -105,6 +105,11 @@ impl Context {
 pub enum PodFate {
     /// Still running (or not started yet): keep the registration.
     Alive,
+    /// Being deleted (a deletion timestamp) and not finished: it will
+    /// start no container it has not started. A kubelet 1.20 SIGKILLs the
+    /// init containers of such a pod without a SIGTERM, so an init
+    /// container's registration outlives its process until the pod is gone.
+    Terminating,
     /// Finished (Succeeded or Failed).
     Finished,
     /// Gone, or replaced by a new pod with the same name.
@@ -154,6 +159,7 @@ impl Context {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         Ok(match phase {
             Some("Succeeded") | Some("Failed") => PodFate::Finished,
+            _ if pod.metadata.deletion_timestamp.is_some() => PodFate::Terminating,
             _ => PodFate::Alive,
         })
     }

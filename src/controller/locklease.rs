@@ -145,7 +145,12 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     }) {
         persistent = true;
         let who = ParticipantData::parse(&holder.data);
-        if ctx.pod_fate(namespace, &who).await? != PodFate::Alive {
+        // A Terminating pod's command may still run (its grace period): its
+        // hold stays until the pod has finished or is gone.
+        if matches!(
+            ctx.pod_fate(namespace, &who).await?,
+            PodFate::Finished | PodFate::Gone
+        ) {
             info!(lock = %name, node = %holder.name, "releasing the hold of a pod that ended");
             tree::delete_if_present(zk, &path::join(&path, &holder.name)).await?;
             removed.push(holder.name.clone());
