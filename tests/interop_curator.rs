@@ -10,7 +10,10 @@ use support::{children, eventually, isolated_connect, session};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
-use zkgate::zk::{DoubleBarrier, EnterOptions, LockOptions, Mutex, ReadWriteLock, ZkError};
+use zkgate::zk::{
+    encode_count, DoubleBarrier, EnterOptions, LockOptions, Mutex, Permits, ReadWriteLock,
+    Semaphore, ZkError,
+};
 
 /// A Curator participant (tests/peers/CuratorPeer.java) driven over stdin.
 struct Curator {
@@ -193,4 +196,84 @@ async fn a_double_barrier_counts_curator_participants() {
         .await
         .expect("leave with Curator");
     curator.expect("LEFT").await;
+}
+
+/// Issue 15: zkgate's semaphore and Curator's InterProcessSemaphoreV2 on one
+/// path share the permits both ways.
+#[tokio::test]
+async fn semaphore_permits_are_shared_with_curator() {
+    let connect = isolated_connect();
+    let s = session(&connect).await;
+    let mut curator = Curator::start(&connect).await;
+    let sem = Semaphore::new(
+        "/sem",
+        Permits::Fixed(3),
+        LockOptions {
+            create_parent: true,
+            ..LockOptions::default()
+        },
+    );
+
+    // zkgate holds 2 of 3: Curator gets one of the two it asks for, then waits.
+    let ours = sem.acquire(&s, 2, short()).await.unwrap();
+    curator.send("semaphore /sem 3 2").await;
+    eventually(Duration::from_secs(10), "Curator's first lease", || async {
+        (children(&s, "/sem/leases").await.len() >= 3).then_some(())
+    })
+    .await;
+    curator.stays_blocked().await;
+    ours.release().await.unwrap();
+    curator.expect("ACQUIRED").await;
+
+    // Curator holds 2 of 3: zkgate gets 1, not 2.
+    let err = sem.acquire(&s, 2, short()).await.unwrap_err();
+    assert!(matches!(err, ZkError::Timeout { .. }), "{err}");
+    let one = sem.acquire(&s, 1, short()).await.expect("the third permit");
+    curator.send("return").await;
+    curator.expect("RELEASED").await;
+    one.release().await.unwrap();
+    sem.acquire(&s, 3, short())
+        .await
+        .expect("all 3 once Curator returned its leases")
+        .release()
+        .await
+        .unwrap();
+    assert!(children(&s, "/sem/leases").await.is_empty());
+    curator.send("quit").await;
+}
+
+/// Issue 15: the number of permits in zkgate's count node is a Curator
+/// SharedCount: a Curator client built on it follows a change at once.
+#[tokio::test]
+async fn curator_follows_the_shared_count() {
+    let connect = isolated_connect();
+    let s = session(&connect).await;
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    s.client().mkdir("/sem", &open).await.unwrap();
+    s.client()
+        .create("/sem/count", &encode_count(1), &open)
+        .await
+        .unwrap();
+    let sem = Semaphore::new(
+        "/sem",
+        Permits::Shared("/sem/count".into()),
+        LockOptions::default(),
+    );
+    let ours = sem.acquire(&s, 1, short()).await.unwrap();
+    let mut curator = Curator::start(&connect).await;
+    curator.send("shared /sem /sem/count 1").await;
+    curator.stays_blocked().await;
+    s.client()
+        .set_data("/sem/count", &encode_count(2), None)
+        .await
+        .unwrap();
+    curator.expect("ACQUIRED").await;
+    // Two in use of two: zkgate waits too.
+    let err = sem.acquire(&s, 1, short()).await.unwrap_err();
+    assert!(matches!(err, ZkError::Timeout { .. }), "{err}");
+    curator.send("return").await;
+    curator.expect("RELEASED").await;
+    ours.release().await.unwrap();
+    curator.send("quit").await;
 }

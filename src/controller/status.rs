@@ -511,6 +511,7 @@ pub fn lock_with(
                 ContenderKind::Exclusive => "Exclusive",
                 ContenderKind::Read => "Read",
                 ContenderKind::Write => "Write",
+                ContenderKind::Lease => "Permit",
             }
             .to_owned(),
             since: Some(MicroTime(since)),

@@ -18,12 +18,15 @@ pub enum ContenderKind {
     Read,
     /// The write side of a read/write lock (Curator `__WRIT__`).
     Write,
+    /// A permit of a semaphore (Curator InterProcessSemaphoreV2 `lease-`,
+    /// under the semaphore's `leases` node; never in a lock's queue).
+    Lease,
 }
 
 impl ContenderKind {
     /// Whether it excludes everyone (exclusive or writer).
     pub fn is_exclusive(self) -> bool {
-        !matches!(self, ContenderKind::Read)
+        matches!(self, ContenderKind::Exclusive | ContenderKind::Write)
     }
 }
 
@@ -43,6 +46,7 @@ pub fn marker(kind: ContenderKind) -> &'static str {
         ContenderKind::Exclusive => "lock-",
         ContenderKind::Read => "__READ__",
         ContenderKind::Write => "__WRIT__",
+        ContenderKind::Lease => super::semaphore::LEASE_MARKER,
     }
 }
 

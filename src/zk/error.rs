@@ -130,6 +130,15 @@ pub enum ZkError {
         path: String,
     },
 
+    /// A semaphore was asked for a number of permits it cannot give.
+    #[error("semaphore {path}: {reason}")]
+    Permits {
+        /// The semaphore node.
+        path: String,
+        /// What was asked and what it has.
+        reason: String,
+    },
+
     /// A node's data could not be understood.
     #[error("invalid data in {path}: {reason}")]
     InvalidData {
@@ -174,7 +183,8 @@ impl ZkError {
             ZkError::InvalidConnectString { .. }
             | ZkError::InvalidPath { .. }
             | ZkError::Tls { .. }
-            | ZkError::ParticipantConflict { .. } => ErrorKind::Invalid,
+            | ZkError::ParticipantConflict { .. }
+            | ZkError::Permits { .. } => ErrorKind::Invalid,
             ZkError::Timeout { .. } => ErrorKind::Timeout,
             ZkError::Deleted { .. }
             | ZkError::BarrierFailed { .. }

@@ -14,9 +14,9 @@ use super::session::{is_connection_loss, Session};
 enum Armed {
     /// A node we know we created.
     Node(String),
-    /// A sequential create was sent under `parent`; its node, if any, is
-    /// the child whose name starts with `prefix` (a protected name: the
-    /// prefix holds a uuid of ours).
+    /// A sequential create (or a multi of them) was sent under `parent`;
+    /// its nodes, if any, are the children whose names start with `prefix`
+    /// (a protected name: the prefix holds a uuid of ours).
     Protected { parent: String, prefix: String },
     /// A create of `path` was sent; the node there is ours only if this
     /// session owns it or, for a persistent node, it holds exactly `data`
@@ -144,10 +144,19 @@ async fn remove(
                 Err(zk::Error::NoNode) => return Ok(None),
                 other => other?,
             };
-            match children.iter().find(|c| c.starts_with(prefix.as_str())) {
-                Some(name) => (path::join(parent, name), None),
-                None => return Ok(None),
+            // A multi may have made several (a semaphore's permits).
+            let mut removed = None;
+            for name in children.iter().filter(|c| c.starts_with(prefix.as_str())) {
+                let node = path::join(parent, name);
+                match client.delete(&node, None).await {
+                    Ok(()) => {
+                        removed.get_or_insert(node);
+                    }
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(e),
+                }
             }
+            return Ok(removed);
         }
         Armed::Pending { path, data } => match client.get_data(path).await {
             Err(zk::Error::NoNode) => return Ok(None),

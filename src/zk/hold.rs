@@ -14,7 +14,7 @@ use super::contender::ContenderKind;
 use super::error::{Result, ZkError};
 use super::session::{is_connection_loss, Session, SessionState, StateWatcher};
 
-/// A held lock (exclusive, read or write).
+/// A held lock (exclusive, read or write) or semaphore permits.
 ///
 /// Dropping it releases the lock from a spawned task; [`LockHold::release`]
 /// releases it and waits for the server; [`LockHold::into_registration`]
@@ -23,6 +23,9 @@ use super::session::{is_connection_loss, Session, SessionState, StateWatcher};
 pub struct LockHold<'s> {
     session: &'s Session,
     path: String,
+    /// A semaphore hold's further permits: nodes made with `path` in one
+    /// transaction and released with it.
+    siblings: Vec<String>,
     kind: ContenderKind,
     token: i64,
     persistent: bool,
@@ -40,6 +43,7 @@ impl<'s> LockHold<'s> {
         LockHold {
             session,
             path: acquired.node,
+            siblings: acquired.siblings,
             kind,
             token: acquired.token,
             persistent,
@@ -55,9 +59,17 @@ impl<'s> LockHold<'s> {
         self.token
     }
 
-    /// The path of our node.
+    /// The path of our node (a semaphore hold's first lease).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Every node of the hold: one for a lock, one per permit for a
+    /// semaphore.
+    pub fn nodes(&self) -> Vec<&str> {
+        std::iter::once(self.path.as_str())
+            .chain(self.siblings.iter().map(String::as_str))
+            .collect()
     }
 
     /// What is held.
@@ -97,7 +109,11 @@ impl<'s> LockHold<'s> {
     /// may have been lost must be reported as lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        release_node(self.session, &self.path).await
+        if self.siblings.is_empty() {
+            release_node(self.session, &self.path).await
+        } else {
+            release_nodes(self.session, &self.nodes()).await
+        }
     }
 
     /// Keeps the node (a persistent hold) past this process and returns
@@ -106,6 +122,7 @@ impl<'s> LockHold<'s> {
         self.done = true;
         Registration {
             path: std::mem::take(&mut self.path),
+            siblings: std::mem::take(&mut self.siblings),
             fencing_token: self.token,
         }
     }
@@ -114,9 +131,13 @@ impl<'s> LockHold<'s> {
 impl Drop for LockHold<'_> {
     fn drop(&mut self) {
         if !self.done {
-            let mut guard = super::guard::NodeGuard::new(self.session);
-            guard.arm(std::mem::take(&mut self.path));
-            // Dropping the armed guard sends the delete from a task.
+            let nodes = std::iter::once(std::mem::take(&mut self.path))
+                .chain(std::mem::take(&mut self.siblings));
+            for node in nodes {
+                let mut guard = super::guard::NodeGuard::new(self.session);
+                guard.arm(node);
+                // Dropping the armed guard sends the delete from a task.
+            }
         }
     }
 }
@@ -151,6 +172,9 @@ impl Confirmed {
 pub struct Registration {
     /// The node.
     pub path: String,
+    /// A semaphore hold's further permits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub siblings: Vec<String>,
     /// Its fencing token (czxid).
     pub fencing_token: i64,
 }
@@ -158,7 +182,13 @@ pub struct Registration {
 impl Registration {
     /// Releases it from any session (a later process, the controller).
     pub async fn release(&self, session: &Session) -> Result<()> {
-        release_node(session, &self.path).await
+        if self.siblings.is_empty() {
+            return release_node(session, &self.path).await;
+        }
+        let nodes: Vec<&str> = std::iter::once(self.path.as_str())
+            .chain(self.siblings.iter().map(String::as_str))
+            .collect();
+        release_nodes(session, &nodes).await
     }
 }
 
@@ -186,6 +216,50 @@ pub(crate) async fn release_node(session: &Session, path: &str) -> Result<()> {
                 session.await_connected().await?;
             }
             Err(e) => return Err(ZkError::from_client("delete", path, e)),
+        }
+    }
+}
+
+/// Deletes a semaphore hold's nodes in one transaction; `NodeRemoved` when
+/// any was already gone (revoked), as for one node.
+pub(crate) async fn release_nodes(session: &Session, paths: &[&str]) -> Result<()> {
+    let client = session.client();
+    let mut retried = false;
+    loop {
+        let mut writer = client.new_multi_writer();
+        for path in paths {
+            writer
+                .add_delete(path, None)
+                .map_err(|e| ZkError::from_client("delete", path, e))?;
+        }
+        match writer.commit().await {
+            Ok(_) => {
+                debug!(nodes = paths.len(), first = %paths[0], "released");
+                return Ok(());
+            }
+            Err(zk::MultiWriteError::OperationFailed {
+                index,
+                source: zk::Error::NoNode,
+            }) => {
+                if retried {
+                    warn!(first = %paths[0], "a node was gone when the release was retried after a lost connection: revoked, or deleted by our first attempt; reporting the hold as lost");
+                }
+                // The others stay ours to delete: the hold is lost anyway.
+                for path in paths.iter().filter(|p| **p != paths[index]) {
+                    let _ = client.delete(path, None).await;
+                }
+                return Err(ZkError::NodeRemoved {
+                    path: paths[index].to_owned(),
+                });
+            }
+            Err(e) => {
+                let e = zk::Error::from(e);
+                if !is_connection_loss(&e) {
+                    return Err(ZkError::from_client("delete", paths[0], e));
+                }
+                retried = true;
+                session.await_connected().await?;
+            }
         }
     }
 }

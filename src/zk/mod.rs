@@ -6,6 +6,8 @@
 //! - [`Session`]: a session with an explicit, awaited [`Session::close`] and
 //!   a visible [`SessionState`].
 //! - [`DoubleBarrier`]: ZooKeeper's double barrier (enter / leave).
+//! - [`Semaphore`]: N permits in Curator's InterProcessSemaphoreV2 layout,
+//!   k at a time, all or nothing; its hold is a [`LockHold`] too.
 //! - [`Mutex`] and [`ReadWriteLock`]: Curator-compatible locks; a held lock
 //!   is a [`LockHold`] with a fencing token and a [`HoldMonitor`] that tells
 //!   when the hold may be or is lost.
@@ -27,6 +29,7 @@ mod guard;
 mod hold;
 mod lock;
 pub mod path;
+mod semaphore;
 mod session;
 pub mod tree;
 
@@ -37,4 +40,7 @@ pub use contender::ContenderKind;
 pub use error::{within, ErrorKind, Result, ZkError};
 pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
+pub use semaphore::{
+    decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LEASE_MARKER, LOCKS,
+};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

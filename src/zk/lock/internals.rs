@@ -73,6 +73,9 @@ pub(crate) async fn acquire<'s>(
 pub(crate) struct Acquired {
     /// Our node.
     pub node: String,
+    /// More nodes of the same hold (a semaphore's further permits),
+    /// released with it.
+    pub siblings: Vec<String>,
     /// Its czxid.
     pub token: i64,
     /// When the request that showed us holding was sent: the server knew
@@ -196,6 +199,7 @@ async fn queue_and_wait(
         let Some(blocker) = contender::blocker(&queue, index) else {
             return Ok(Acquired {
                 node: path::join(parent, &name),
+                siblings: Vec::new(),
                 token,
                 confirmed_at: listed_at,
             });

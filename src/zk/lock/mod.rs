@@ -12,8 +12,8 @@ mod internals;
 
 use tokio::time::Instant;
 
-pub(crate) use self::internals::Acquired;
 use self::internals::LockSpec;
+pub(crate) use self::internals::{list, Acquired};
 use super::contender::ContenderKind;
 use super::error::Result;
 use super::hold::LockHold;
