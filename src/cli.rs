@@ -385,6 +385,14 @@ pub struct LockArgs {
     /// Without a controller: create the lock node if missing.
     #[arg(long, env = "ZKGATE_CREATE")]
     pub create: bool,
+    /// Permits to take at once from a Semaphore LockLease: all of them or
+    /// none, never some while waiting for the rest.
+    #[arg(long, env = "ZKGATE_TAKE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub take: u32,
+    /// Without a controller: with --create, make the lock a Semaphore of
+    /// this many permits (kept if it exists).
+    #[arg(long, requires = "create", value_parser = clap::value_parser!(u32).range(1..))]
+    pub permits: Option<u32>,
     /// Connection and identity.
     #[command(flatten)]
     pub common: Common,
@@ -593,6 +601,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             LockAction::Acquire { lock: l, token } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .permits(l.take, l.permits)
                     .acquire(&token.token_file)
                     .await
             }
@@ -604,6 +613,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .permits(l.take, l.permits)
                     .sidecar(&token.token_file, &readiness.options(), kill_grace)
                     .await
             }
@@ -619,6 +629,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             } => {
                 let p = l.common.participant()?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
+                    .permits(l.take, l.permits)
                     .run(&command, kill_grace)
                     .await
             }

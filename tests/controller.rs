@@ -1186,3 +1186,150 @@ async fn a_spec_the_controller_cannot_apply_is_refused_with_a_condition_and_an_e
     let node: zkgate::controller::LockNodeData = serde_json::from_slice(&data).unwrap();
     assert_eq!(node.mode, zkgate::api::LockMode::ReadWrite);
 }
+
+/// Issue 15: a Semaphore LockLease. `zkgate lock run` takes permits from
+/// it unchanged (the node says what it is; `--take 2` takes two at once);
+/// the status lists the holders with their permits and the waiter; raising
+/// `spec.permits` admits the waiter; a holder past its lease is revoked
+/// (all its permits, exit 6).
+#[tokio::test]
+async fn a_semaphore_lease_lists_holders_follows_its_permits_and_revokes() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "pool" },
+        "spec": { "mode": "Semaphore", "permits": 3 }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    eventually(WITHIN, "the semaphore's status", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(0)).then_some(())
+    })
+    .await;
+    let run = |id: &str, take: &str, seconds: &str| {
+        zkgate(
+            &s,
+            &[
+                "lock",
+                "run",
+                "pool",
+                "--id",
+                id,
+                "--take",
+                take,
+                "--timeout",
+                "30s",
+                "--kill-grace",
+                "1s",
+                "--",
+                "sleep",
+                seconds,
+            ],
+        )
+        .spawn()
+        .unwrap()
+    };
+    let pair = run("pair", "2", "60");
+    eventually(WITHIN, "the pair holding 2", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(2) && st.holders.first()?.permits == 2).then_some(())
+    })
+    .await;
+    let single = run("single", "1", "60");
+    eventually(WITHIN, "3 in use of 3", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(3)).then_some(())
+    })
+    .await;
+    let late = run("late", "1", "0");
+    let st = eventually(WITHIN, "3 in use of 3 and one waiting", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(3) && st.waiting == ["late"]).then_some(st)
+    })
+    .await;
+    assert_eq!(st.holder_count, 2);
+    assert!(
+        st.holders.iter().all(|h| h.mode == "Permit"),
+        "{:?}",
+        st.holders
+    );
+
+    // Raising the permits admits the waiter within a watch round trip.
+    api.patch(
+        "pool",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "permits": 4 } })),
+    )
+    .await
+    .unwrap();
+    let (code, err) = finished(late).await;
+    assert_eq!(code, Some(0), "{err}");
+
+    // Given a lease they have outlived, both holders are revoked: all
+    // their permits.
+    api.patch(
+        "pool",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "leaseDuration": "1s" } })),
+    )
+    .await
+    .unwrap();
+    let (code, err) = finished(pair).await;
+    assert_eq!(code, Some(6), "{err}");
+    let (code, err) = finished(single).await;
+    assert_eq!(code, Some(6), "{err}");
+    let observer = session(&s.zk).await;
+    let leases = format!("/zkgate/namespaces/{}/locks/pool/leases", s.ns);
+    eventually(WITHIN, "no lease left", || async {
+        children(&observer, &leases).await.is_empty().then_some(())
+    })
+    .await;
+    eventually(WITHIN, "Revoked events", || async {
+        event_reasons(&s)
+            .await
+            .contains(&"Revoked".to_owned())
+            .then_some(())
+    })
+    .await;
+}
+
+/// Issue 15: without a controller `--create --permits N` makes a semaphore;
+/// `--take` more than it has is refused (exit 2), and `--take` on a lock
+/// that is not a semaphore too.
+#[tokio::test]
+async fn without_a_controller_create_permits_makes_a_semaphore() {
+    let zk = isolated_connect();
+    let cmd = |args: &[&str]| {
+        let mut c = support::zkgate(&zk, args);
+        c.env("ZKGATE_NAMESPACE", "solo");
+        c
+    };
+    let (code, err) = support::output(cmd(&[
+        "lock",
+        "run",
+        "pool",
+        "--create",
+        "--permits",
+        "2",
+        "--take",
+        "2",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, err) =
+        support::output(cmd(&["lock", "run", "pool", "--take", "3", "--", "true"])).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("3 permits asked for, but the semaphore has 2"),
+        "{err}"
+    );
+    let (code, err) = support::output(cmd(&[
+        "lock", "run", "plain", "--create", "--take", "2", "--", "true",
+    ]))
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("for Semaphore LockLeases"), "{err}");
+}

@@ -127,7 +127,7 @@ proptest! {
             })
             .collect();
         let node = Snapshot { data: vec![], stat: stat(1), children: children.clone() };
-        let spec = LockLeaseSpec { mode: LockMode::ReadWrite, lease_duration: lease.map(|l| format!("{l}s")) };
+        let spec = LockLeaseSpec { mode: LockMode::ReadWrite, lease_duration: lease.map(|l| format!("{l}s")), permits: None };
         let previous = LockLeaseStatus::default();
         let out = status::lock(&spec, &node, &previous, Some(1), "/l", Timestamp::from_second(now_s).unwrap());
         let st = &out.status;

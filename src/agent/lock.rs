@@ -9,7 +9,11 @@ use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{self, Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
-use crate::zk::{within, LockHold, LockOptions, Mutex, ReadWriteLock, Session, ZkError};
+use crate::api::{LockMode, LockNodeData};
+use crate::zk::{
+    encode_count, path as zpath, within, LockHold, LockOptions, Mutex, Permits, ReadWriteLock,
+    Semaphore, Session, ZkError,
+};
 
 /// Which side of the lock to take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +32,10 @@ pub struct LockCommand<'a> {
     path: String,
     side: Side,
     create: bool,
+    /// Permits to take from a Semaphore.
+    take: u32,
+    /// With `create`: make a Semaphore of this many permits.
+    create_permits: Option<u32>,
 }
 
 impl<'a> LockCommand<'a> {
@@ -49,7 +57,78 @@ impl<'a> LockCommand<'a> {
             path,
             side,
             create,
+            take: 1,
+            create_permits: None,
         })
+    }
+
+    /// Permits to take if the lock is a Semaphore (the lock node says what
+    /// it is); with `create`, `create_permits` makes it one.
+    pub fn permits(mut self, take: u32, create_permits: Option<u32>) -> Self {
+        self.take = take;
+        self.create_permits = create_permits;
+        self
+    }
+
+    /// The lock's mode, as its node's data says (`None`: data not written by
+    /// a controller or `--create --permits`, e.g. a lock made by `--create`).
+    async fn mode(&self, session: &Session) -> Result<Option<LockMode>, ZkError> {
+        let client = session.client();
+        let (data, _) = session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await
+            .map_err(|e| match e {
+                ZkError::Zk {
+                    source: zookeeper_client::Error::NoNode,
+                    ..
+                } => ZkError::Deleted {
+                    path: self.path.clone(),
+                },
+                e => e,
+            })?;
+        Ok(serde_json::from_slice::<LockNodeData>(&data)
+            .ok()
+            .map(|d| d.mode))
+    }
+
+    /// `--create --permits N`: makes the lock node a Semaphore of N permits
+    /// unless it exists.
+    async fn create_semaphore(&self, session: &Session, permits: u32) -> Result<(), ZkError> {
+        let client = session.client();
+        let dir = zookeeper_client::CreateMode::Persistent.with_acls(session.node_acls());
+        let data = serde_json::to_vec(&LockNodeData {
+            uid: String::new(),
+            mode: LockMode::Semaphore,
+        })
+        .unwrap_or_default();
+        if let Some((parent, _)) = self.path.rsplit_once('/') {
+            match session
+                .retry("create", parent, || client.mkdir(parent, &dir))
+                .await
+            {
+                Ok(())
+                | Err(ZkError::Zk {
+                    source: zookeeper_client::Error::NodeExists,
+                    ..
+                }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let count = zpath::join(&self.path, crate::zk::COUNT);
+        for (at, bytes) in [(&self.path, data), (&count, encode_count(permits).to_vec())] {
+            match session
+                .retry("create", at, || client.create(at, &bytes, &dir))
+                .await
+            {
+                Ok(_)
+                | Err(ZkError::Zk {
+                    source: zookeeper_client::Error::NodeExists,
+                    ..
+                }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     async fn acquire_with<'s>(
@@ -66,8 +145,44 @@ impl<'a> LockCommand<'a> {
             create_parent: self.create,
         };
         let attempt = async {
-            if !self.create {
-                session.await_node(&self.path).await?;
+            match (self.create, self.create_permits) {
+                (true, Some(n)) => self.create_semaphore(session, n).await?,
+                (true, None) => {}
+                (false, _) => session.await_node(&self.path).await?,
+            }
+            let mode = if self.create && self.create_permits.is_none() {
+                // The node may not exist yet: the lock recipes make it.
+                match self.mode(session).await {
+                    Err(ZkError::Deleted { .. }) => None,
+                    other => other?,
+                }
+            } else {
+                self.mode(session).await?
+            };
+            let refuse = |reason: String| ZkError::Permits {
+                path: self.path.clone(),
+                reason,
+            };
+            if mode == Some(LockMode::Semaphore) {
+                if self.side != Side::Exclusive {
+                    return Err(refuse(
+                        "it is a Semaphore; --read and --write are for ReadWrite locks".to_owned(),
+                    ));
+                }
+                let count = zpath::join(&self.path, crate::zk::COUNT);
+                return Semaphore::new(&self.path, Permits::Shared(count), options)
+                    .acquire(session, self.take, None)
+                    .await;
+            }
+            if self.take > 1 {
+                return Err(refuse(format!(
+                    "--take {} is for Semaphore LockLeases; this one is {}",
+                    self.take,
+                    match mode {
+                        Some(LockMode::ReadWrite) => "ReadWrite",
+                        _ => "Exclusive",
+                    }
+                )));
             }
             match self.side {
                 Side::Exclusive => Mutex::new(&self.path, options).acquire(session, None).await,

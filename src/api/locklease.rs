@@ -1,5 +1,6 @@
-//! The `LockLease` resource: a lock, exclusive or read/write, with a bounded
-//! hold time and a fencing token for each holder.
+//! The `LockLease` resource: a lock, exclusive or read/write, or a
+//! semaphore of N permits, with a bounded hold time and a fencing token for
+//! each holder.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::CustomResource;
@@ -19,8 +20,20 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     shortname = "zlock",
     category = "zkgate",
-    doc = "A ZooKeeper lock (exclusive or read/write) with a bounded hold time and a fencing token for each holder.",
+    doc = "A ZooKeeper lock (exclusive, read/write, or a semaphore of N permits) with a bounded hold time and a fencing token for each holder.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(
+        name = "In use",
+        type_ = "integer",
+        json_path = ".status.permitsInUse",
+        description = "Permits held (Semaphore)"
+    ),
+    printcolumn(
+        name = "Permits",
+        type_ = "integer",
+        json_path = ".spec.permits",
+        description = "Permits in all (Semaphore)"
+    ),
     printcolumn(name = "Holders", type_ = "integer", json_path = ".status.holderCount"),
     printcolumn(
         name = "Waiting",
@@ -41,9 +54,17 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LockLeaseSpec {
-    /// `Exclusive` (one holder) or `ReadWrite` (holders ask for read or write).
+    /// `Exclusive` (one holder), `ReadWrite` (holders ask for read or
+    /// write) or `Semaphore` (at most `permits` held at once).
     #[serde(default)]
     pub mode: LockMode,
+    /// A Semaphore's permits (1 when absent; ignored by the other modes).
+    /// A change takes effect for the next admission: raising it admits
+    /// waiters at once; lowering it revokes nobody and admits no one until
+    /// fewer than the new number are in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub permits: Option<u32>,
     /// The longest one holder may hold the lock (e.g. `30s`, `5m`; not
     /// zero); past it the controller revokes the hold. No limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,6 +80,28 @@ pub enum LockMode {
     Exclusive,
     /// Readers share it; a writer excludes everyone.
     ReadWrite,
+    /// A counting semaphore: at most `permits` held at once, a holder
+    /// taking one or more; shared with Apache Curator's
+    /// InterProcessSemaphoreV2 on the same path.
+    Semaphore,
+}
+
+impl LockLeaseSpec {
+    /// A Semaphore's permits (1 when absent).
+    pub fn permits(&self) -> u32 {
+        self.permits.unwrap_or(1).max(1)
+    }
+}
+
+/// What the controller writes into a lock node: the contract between the
+/// controller and the participant commands (which read the mode from it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockNodeData {
+    /// The resource's uid.
+    pub uid: String,
+    /// The mode.
+    pub mode: LockMode,
 }
 
 /// Whether anyone holds the lock.
@@ -83,6 +126,9 @@ pub struct LockLeaseStatus {
     /// How many hold it.
     #[serde(default)]
     pub holder_count: u32,
+    /// A Semaphore's permits held, by all holders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits_in_use: Option<u32>,
     /// The ids of the waiters, in queue order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<String>,
@@ -109,8 +155,11 @@ pub struct HolderStatus {
     /// Its pod, when it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// `Exclusive`, `Read` or `Write`.
+    /// `Exclusive`, `Read`, `Write` or `Permit`.
     pub mode: String,
+    /// The permits it holds (Semaphore; 1 for the other modes).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub permits: u32,
     /// Since when it holds the lock (microseconds: the lease is measured from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<MicroTime>,
@@ -119,4 +168,12 @@ pub struct HolderStatus {
     /// When the controller revokes the hold (with a lease duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<MicroTime>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }

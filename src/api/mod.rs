@@ -7,7 +7,9 @@ mod locklease;
 pub use barrier::{
     Barrier, BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus,
 };
-pub use locklease::{HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockPhase};
+pub use locklease::{
+    HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockNodeData, LockPhase,
+};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -6,7 +6,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
-use serde::{Deserialize, Serialize};
 use tracing::info;
 use zookeeper_client as zk;
 
@@ -17,15 +16,7 @@ use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ParticipantData, ZkError};
 
-/// What the controller writes into a lock node.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockNodeData {
-    /// The resource's uid.
-    pub uid: String,
-    /// The mode.
-    pub mode: LockMode,
-}
+pub use crate::api::LockNodeData;
 
 impl Reconciled for LockLease {
     async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -111,10 +102,16 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
 
     // The mode can change while nobody holds or waits; not under their feet.
     let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
-    let in_use = node
+    let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
+    let mut in_use = node
         .children
         .iter()
         .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
+    for dir in &semaphore_dirs {
+        if let Some(snapshot) = tree::snapshot(zk, dir).await? {
+            in_use |= !snapshot.children.is_empty();
+        }
+    }
     let mut spec_problem = None;
     if current.mode != lock.spec.mode {
         if in_use {
@@ -123,6 +120,15 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
                 current.mode, lock.spec.mode, current.mode
             ));
         } else {
+            if current.mode == LockMode::Semaphore {
+                // A semaphore's own nodes mean nothing to a lock.
+                for dir in semaphore_dirs
+                    .iter()
+                    .chain([&path::join(&path, crate::zk::COUNT)])
+                {
+                    tree::delete_tree(zk, dir).await?;
+                }
+            }
             let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
             zk.client()
                 .set_data(&path, &bytes, Some(node.stat.version))
@@ -134,6 +140,12 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
                 })?;
             node.data = bytes;
         }
+    }
+    let mode = serde_json::from_slice::<LockNodeData>(&node.data)
+        .map(|d| d.mode)
+        .unwrap_or_default();
+    if mode == LockMode::Semaphore {
+        return apply_semaphore(lock, namespace, ctx, &path, &acls.resources, spec_problem).await;
     }
 
     // Holds taken by init containers outlive them: release those whose pod
@@ -196,6 +208,136 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
             Timestamp::now(),
             spec_problem.as_deref(),
         );
+        outcome.notes.splice(0..0, notes);
+    }
+    if lock.status.as_ref() != Some(&outcome.status) {
+        write_status(lock, namespace, &outcome.status, ctx).await?;
+    }
+    ctx.lock_status.remember(&uid, &outcome.status);
+    for note in &outcome.notes {
+        ctx.record(lock, note).await;
+    }
+    ctx.metrics.lock_seen(namespace, &name, &outcome.status);
+    let recheck = persistent.then_some(POD_RECHECK);
+    Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+}
+
+/// A Semaphore: keeps its layout (`locks`, `leases`, and `count` holding
+/// `spec.permits` as a Curator SharedCount, which waiters watch: a change
+/// takes effect for the next admission), releases the leases of pods that
+/// ended, revokes holds past the lease duration, and writes the status.
+async fn apply_semaphore(
+    lock: &LockLease,
+    namespace: &str,
+    ctx: &Context,
+    path: &str,
+    acls: &[zk::Acl],
+    spec_problem: Option<String>,
+) -> Result<Action, Error> {
+    let name = lock.name_any();
+    let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
+    let zk = &*ctx.zk;
+    let dir = zk::CreateMode::Persistent.with_acls(acls.into());
+    let write_err = |op: &'static str, at: &str| {
+        let at = at.to_owned();
+        move |e| ZkError::Zk {
+            op,
+            path: at,
+            source: e,
+        }
+    };
+    for child in [crate::zk::LOCKS, crate::zk::LEASES] {
+        let at = path::join(path, child);
+        match zk.client().create(&at, &[], &dir).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(write_err("create", &at)(e).into()),
+        }
+    }
+    let count = path::join(path, crate::zk::COUNT);
+    let permits = crate::zk::encode_count(lock.spec.permits());
+    match zk.client().get_data(&count).await {
+        Ok((data, stat)) if data != permits => {
+            info!(lock = %name, permits = lock.spec.permits(), "setting the semaphore's permits");
+            zk.client()
+                .set_data(&count, &permits, Some(stat.version))
+                .await
+                .map_err(write_err("write", &count))?;
+        }
+        Ok(_) => {}
+        Err(zk::Error::NoNode) => match zk.client().create(&count, &permits, &dir).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(write_err("create", &count)(e).into()),
+        },
+        Err(e) => return Err(write_err("read", &count)(e).into()),
+    }
+
+    let leases_path = path::join(path, crate::zk::LEASES);
+    let mut leases = tree::snapshot(zk, &leases_path)
+        .await?
+        .map(|s| s.children)
+        .unwrap_or_default();
+    let locks = tree::snapshot(zk, &path::join(path, crate::zk::LOCKS))
+        .await?
+        .map(|s| s.children)
+        .unwrap_or_default();
+
+    // Leases taken by init containers outlive them: release those whose pod
+    // has finished or is gone (a permit never leaks).
+    let mut persistent = false;
+    let mut removed = Vec::new();
+    for lease in leases.iter().filter(|c| c.stat.ephemeral_owner == 0) {
+        persistent = true;
+        let who = ParticipantData::parse(&lease.data);
+        if matches!(
+            ctx.pod_fate(namespace, &who).await?,
+            PodFate::Finished | PodFate::Gone
+        ) {
+            info!(lock = %name, node = %lease.name, "releasing the permit of a pod that ended");
+            tree::delete_if_present(zk, &path::join(&leases_path, &lease.name)).await?;
+            removed.push(lease.name.clone());
+        }
+    }
+    leases.retain(|c| !removed.contains(&c.name));
+
+    let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
+    let status_of = |leases: &[tree::ChildNode], previous: &crate::api::LockLeaseStatus| {
+        status::semaphore_with(
+            &lock.spec,
+            leases,
+            &locks,
+            previous,
+            lock.metadata.generation,
+            path,
+            Timestamp::now(),
+            spec_problem.as_deref(),
+        )
+    };
+    let mut outcome = status_of(&leases, &previous);
+    if !outcome.revoke.is_empty() {
+        for revoked in &outcome.revoke {
+            info!(lock = %name, node = %revoked, "revoking a permit past its lease duration");
+            tree::delete_if_present(zk, &path::join(path, revoked)).await?;
+        }
+        let revoked_tokens: Vec<i64> = leases
+            .iter()
+            .filter(|c| {
+                outcome
+                    .revoke
+                    .contains(&format!("{}/{}", crate::zk::LEASES, c.name))
+            })
+            .map(|c| c.stat.czxid)
+            .collect();
+        leases.retain(|c| {
+            !outcome
+                .revoke
+                .contains(&format!("{}/{}", crate::zk::LEASES, c.name))
+        });
+        let notes = std::mem::take(&mut outcome.notes);
+        let mut before = previous.clone();
+        before
+            .holders
+            .retain(|h| !revoked_tokens.contains(&h.fencing_token));
+        outcome = status_of(&leases, &before);
         outcome.notes.splice(0..0, notes);
     }
     if lock.status.as_ref() != Some(&outcome.status) {

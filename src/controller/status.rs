@@ -454,29 +454,133 @@ pub fn lock_with(
 ) -> LockOutcome {
     let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
     let queue = contender::queue(&names);
+    let mut holdings = Vec::new();
+    let mut waiting = Vec::new();
+    for (i, c) in queue.iter().enumerate() {
+        let Some(child) = node.children.iter().find(|n| n.name == c.name) else {
+            continue;
+        };
+        if contender::blocker(&queue, i).is_some() {
+            waiting.push(holder_id(child));
+            continue;
+        }
+        holdings.push(Holding {
+            child,
+            mode: match c.kind {
+                ContenderKind::Exclusive => "Exclusive",
+                ContenderKind::Read => "Read",
+                ContenderKind::Write => "Write",
+                ContenderKind::Lease => "Permit",
+            },
+            nodes: vec![c.name.clone()],
+        });
+    }
+    let held = Held {
+        holdings,
+        waiting,
+        children: &node.children,
+        permits_in_use: None,
+    };
+    held_status(spec, held, previous, generation, znode, now, spec_problem)
+}
+
+/// A Semaphore's status: its holders are the lease nodes under `leases`
+/// (grouped by their protected id: one holder taking k permits made k
+/// nodes in one transaction), its waiters the internal mutex's queue under
+/// `locks`, in the order they will be served. A node to revoke is named
+/// `leases/<name>`, relative to the lock node.
+#[allow(clippy::too_many_arguments)]
+pub fn semaphore_with(
+    spec: &LockLeaseSpec,
+    leases: &[ChildNode],
+    locks: &[ChildNode],
+    previous: &LockLeaseStatus,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+    spec_problem: Option<&str>,
+) -> LockOutcome {
+    let mut holdings: Vec<Holding> = Vec::new();
+    let mut sorted: Vec<&ChildNode> = leases.iter().collect();
+    sorted.sort_by_key(|c| (c.stat.czxid, c.name.clone()));
+    for child in sorted {
+        let group = contender::protection_id(&child.name).unwrap_or(&child.name);
+        let node = format!("{}/{}", crate::zk::LEASES, child.name);
+        match holdings
+            .iter_mut()
+            .find(|h| contender::protection_id(&h.child.name).unwrap_or(&h.child.name) == group)
+        {
+            Some(h) => h.nodes.push(node),
+            None => holdings.push(Holding {
+                child,
+                mode: "Permit",
+                nodes: vec![node],
+            }),
+        }
+    }
+    let names: Vec<String> = locks.iter().map(|c| c.name.clone()).collect();
+    let waiting = contender::queue(&names)
+        .iter()
+        .filter_map(|c| locks.iter().find(|n| n.name == c.name))
+        .map(holder_id)
+        .collect();
+    let in_use = holdings.iter().map(|h| h.nodes.len() as u32).sum();
+    let held = Held {
+        holdings,
+        waiting,
+        children: leases,
+        permits_in_use: Some(in_use),
+    };
+    held_status(spec, held, previous, generation, znode, now, spec_problem)
+}
+
+/// One holder: the node that stands for it (its first), its mode, and
+/// every node of its hold (revoked together).
+struct Holding<'a> {
+    child: &'a ChildNode,
+    mode: &'static str,
+    nodes: Vec<String>,
+}
+
+/// Who holds and who waits, as the status rules see it.
+struct Held<'a> {
+    holdings: Vec<Holding<'a>>,
+    waiting: Vec<String>,
+    /// The nodes whose pods are tracked (persistent holds).
+    children: &'a [ChildNode],
+    permits_in_use: Option<u32>,
+}
+
+/// The id a holder or waiter goes by: its id, else its pod, else its node.
+fn holder_id(child: &ChildNode) -> String {
+    let who = ParticipantData::parse(&child.data);
+    who.id.or(who.pod).unwrap_or_else(|| child.name.clone())
+}
+
+/// The status rules shared by locks and semaphores: lease expiry and
+/// revocation, Acquired/Released/Revoked events, conditions.
+fn held_status(
+    spec: &LockLeaseSpec,
+    seen: Held<'_>,
+    previous: &LockLeaseStatus,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+    spec_problem: Option<&str>,
+) -> LockOutcome {
     let lease = spec
         .lease_duration
         .as_deref()
         .and_then(|d| crate::api::parse_duration(d).ok());
     let mut holders = Vec::new();
-    let mut waiting = Vec::new();
-    let mut revoke = Vec::new();
+    let waiting = seen.waiting;
+    let mut revoke: Vec<String> = Vec::new();
     let mut notes = Vec::new();
     let mut requeue: Option<Duration> = None;
-    for (i, c) in queue.iter().enumerate() {
-        let Some(child) = node.children.iter().find(|n| n.name == c.name) else {
-            continue;
-        };
+    for holding in &seen.holdings {
+        let child = holding.child;
         let who = ParticipantData::parse(&child.data);
-        let id = who
-            .id
-            .clone()
-            .or_else(|| who.pod.clone())
-            .unwrap_or_else(|| c.name.clone());
-        if contender::blocker(&queue, i).is_some() {
-            waiting.push(id);
-            continue;
-        }
+        let id = holder_id(child);
         // ZooKeeper does not record when a waiter became the holder (its
         // ctime is when it queued): the hold starts when the controller first
         // saw this token holding, remembered in the status across restarts.
@@ -489,7 +593,7 @@ pub fn lock_with(
         let expires = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
         if let Some(expires) = expires {
             if now >= expires {
-                revoke.push(c.name.clone());
+                revoke.extend(holding.nodes.iter().cloned());
                 notes.push(warning(
                     "Revoked",
                     format!(
@@ -507,13 +611,8 @@ pub fn lock_with(
         holders.push(HolderStatus {
             id,
             pod: who.pod,
-            mode: match c.kind {
-                ContenderKind::Exclusive => "Exclusive",
-                ContenderKind::Read => "Read",
-                ContenderKind::Write => "Write",
-                ContenderKind::Lease => "Permit",
-            }
-            .to_owned(),
+            mode: holding.mode.to_owned(),
+            permits: holding.nodes.len() as u32,
             since: Some(MicroTime(since)),
             fencing_token: child.stat.czxid,
             expires_at: expires.map(MicroTime),
@@ -536,10 +635,9 @@ pub fn lock_with(
     }
     for p in &previous.holders {
         let still = holders.iter().any(|h| h.fencing_token == p.fencing_token);
-        let revoked_now = node
-            .children
-            .iter()
-            .any(|c| c.stat.czxid == p.fencing_token && revoke.contains(&c.name));
+        let revoked_now = seen.holdings.iter().any(|h| {
+            h.child.stat.czxid == p.fencing_token && revoke.iter().any(|r| h.nodes.contains(r))
+        });
         if !still && !revoked_now {
             notes.push(note(
                 "Released",
@@ -575,6 +673,9 @@ pub fn lock_with(
                 LockPhase::Free
             }),
             holder_count: holders.len() as u32,
+            permits_in_use: seen
+                .permits_in_use
+                .map(|_| holders.iter().map(|h| h.permits).sum()),
             waiting_count: waiting.len() as u32,
             holders,
             waiting,
@@ -589,7 +690,7 @@ pub fn lock_with(
                     &previous.conditions,
                 ),
                 accepted,
-                pods_tracked(&node.children, generation, now, &previous.conditions),
+                pods_tracked(seen.children, generation, now, &previous.conditions),
             ],
             observed_generation: generation,
             znode: Some(znode.to_owned()),
@@ -887,6 +988,7 @@ mod tests {
         let s = LockLeaseSpec {
             mode: crate::api::LockMode::ReadWrite,
             lease_duration: Some("10s".into()),
+            permits: None,
         };
         let who = |p: &str| format!(r#"{{"pod":"{p}"}}"#);
         let n = Snapshot {
@@ -935,10 +1037,76 @@ mod tests {
     }
 
     #[test]
+    fn semaphore_holders_are_grouped_by_their_protected_id_and_revoked_whole() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::Semaphore,
+            lease_duration: Some("3s".into()),
+            permits: Some(4),
+        };
+        let a = "_c_aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa-lease-";
+        let b = "_c_bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb-lease-";
+        // a took two permits in one multi (one czxid), b one later.
+        let leases = vec![
+            child(&format!("{a}0000000001"), 0, 100, r#"{"id":"a"}"#),
+            child(&format!("{a}0000000002"), 0, 100, r#"{"id":"a"}"#),
+            child(&format!("{b}0000000003"), 0, 150, r#"{"id":"b"}"#),
+        ];
+        let locks = vec![
+            child("_c_x-lock-0000000009", 0, 160, r#"{"id":"second"}"#),
+            child("_c_y-lock-0000000008", 0, 155, r#"{"id":"first"}"#),
+        ];
+        let seen = semaphore_with(
+            &s,
+            &leases,
+            &locks,
+            &LockLeaseStatus::default(),
+            Some(1),
+            "/l",
+            at(200),
+            None,
+        );
+        let st = &seen.status;
+        assert_eq!(st.permits_in_use, Some(3));
+        assert_eq!(st.holder_count, 2);
+        assert_eq!(
+            st.holders
+                .iter()
+                .map(|h| (h.id.as_str(), h.permits))
+                .collect::<Vec<_>>(),
+            [("a", 2), ("b", 1)]
+        );
+        assert_eq!(
+            st.waiting,
+            ["first", "second"],
+            "in the order they will be served"
+        );
+        // Past the lease, a's hold is revoked whole: both its nodes.
+        let late = semaphore_with(
+            &s,
+            &leases,
+            &locks,
+            &seen.status,
+            Some(1),
+            "/l",
+            at(3_300),
+            None,
+        );
+        assert_eq!(
+            late.revoke,
+            [
+                format!("leases/{a}0000000001"),
+                format!("leases/{a}0000000002"),
+                format!("leases/{b}0000000003")
+            ]
+        );
+    }
+
+    #[test]
     fn a_hold_starts_when_the_waiter_becomes_the_holder_not_when_it_queued() {
         let s = LockLeaseSpec {
             mode: crate::api::LockMode::Exclusive,
             lease_duration: Some("3s".into()),
+            permits: None,
         };
         let first = child("_c_a-lock-0000000001", 0, 100, "");
         let second = child("_c_b-lock-0000000002", 100, 101, "");
