@@ -815,3 +815,29 @@ async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
         );
     }
 }
+
+/// The semaphore example: 6 pods on a Semaphore of 2 permits. Never more
+/// than 2 commands run at once, and at some moment 2 do.
+#[tokio::test]
+async fn the_semaphore_example_runs_at_most_two_pods_at_once() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(&ns.name, &c.example("semaphore/locklease.yaml", &[]));
+    c.apply(
+        &ns.name,
+        &c.example("semaphore/job.yaml", &[("sleep 10", HOLD)]),
+    );
+    c.job_succeeded(&ns.name, "pull", 6).await;
+    let holds = c
+        .holds(&ns.name, "job-name=pull", "pull", "pulls from the bucket")
+        .await;
+    assert_eq!(holds.len(), 6);
+    // The most intervals that overlap at any start.
+    let most = holds
+        .iter()
+        .map(|h| holds.iter().filter(|o| o.0 <= h.0 && h.0 < o.1).count())
+        .max()
+        .unwrap();
+    assert!(most <= 2, "{most} pods held at once: {holds:?}");
+    assert_eq!(most, 2, "the 2 permits were never both in use: {holds:?}");
+}
