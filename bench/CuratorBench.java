@@ -10,6 +10,8 @@ import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.RetryNTimes;
 
@@ -116,6 +118,35 @@ public class CuratorBench {
                 }
                 for (Thread th : threads) th.join();
                 report(scenario, (long) n * (writers + readers), (System.nanoTime() - start) / 1e9, new ArrayList<>(lat), new ArrayList<>(hand));
+                for (CuratorFramework c : clients) c.close();
+                break;
+            }
+            case "semaphore": {
+                List<CuratorFramework> clients = new ArrayList<>();
+                for (int i = 0; i < sessions; i++) clients.add(client(connect));
+                List<Double> lat = Collections.synchronizedList(new ArrayList<>());
+                List<Thread> threads = new ArrayList<>();
+                long start = System.nanoTime();
+                for (int i = 0; i < sessions; i++) {
+                    final CuratorFramework c = clients.get(i);
+                    Thread th = new Thread(() -> {
+                        try {
+                            InterProcessSemaphoreV2 sem = new InterProcessSemaphoreV2(c, "/sem", 3);
+                            for (int k = 0; k < n; k++) {
+                                long t = System.nanoTime();
+                                Lease lease = sem.acquire();
+                                lat.add((System.nanoTime() - t) / 1e6);
+                                sem.returnLease(lease);
+                            }
+                        } catch (Exception e) {
+                            throw new RuntimeException(e);
+                        }
+                    });
+                    th.start();
+                    threads.add(th);
+                }
+                for (Thread th : threads) th.join();
+                report(scenario, (long) n * sessions, (System.nanoTime() - start) / 1e9, new ArrayList<>(lat), new ArrayList<>());
                 for (CuratorFramework c : clients) c.close();
                 break;
             }

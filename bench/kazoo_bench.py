@@ -67,6 +67,9 @@ def main():
     if scenario == "barrier":
         barrier(connect, n)
         return
+    if scenario == "semaphore":
+        semaphore(connect, n, sessions)
+        return
     rw, many = scenario == "rw", scenario == "many"
     writers, readers = (2, 8) if rw else ((256, 0) if many else (sessions, 0))
     clients = [client(connect) for _ in range(writers + readers)]
@@ -100,6 +103,31 @@ def main():
     for t in threads:
         t.join()
     report(scenario, n * (writers + readers), time.perf_counter() - start, lat, hand)
+    for c in clients:
+        c.stop()
+
+
+def semaphore(connect, n, sessions):
+    """SESSIONS clients x N acquisitions of one permit of 3 (kazoo's Semaphore)."""
+    clients = [client(connect) for _ in range(sessions)]
+    lat, guard = [], threading.Lock()
+
+    def work(c):
+        sem = c.Semaphore("/sem", max_leases=3)
+        for _ in range(n):
+            t = time.perf_counter()
+            sem.acquire()
+            with guard:
+                lat.append((time.perf_counter() - t) * 1000)
+            sem.release()
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in clients]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report("semaphore", n * sessions, time.perf_counter() - start, lat, [])
     for c in clients:
         c.stop()
 

@@ -3,13 +3,15 @@
 //!   cargo bench --bench recipes -- SCENARIO CONNECT N [SESSIONS]
 //! Scenarios: raw (create+delete, one session), lock (acquire+release, one
 //! session), contended (SESSIONS sessions x N on one lock), rw (8 readers +
-//! 2 writers x N), many (64 locks x 4 sessions x N).
+//! 2 writers x N), many (64 locks x 4 sessions x N), semaphore (SESSIONS
+//! sessions x N on a semaphore of 3 permits, one permit at a time).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zkgate::zk::{
-    ConnectString, LockOptions, Mutex, ReadWriteLock, Session, SessionOptions, TlsSettings,
+    ConnectString, LockOptions, Mutex, Permits, ReadWriteLock, Semaphore, Session, SessionOptions,
+    TlsSettings,
 };
 use zookeeper_client as zk;
 
@@ -202,6 +204,32 @@ async fn main() {
                 lat,
                 hand,
             );
+        }
+        "semaphore" => {
+            let mut all = Vec::new();
+            for _ in 0..sessions {
+                all.push(Arc::new(session(&connect).await));
+            }
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for s in all {
+                let sem = Semaphore::new("/sem", Permits::Fixed(3), options.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut lat = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        let hold = sem.acquire(&s, 1, None).await.expect("acquire");
+                        lat.push(ms(t.elapsed()));
+                        hold.release().await.expect("release");
+                    }
+                    lat
+                }));
+            }
+            let mut lat = Vec::new();
+            for t in tasks {
+                lat.extend(t.await.expect("task"));
+            }
+            report(scenario, n * sessions, started.elapsed(), lat, vec![]);
         }
         "many" => {
             let locks = 64;

@@ -50,6 +50,9 @@ pub const COUNT: &str = "count";
 /// The marker of a lease node's name before its sequence number.
 pub const LEASE_MARKER: &str = "lease-";
 
+/// Resolves when a watched node may have changed.
+type Changed = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send + 'static>>;
+
 /// How often a waiter reports where it stands.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -285,12 +288,25 @@ impl Semaphore {
         };
         let create = mode.with_acls(session.node_acls());
         let mut last_progress: Option<Instant> = None;
+        // The first look sets no watch: when the permits fit at once (the
+        // common case), a watch would only fire on our own create, a wasted
+        // notification. Once we must wait, every look sets its watches
+        // before it decides, so no release can slip between them.
+        let mut watching = false;
         loop {
             let listed_at = Instant::now();
-            let (children, leases_changed) = match session
-                .retry("watch", &leases, || client.list_and_watch_children(&leases))
-                .await
-            {
+            let listing = if watching {
+                session
+                    .retry("watch", &leases, || client.list_and_watch_children(&leases))
+                    .await
+                    .map(|(children, watcher)| (children, Some(watcher)))
+            } else {
+                session
+                    .retry("list", &leases, || client.list_children(&leases))
+                    .await
+                    .map(|children| (children, None))
+            };
+            let (children, leases_changed) = match listing {
                 Err(ZkError::Zk {
                     source: zk::Error::NoNode,
                     ..
@@ -301,7 +317,7 @@ impl Semaphore {
                 }
                 other => other?,
             };
-            let (permits, count_changed) = self.current_permits(session).await?;
+            let (permits, count_changed) = self.current_permits(session, watching).await?;
             if wanted > permits {
                 return Err(self.refuse(wanted, Some(permits)));
             }
@@ -346,6 +362,10 @@ impl Semaphore {
                     Err(e) => return Err(e),
                 }
             }
+            let Some(leases_changed) = leases_changed else {
+                watching = true;
+                continue;
+            };
             if last_progress.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
                 info!(semaphore = %self.path, in_use, permits, wanted, "first in line for permits");
                 last_progress = Some(Instant::now());
@@ -364,33 +384,38 @@ impl Semaphore {
                 }
             }
             session.stats().record_wakeup();
+            // A release woke us: most likely the permits fit now, so look
+            // once more without setting a watch our own create would fire.
+            watching = false;
         }
     }
 
     /// The number of permits now, and a future that resolves when it may
     /// have changed (never, for a fixed number).
-    async fn current_permits(
-        &self,
-        session: &Session,
-    ) -> Result<(
-        u32,
-        Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send + 'static>>,
-    )> {
+    async fn current_permits(&self, session: &Session, watch: bool) -> Result<(u32, Changed)> {
         let count = match &self.permits {
             Permits::Fixed(n) => return Ok((*n, Box::pin(std::future::pending()))),
             Permits::Shared(count) => count,
         };
         let client = session.client();
-        match session
-            .retry("watch", count, || client.get_and_watch_data(count))
-            .await
-        {
-            Ok((data, _, watcher)) => {
+        let read = if watch {
+            session
+                .retry("watch", count, || client.get_and_watch_data(count))
+                .await
+                .map(|(data, _, watcher)| (data, Box::pin(watcher.changed()) as Changed))
+        } else {
+            session
+                .retry("read", count, || client.get_data(count))
+                .await
+                .map(|(data, _)| (data, Box::pin(std::future::pending()) as Changed))
+        };
+        match read {
+            Ok((data, changed)) => {
                 let value = decode_count(&data).ok_or_else(|| ZkError::InvalidData {
                     path: count.clone(),
                     reason: format!("a SharedCount holds 4 bytes, not {}", data.len()),
                 })?;
-                Ok((value.max(0) as u32, Box::pin(watcher.changed())))
+                Ok((value.max(0) as u32, changed))
             }
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
