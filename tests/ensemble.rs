@@ -1,6 +1,7 @@
 //! A 3-node ensemble on loopback: the leader is SIGKILLed while (a) 8
 //! sessions contend for a lock, (b) 20 participants enter and leave a
-//! barrier, (c) sessions mix reads and writes on a read/write lock. Every
+//! barrier, (c) sessions mix reads and writes on a read/write lock, (d) 8
+//! sessions take permits of a semaphore of 3. Every
 //! operation completes, the hold log shows no conflicting overlap and
 //! fencing tokens order every writer, and the killed server comes back.
 
@@ -14,7 +15,8 @@ use support::checker::{HoldLog, Share};
 use support::{children, eventually, Ensemble};
 use tokio::time::Instant;
 use zkgate::zk::{
-    BarrierData, DoubleBarrier, EnterOptions, LockOptions, Mutex, ReadWriteLock, Session, ZkError,
+    BarrierData, DoubleBarrier, EnterOptions, LockOptions, Mutex, Permits, ReadWriteLock,
+    Semaphore, Session, ZkError,
 };
 
 const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
@@ -121,6 +123,55 @@ async fn killing_the_leader_keeps_exclusion_and_everyone_finishes() {
     );
     assert_eq!(log.len(), 240);
     log.assert_invariants();
+}
+
+/// Issue 15: the leader dies while 8 sessions take permits of a semaphore
+/// of 3; everyone finishes, and no moment saw more than 3 holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_leader_during_semaphore_contention_keeps_at_most_n_holders() {
+    let (ensemble, connect) = start_ensemble().await;
+    let holds = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (connect, holds, done) = (connect.clone(), holds.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = support::session_with_timeout(&connect, SESSION_TIMEOUT).await;
+            let sem = Semaphore::new("/sem", Permits::Fixed(3), options());
+            for _ in 0..30 {
+                let hold = sem.acquire(&s, 1, within(90)).await.expect("acquire");
+                // From after the grant to before the release is sent: if
+                // the server ever let a fourth in, intervals would overlap.
+                let from = Instant::now();
+                // Longer than an admission (a quorum write or two), so that
+                // the permits run out.
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                holds.lock().unwrap().push((from, Instant::now()));
+                match hold.release().await {
+                    Ok(()) | Err(ZkError::NodeRemoved { .. }) => {}
+                    Err(e) => panic!("release: {e}"),
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            s.close().await.ok();
+        }));
+    }
+    let killed_at = kill_leader_a_third_in(ensemble, &done, tasks).await;
+    assert!(killed_at < 240 && done.load(Ordering::SeqCst) == 240);
+    let holds = holds.lock().unwrap();
+    // Ends sort before starts at the same instant.
+    let mut edges: Vec<(Instant, i32)> = holds
+        .iter()
+        .flat_map(|(f, u)| [(*f, 1), (*u, -1)])
+        .collect();
+    edges.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    assert!(most <= 3, "{most} holders at once on a semaphore of 3");
+    assert!(most >= 2, "the permits were hardly contended ({most})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
