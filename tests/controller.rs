@@ -1333,3 +1333,74 @@ async fn without_a_controller_create_permits_makes_a_semaphore() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("for Semaphore LockLeases"), "{err}");
 }
+
+/// Issue 15: permits taken by init containers (`zkgate lock acquire`:
+/// persistent leases that outlive the process) are released by the
+/// controller when their pod ends, so a permit never leaks.
+#[tokio::test]
+async fn a_semaphore_permit_of_a_pod_that_ended_is_released() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "pool" },
+        "spec": { "mode": "Semaphore", "permits": 2 }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "loader", "labels": { "zkgate.io/lock": "pool" } },
+        "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+    }))
+    .unwrap();
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let acquire = zkgate(
+        &s,
+        &[
+            "lock",
+            "acquire",
+            "pool",
+            "--take",
+            "2",
+            "--id",
+            "loader",
+            "--pod-name",
+            "loader",
+            "--pod-uid",
+            &uid,
+            "--timeout",
+            "20s",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (code, err) = finished(acquire).await;
+    assert_eq!(code, Some(0), "{err}");
+    let st = eventually(WITHIN, "the pod's 2 permits in the status", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(2)).then_some(st)
+    })
+    .await;
+    assert_eq!(st.holders[0].pod.as_deref(), Some("loader"));
+    let patch = json!({ "status": { "phase": "Succeeded" } });
+    pods.patch_status("loader", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually(WITHIN, "the permits released", || async {
+        let st = api.get("pool").await.ok()?.status?;
+        (st.permits_in_use == Some(0)).then_some(())
+    })
+    .await;
+    let observer = session(&s.zk).await;
+    let leases = format!("/zkgate/namespaces/{}/locks/pool/leases", s.ns);
+    assert!(children(&observer, &leases).await.is_empty());
+}

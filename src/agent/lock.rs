@@ -169,7 +169,10 @@ impl<'a> LockCommand<'a> {
                         "it is a Semaphore; --read and --write are for ReadWrite locks".to_owned(),
                     ));
                 }
+                // The controller makes the count just after the node: a
+                // pod started with its LockLease may look in between.
                 let count = zpath::join(&self.path, crate::zk::COUNT);
+                session.await_node(&count).await?;
                 return Semaphore::new(&self.path, Permits::Shared(count), options)
                     .acquire(session, self.take, None)
                     .await;
