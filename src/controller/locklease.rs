@@ -210,16 +210,7 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         );
         outcome.notes.splice(0..0, notes);
     }
-    if lock.status.as_ref() != Some(&outcome.status) {
-        write_status(lock, namespace, &outcome.status, ctx).await?;
-    }
-    ctx.lock_status.remember(&uid, &outcome.status);
-    for note in &outcome.notes {
-        ctx.record(lock, note).await;
-    }
-    ctx.metrics.lock_seen(namespace, &name, &outcome.status);
-    let recheck = persistent.then_some(POD_RECHECK);
-    Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+    publish(lock, namespace, ctx, &uid, &outcome, persistent).await
 }
 
 /// A Semaphore: keeps its layout (`locks`, `leases`, and `count` holding
@@ -340,14 +331,28 @@ async fn apply_semaphore(
         outcome = status_of(&leases, &before);
         outcome.notes.splice(0..0, notes);
     }
+    publish(lock, namespace, ctx, &uid, &outcome, persistent).await
+}
+
+/// Writes what a look found: the status (when it changed), the events, the
+/// metrics; then when to look again (the next expiry, or the pod recheck
+/// while persistent holds exist).
+async fn publish(
+    lock: &LockLease,
+    namespace: &str,
+    ctx: &Context,
+    uid: &str,
+    outcome: &status::LockOutcome,
+    persistent: bool,
+) -> Result<Action, Error> {
     if lock.status.as_ref() != Some(&outcome.status) {
         write_status(lock, namespace, &outcome.status, ctx).await?;
     }
-    ctx.lock_status.remember(&uid, &outcome.status);
+    ctx.lock_status.remember(uid, &outcome.status);
     for note in &outcome.notes {
         ctx.record(lock, note).await;
     }
-    ctx.metrics.lock_seen(namespace, &name, &outcome.status);
+    ctx.metrics.lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
 }
