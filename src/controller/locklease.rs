@@ -352,7 +352,8 @@ async fn publish(
     for note in &outcome.notes {
         ctx.record(lock, note).await;
     }
-    ctx.metrics.lock_seen(namespace, &lock.name_any(), &outcome.status);
+    ctx.metrics
+        .lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
 }
