@@ -11,8 +11,9 @@
 //!
 //! An acquirer takes the internal mutex, so acquirers are served in arrival
 //! order and only one at a time looks at the leases. Holding it, it waits
-//! until the leases leave room for every permit it wants, creates them all
-//! in one multi, and releases the mutex. Only the mutex holder watches the
+//! until the leases leave room for every permit it wants, then creates them
+//! all and deletes its mutex node in one multi (the next acquirer is woken
+//! the moment the leases exist). Only the mutex holder watches the
 //! leases (and the count): a release wakes one waiter, not all of them.
 //!
 //! Taking k permits is all or nothing between zkgate clients: nobody else
@@ -211,11 +212,14 @@ impl Semaphore {
             },
         );
         let turn = mutex.acquire(session, None).await?;
-        let admitted = self.admit(session, wanted, guard).await;
-        // The mutex only orders the acquirers: give the turn back whatever
-        // happened (if this future is dropped instead, the turn's drop
-        // deletes its node from a task).
-        if let Err(e) = turn.release().await {
+        let admitted = self.admit(session, wanted, guard, turn.path()).await;
+        if admitted.is_ok() {
+            // The multi that made our leases deleted the turn's node too.
+            turn.into_registration();
+        } else if let Err(e) = turn.release().await {
+            // The mutex only orders the acquirers: give the turn back (if
+            // this future is dropped instead, the turn's drop deletes its
+            // node from a task).
             debug!(semaphore = %self.path, error = %e, "releasing the semaphore's internal mutex");
         }
         admitted
@@ -276,6 +280,7 @@ impl Semaphore {
         session: &Session,
         wanted: u32,
         guard: &mut NodeGuard,
+        turn: &str,
     ) -> Result<Acquired> {
         let client = session.client();
         let leases = self.leases();
@@ -326,7 +331,10 @@ impl Semaphore {
                 // From the moment the multi is sent, its nodes are ours to
                 // remove, found by their protected names if the reply is lost.
                 guard.arm_protected(&leases, &protection);
-                match self.create_leases(session, &prefix, &create, wanted).await {
+                match self
+                    .create_leases(session, &prefix, &create, wanted, turn)
+                    .await
+                {
                     Ok(mut nodes) => {
                         let token = self.token_of(session, &nodes[0].0, nodes[0].1).await?;
                         let node = nodes.remove(0).0;
@@ -427,13 +435,16 @@ impl Semaphore {
         }
     }
 
-    /// Creates `wanted` lease nodes in one multi; their paths and stats.
+    /// Creates `wanted` lease nodes and deletes our mutex node `turn` in one
+    /// multi: the next acquirer is woken the moment our leases exist, one
+    /// round trip sooner than with a separate delete. Their paths and stats.
     async fn create_leases(
         &self,
         session: &Session,
         prefix: &str,
         create: &zk::CreateOptions<'_>,
         wanted: u32,
+        turn: &str,
     ) -> Result<Vec<(String, Option<zk::Stat>)>> {
         let client = session.client();
         let mut writer = client.new_multi_writer();
@@ -442,10 +453,22 @@ impl Semaphore {
                 .add_create(prefix, &self.options.data, create)
                 .map_err(|e| ZkError::from_client("create", prefix, e))?;
         }
-        let results = writer
-            .commit()
-            .await
-            .map_err(|e| ZkError::from_client("create", prefix, zk::Error::from(e)))?;
+        writer
+            .add_delete(turn, None)
+            .map_err(|e| ZkError::from_client("delete", turn, e))?;
+        let results = match writer.commit().await {
+            Ok(results) => results,
+            // Someone deleted our place in the mutex's queue.
+            Err(zk::MultiWriteError::OperationFailed {
+                index,
+                source: zk::Error::NoNode,
+            }) if index == wanted as usize => {
+                return Err(ZkError::NodeRemoved {
+                    path: turn.to_owned(),
+                })
+            }
+            Err(e) => return Err(ZkError::from_client("create", prefix, zk::Error::from(e))),
+        };
         let mut nodes: Vec<(String, Option<zk::Stat>)> = results
             .into_iter()
             .filter_map(|r| match r {
