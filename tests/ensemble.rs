@@ -130,11 +130,11 @@ async fn killing_the_leader_keeps_exclusion_and_everyone_finishes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_leader_during_semaphore_contention_keeps_at_most_n_holders() {
     let (ensemble, connect) = start_ensemble().await;
-    let holds = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = HoldLog::default();
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let (connect, holds, done) = (connect.clone(), holds.clone(), done.clone());
+    for n in 0..8 {
+        let (connect, log, done) = (connect.clone(), log.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let s = support::session_with_timeout(&connect, SESSION_TIMEOUT).await;
             let sem = Semaphore::new("/sem", Permits::Fixed(3), options());
@@ -142,11 +142,16 @@ async fn killing_the_leader_during_semaphore_contention_keeps_at_most_n_holders(
                 let hold = sem.acquire(&s, 1, within(90)).await.expect("acquire");
                 // From after the grant to before the release is sent: if
                 // the server ever let a fourth in, intervals would overlap.
-                let from = Instant::now();
+                let held = log.held(
+                    "/sem",
+                    Share::Permits { taken: 1, of: 3 },
+                    hold.fencing_token(),
+                    &format!("s{n}"),
+                );
                 // Longer than an admission (a quorum write or two), so that
                 // the permits run out.
                 tokio::time::sleep(Duration::from_millis(25)).await;
-                holds.lock().unwrap().push((from, Instant::now()));
+                held.released();
                 match hold.release().await {
                     Ok(()) | Err(ZkError::NodeRemoved { .. }) => {}
                     Err(e) => panic!("release: {e}"),
@@ -158,20 +163,8 @@ async fn killing_the_leader_during_semaphore_contention_keeps_at_most_n_holders(
     }
     let killed_at = kill_leader_a_third_in(ensemble, &done, tasks).await;
     assert!(killed_at < 240 && done.load(Ordering::SeqCst) == 240);
-    let holds = holds.lock().unwrap();
-    // Ends sort before starts at the same instant.
-    let mut edges: Vec<(Instant, i32)> = holds
-        .iter()
-        .flat_map(|(f, u)| [(*f, 1), (*u, -1)])
-        .collect();
-    edges.sort();
-    let (mut now, mut most) = (0, 0);
-    for (_, step) in edges {
-        now += step;
-        most = most.max(now);
-    }
-    assert!(most <= 3, "{most} holders at once on a semaphore of 3");
-    assert!(most >= 2, "the permits were hardly contended ({most})");
+    assert_eq!(log.len(), 240);
+    log.assert_invariants();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -292,6 +285,26 @@ fn the_checker_catches_a_writer_overlapping_a_reader() {
     let writer = log.held("/rw", Share::Exclusive, 2, "w");
     writer.released();
     reader.released();
+    log.assert_invariants();
+}
+
+#[test]
+#[should_panic(expected = "4 permits held at once of 3")]
+fn the_checker_catches_more_permits_than_a_semaphore_has() {
+    let log = HoldLog::default();
+    let holds: Vec<_> = (0..4)
+        .map(|i| {
+            log.held(
+                "/s",
+                Share::Permits { taken: 1, of: 3 },
+                i,
+                &format!("h{i}"),
+            )
+        })
+        .collect();
+    for h in holds {
+        h.released();
+    }
     log.assert_invariants();
 }
 

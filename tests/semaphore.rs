@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
+use support::checker::{HoldLog, Share};
 use support::{children, eventually, isolated_connect, session, session_with_timeout};
 use tokio::time::Instant;
 use zkgate::zk::{encode_count, LockOptions, Permits, Semaphore, ZkError};
@@ -62,19 +63,27 @@ impl InUse {
 async fn sixteen_sessions_never_hold_more_than_n_permits() {
     let connect = isolated_connect();
     let in_use = InUse::default();
+    let log = HoldLog::default();
     let mut tasks = Vec::new();
     for i in 0..16u64 {
-        let (connect, in_use) = (connect.clone(), in_use.clone());
+        let (connect, in_use, log) = (connect.clone(), in_use.clone(), log.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(i);
             let s = session(&connect).await;
             let sem = semaphore(Permits::Fixed(3));
             for _ in 0..50 {
                 let hold = sem.acquire(&s, 1, secs(120)).await.expect("acquire");
+                let held = log.held(
+                    "/sem",
+                    Share::Permits { taken: 1, of: 3 },
+                    hold.fencing_token(),
+                    &format!("s{i}"),
+                );
                 in_use.take(1, 3);
                 // Longer than an admission takes, so that the permits run out.
                 tokio::time::sleep(Duration::from_micros(rng.random_range(5_000..30_000))).await;
                 in_use.give(1);
+                held.released();
                 hold.release().await.expect("release");
             }
             s.close().await.expect("close");
@@ -88,6 +97,8 @@ async fn sixteen_sessions_never_hold_more_than_n_permits() {
         3,
         "the permits were never all in use at once"
     );
+    assert_eq!(log.len(), 800);
+    log.assert_invariants();
     let s = session(&connect).await;
     assert!(children(&s, &format!("{SEM}/leases")).await.is_empty());
     assert!(children(&s, &format!("{SEM}/locks")).await.is_empty());

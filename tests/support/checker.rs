@@ -13,6 +13,9 @@ pub enum Share {
     Exclusive,
     /// Shared with other readers.
     Read,
+    /// `taken` permits of a semaphore of `of`: holds may overlap as long as
+    /// the permits they take together never exceed `of`.
+    Permits { taken: u32, of: u32 },
 }
 
 #[derive(Clone, Debug)]
@@ -80,9 +83,28 @@ impl HoldLog {
                     h.token
                 );
             }
+            // Permits: a sweep over the intervals' ends (an end before a
+            // start at the same instant) finds the most held at once.
+            let mut edges: Vec<(Instant, i64, u32)> = Vec::new();
+            for h in &holds {
+                if let Share::Permits { taken, of } = h.share {
+                    edges.push((h.start, i64::from(taken), of));
+                    edges.push((h.end, -i64::from(taken), of));
+                }
+            }
+            edges.sort_by_key(|e| (e.0, e.1));
+            let mut now = 0;
+            for (at, step, of) in edges {
+                now += step;
+                assert!(
+                    now <= i64::from(of),
+                    "{lock}: {now} permits held at once of {of} (at {at:?})"
+                );
+            }
             for (n, a) in holds.iter().enumerate() {
                 for b in &holds[n + 1..] {
-                    if a.share == Share::Read && b.share == Share::Read {
+                    let shared = |s: Share| matches!(s, Share::Read | Share::Permits { .. });
+                    if shared(a.share) && shared(b.share) {
                         continue;
                     }
                     let (first, second) = if a.start <= b.start { (a, b) } else { (b, a) };
