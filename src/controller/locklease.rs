@@ -103,17 +103,30 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
     // The mode can change while nobody holds or waits; not under their feet.
     let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
     let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
-    let mut in_use = node
-        .children
-        .iter()
-        .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
-    for dir in &semaphore_dirs {
-        if let Some(snapshot) = tree::snapshot(zk, dir).await? {
-            in_use |= !snapshot.children.is_empty();
-        }
-    }
     let mut spec_problem = None;
     if current.mode != lock.spec.mode {
+        // Looked at only when the mode changes: a semaphore's holders and
+        // waiters are one level down, and only their names matter.
+        let mut in_use = node
+            .children
+            .iter()
+            .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
+        if current.mode == LockMode::Semaphore {
+            for dir in &semaphore_dirs {
+                match zk.client().list_children(dir).await {
+                    Ok(names) => in_use |= !names.is_empty(),
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => {
+                        return Err(ZkError::Zk {
+                            op: "list",
+                            path: dir.clone(),
+                            source: e,
+                        }
+                        .into())
+                    }
+                }
+            }
+        }
         if in_use {
             spec_problem = Some(format!(
                 "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
