@@ -32,6 +32,11 @@ impl Layout {
         }
     }
 
+    /// The node `name` directly under the root.
+    pub fn child(&self, name: &str) -> String {
+        format!("{}/{name}", self.root)
+    }
+
     /// The node of `namespace`'s subtree.
     pub fn namespace(&self, namespace: &str) -> Result<String, ZkError> {
         path::validate_name(namespace)?;

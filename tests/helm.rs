@@ -155,9 +155,36 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         !custom.contains("ServiceMonitor"),
         "no ServiceMonitor where the cluster does not serve it"
     );
+    // With a watched namespace the namespaced rules are a Role there; the
+    // ClusterRole reads two namespaces by name and nothing else.
+    let document = |kind: &str| {
+        custom
+            .split("\n---")
+            .find(|d| d.contains(&format!("\nkind: {kind}\n")))
+            .unwrap_or_else(|| panic!("no {kind} in:\n{custom}"))
+            .to_owned()
+    };
+    let (cluster_role, role) = (document("ClusterRole"), document("Role"));
+    assert!(
+        role.contains("namespace: jobs") && role.contains("barriers/status"),
+        "{role}"
+    );
+    assert!(
+        !cluster_role.contains("barriers") && !cluster_role.contains("secrets"),
+        "{cluster_role}"
+    );
+    assert!(
+        cluster_role.contains("resourceNames: [\"kube-system\", \"jobs\"]"),
+        "{cluster_role}"
+    );
+    assert!(
+        default.contains("resourceNames: [\"kube-system\"]"),
+        "every install reads the kube-system namespace (its cluster's identity) and no other"
+    );
+    let _ = run(&kubectl, &["create", "namespace", "jobs"], None);
     ok(run(
         &kubectl,
-        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        &["apply", "--dry-run=server", "-f", "-"],
         Some(&custom),
     ));
 
@@ -374,6 +401,10 @@ async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     assert!(
         !controller_reconciles_with_chart_rbac(Some(&["barriers/status"]), false).await,
         "without status patch the Barrier must not get a status"
+    );
+    assert!(
+        !controller_reconciles_with_chart_rbac(Some(&["kube-system"]), false).await,
+        "without reading kube-system the controller cannot know its cluster's root"
     );
     // Each of the two Secret rules is needed on its own.
     assert!(

@@ -15,6 +15,7 @@ mod context;
 pub mod credentials;
 mod error;
 pub mod http;
+pub mod install;
 mod locklease;
 pub mod metrics;
 mod reconciler;
@@ -138,13 +139,19 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             Err(e) => Err(anyhow::Error::from(e).context("cannot reach ZooKeeper")),
             Ok(session) => {
                 let session = Arc::new(session);
-                health.set_failing(None);
                 let readiness = tokio::spawn(follow_session(session.watch_state(), health.clone()));
                 health
                     .ready
                     .store(session.state() == SessionState::Connected, Ordering::SeqCst);
                 metrics.set_session_connected(true);
-                let outcome = lead(&client, &session, &options, &metrics, &shutdown).await;
+                // A refused root keeps the last term's failure in /readyz.
+                let outcome = match claim(&client, &session, &options).await {
+                    Ok(scope) => {
+                        health.set_failing(None);
+                        lead(&client, &session, &options, &scope, &metrics, &shutdown).await
+                    }
+                    Err(e) => Err(e),
+                };
                 metrics.set_leader(false);
                 readiness.abort();
                 health.ready.store(false, Ordering::SeqCst);
@@ -205,9 +212,6 @@ async fn follow_session(mut states: crate::zk::StateWatcher, health: Arc<http::H
     loop {
         let state = states.changed().await;
         let connected = state == SessionState::Connected;
-        if connected {
-            health.set_failing(None);
-        }
         health.ready.store(connected, Ordering::SeqCst);
         health.metrics.set_session_connected(connected);
         if state.is_terminal() {
@@ -216,16 +220,30 @@ async fn follow_session(mut states: crate::zk::StateWatcher, health: Arc<http::H
     }
 }
 
-/// Waits for leadership, then reconciles until leadership is lost (an
-/// error) or shutdown (`Ok`).
+/// Claims the root for this cluster and records this install's scope
+/// there (see [`install`]), before anything else is written to it.
+async fn claim(
+    client: &kube::Client,
+    session: &Session,
+    options: &ControllerOptions,
+) -> anyhow::Result<install::Scope> {
+    let scope = install::Scope::of(options.watch_namespace.as_deref());
+    let cluster = install::cluster_identity(client).await?;
+    install::claim_root(session, &options.layout, &cluster, &scope).await?;
+    Ok(scope)
+}
+
+/// Waits for leadership of `scope`, then reconciles until leadership is
+/// lost (an error) or shutdown (`Ok`).
 async fn lead(
     client: &kube::Client,
     session: &Arc<Session>,
     options: &ControllerOptions,
+    scope: &install::Scope,
     metrics: &Arc<metrics::Metrics>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let leader_path = format!("{}/leader", options.layout.root());
+    let leader_path = scope.leader_path(&options.layout);
     let who = serde_json::to_vec(&crate::zk::ParticipantData {
         id: Some(options.identity.clone()),
         pod: Some(options.identity.clone()),
@@ -244,6 +262,10 @@ async fn lead(
         hold = lock.acquire(session, None) => hold?,
         () = shutdown.cancelled() => return Ok(()),
     };
+    if let Some(refused) = install::overlapping_leader(session, &options.layout, scope).await? {
+        let _ = hold.release().await;
+        return Err(refused.into());
+    }
     metrics.set_leader(true);
     info!(identity = %options.identity, "leading: reconciling Barriers and LockLeases");
 

@@ -36,3 +36,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "zookeeper.connect is required: the connect string of your ZooKeeper ensemble (host:port[,host:port...][/chroot]), or set zookeeper.deploy=true for a quick-start single node" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The rules on the watched resources: a ClusterRole's for all namespaces,
+     a Role's with controller.watchNamespace. */}}
+{{- define "zkgate.namespacedRules" -}}
+- apiGroups: ["zkgate.io"]
+  resources: ["barriers", "lockleases"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["zkgate.io"]
+  resources: ["barriers/status", "lockleases/status"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- if .Values.zookeeper.auth.existingSecret }}
+# Each namespace's ZooKeeper credential (only with a controller credential):
+# read and updated by name only; made when missing (RBAC cannot narrow
+# create by name: the name is not known before the object exists).
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ .Values.zookeeper.auth.namespaceSecret | quote }}]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- end }}
+{{- end -}}
