@@ -1,4 +1,4 @@
-//! The `zkgate` binary: the participant commands (and, later, the controller).
+//! The `zkgate` binary: the participant commands and the controller.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -28,11 +28,14 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_format);
     // The participant commands do a handful of requests: one thread starts
-    // fastest and stays smallest.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // fastest and stays smallest. The controller reconciles many resources
+    // at once: a worker per core.
+    let mut builder = if matches!(cli.command, zkgate::cli::Command::Controller(_)) {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("zkgate: cannot start the async runtime: {e}");

@@ -1404,3 +1404,101 @@ async fn a_semaphore_permit_of_a_pod_that_ended_is_released() {
     let leases = format!("/zkgate/namespaces/{}/locks/pool/leases", s.ns);
     assert!(children(&observer, &leases).await.is_empty());
 }
+
+/// Issue 14: a reconcile asks the API server nothing per labelled pod (their
+/// fates come from the watched pods' cache; only an unlabelled pod costs a
+/// GET), and a large gang's status lists at most 100 participants while
+/// counting them all.
+#[tokio::test]
+async fn pod_fates_come_from_the_cache_and_the_status_list_is_capped() {
+    let s = setup().await;
+    create_barrier(&s, "big", json!({ "participants": 200 })).await;
+    barrier_where(&s, "big", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    const LABELLED: usize = 110;
+    let mut registrations = Vec::new();
+    for i in 0..=LABELLED {
+        // The last one carries no label: the controller must GET it.
+        let name = format!("job-{i}");
+        let labels = if i < LABELLED {
+            json!({ "zkgate.io/barrier": "big" })
+        } else {
+            json!({})
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": labels },
+            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+        }))
+        .unwrap();
+        let uid = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+            .uid()
+            .unwrap();
+        registrations.push((name, uid));
+    }
+    // Persistent registrations, as init containers leave them.
+    let path = barrier_path(&s.ns, "big");
+    let observer = session(&s.zk).await;
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(observer.node_acls());
+    for (name, uid) in &registrations {
+        let data = serde_json::to_vec(&ParticipantData {
+            pod: Some(name.clone()),
+            pod_uid: Some(uid.clone()),
+            ..ParticipantData::default()
+        })
+        .unwrap();
+        observer
+            .client()
+            .create(&format!("{path}/{name}"), &data, &persistent)
+            .await
+            .unwrap();
+    }
+    let all = LABELLED as u32 + 1;
+    let b = barrier_where(&s, "big", "every registration counted", |b| {
+        b.status.as_ref().is_some_and(|s| s.entered == all)
+    })
+    .await;
+    let status = b.status.unwrap();
+    assert_eq!(status.participants.len(), 100, "the list is capped");
+    assert_eq!(status.unlisted, all - 100);
+    assert_eq!(
+        status.participants[0].id, "job-0",
+        "in the order they entered"
+    );
+
+    let lookups = |source: &'static str| {
+        let controller = &s.controller;
+        async move {
+            controller
+                .metric(&format!("zkgate_pod_lookups_total{{source=\"{source}\"}}"))
+                .await
+                .unwrap_or(0.0)
+        }
+    };
+    let (cache_before, api_before) = (lookups("cache").await, lookups("api").await);
+    // Five more changes, each a reconcile that looks at every registration.
+    for i in 0..5 {
+        observer
+            .client()
+            .create(&format!("{path}/extra-{i}"), b"{}", &persistent)
+            .await
+            .unwrap();
+        barrier_where(&s, "big", "the extra registration counted", |b| {
+            b.status.as_ref().is_some_and(|s| s.entered == all + 1 + i)
+        })
+        .await;
+    }
+    let cache = lookups("cache").await - cache_before;
+    let api = lookups("api").await - api_before;
+    assert!(api >= 5.0, "each reconcile GETs the unlabelled pod: {api}");
+    assert_eq!(
+        cache,
+        api * LABELLED as f64,
+        "every labelled pod's fate came from the cache, none from a GET (cache {cache}, api {api})"
+    );
+}

@@ -98,9 +98,15 @@ pub struct BarrierStatus {
     /// How many of them have left.
     #[serde(default)]
     pub left: u32,
-    /// Every participant seen.
+    /// The participants seen, in the order they entered: at most the first
+    /// 100 (see `unlisted`), and of those lost before the opening only the
+    /// 10 most recent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub participants: Vec<ParticipantStatus>,
+    /// Participants seen but left out of `participants` (the list is capped
+    /// so that a large gang's status stays small).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted: u32,
     /// When the barrier opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_at: Option<Time>,
@@ -136,4 +142,8 @@ pub struct ParticipantStatus {
     /// Set when it disappeared before the barrier opened.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lost: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -120,7 +120,7 @@ pub struct LockLeaseStatus {
     /// Free or Held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<LockPhase>,
-    /// The holders.
+    /// The holders (at most the first 100; `holderCount` counts them all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<HolderStatus>,
     /// How many hold it.
@@ -129,7 +129,8 @@ pub struct LockLeaseStatus {
     /// A Semaphore's permits held, by all holders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits_in_use: Option<u32>,
-    /// The ids of the waiters, in queue order.
+    /// The ids of the waiters, in queue order (at most the first 100;
+    /// `waitingCount` counts them all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<String>,
     /// How many wait.

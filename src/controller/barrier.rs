@@ -8,16 +8,33 @@ use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::context::{Context, PodFate};
+use super::context::{Context, StatusMemory};
+use super::credentials::NamespaceAcls;
 use super::error::Error;
-use super::reconciler::{next_look, repair_node_data, write_status, Reconciled, POD_RECHECK};
+use super::pods::PodFate;
+use super::reconciler::{next_look, publish, repair_node_data, Reconciled, POD_RECHECK};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
-use crate::zk::{tree, BarrierData, DoubleBarrier, ParticipantData, READY};
+use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
 
 impl Reconciled for Barrier {
-    async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-        apply(self, namespace, ctx).await
+    type Status = crate::api::BarrierStatus;
+
+    fn status(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+
+    fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
+        &ctx.barrier_status
+    }
+
+    async fn apply(
+        &self,
+        namespace: &str,
+        acls: &NamespaceAcls,
+        ctx: &Context,
+    ) -> Result<Action, Error> {
+        apply(self, namespace, acls, ctx).await
     }
 
     async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -25,7 +42,12 @@ impl Reconciled for Barrier {
     }
 }
 
-async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+async fn apply(
+    barrier: &Barrier,
+    namespace: &str,
+    acls: &NamespaceAcls,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let name = barrier.name_any();
     let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
     let path = ctx.layout.barrier(namespace, &name)?;
@@ -55,7 +77,6 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
         }
         _ => {}
     }
-    let acls = ctx.namespace_acls(namespace).await?;
     if node.is_none() {
         recipe
             .create_with_acls(zk, &wanted, &acls.resources)
@@ -105,16 +126,15 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
     // so it must not complete the count (after the opening it is leaving,
     // and its main containers may still run out their grace period).
     let opened = node.children.iter().any(|c| c.name == READY);
-    let mut persistent = false;
-    let mut removed = Vec::new();
-    for member in node
+    let registrations: Vec<_> = node
         .children
         .iter()
         .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
-    {
-        persistent = true;
-        let who = ParticipantData::parse(&member.data);
-        match ctx.pod_fate(namespace, &who).await? {
+        .collect();
+    let persistent = !registrations.is_empty();
+    let mut removed = Vec::new();
+    for (member, fate) in ctx.pods.fates(namespace, registrations).await? {
+        match fate {
             PodFate::Alive => {}
             PodFate::Terminating if opened => {}
             fate => {
@@ -145,13 +165,15 @@ async fn apply(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Acti
             return Ok(Action::requeue(Duration::ZERO));
         }
     }
-    if barrier.status.as_ref() != Some(&outcome.status) {
-        write_status(barrier, namespace, &outcome.status, ctx).await?;
-    }
-    ctx.barrier_status.remember(&uid, &outcome.status);
-    for note in &outcome.notes {
-        ctx.record(barrier, note).await;
-    }
+    publish(
+        barrier,
+        namespace,
+        &uid,
+        &outcome.status,
+        &outcome.notes,
+        ctx,
+    )
+    .await?;
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
     let recheck = persistent.then_some(POD_RECHECK);

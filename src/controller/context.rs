@@ -2,16 +2,14 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use tracing::warn;
 
 use super::metrics::Metrics;
 use super::status::Note;
 use crate::layout::Layout;
-use crate::zk::{ParticipantData, Session};
+use crate::zk::Session;
 
 /// The name on status writes (server-side apply) and events.
 pub const MANAGER: &str = "zkgate-controller";
@@ -39,6 +37,10 @@ pub struct Context {
     pub barrier_status: StatusMemory<crate::api::BarrierStatus>,
     /// The LockLease statuses this term applied.
     pub lock_status: StatusMemory<crate::api::LockLeaseStatus>,
+    /// The fates of participants' pods.
+    pub pods: super::pods::Pods,
+    /// This replica's node in the leader lock's queue (the one holding it).
+    pub leader_node: String,
 }
 
 /// The last status the controller applied, per resource uid: its memory of
@@ -89,6 +91,23 @@ impl<S: Clone + Default> StatusMemory<S> {
 }
 
 impl Context {
+    /// Confirms, by a round trip to ZooKeeper, that this replica still
+    /// holds the leader lock: the check before each status write, so a
+    /// replica that was paused past its session (and deposed) does not
+    /// overwrite the new leader's status with what it saw before the pause.
+    pub async fn confirm_leading(&self) -> Result<(), super::Error> {
+        match self.zk.client().check_stat(&self.leader_node).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(super::Error::NotLeading(self.leader_node.clone())),
+            Err(source) => Err(crate::zk::ZkError::Zk {
+                op: "check",
+                path: self.leader_node.clone(),
+                source,
+            }
+            .into()),
+        }
+    }
+
     /// The ACLs for `namespace`'s nodes (see [`super::credentials`]).
     pub async fn namespace_acls(
         &self,
@@ -98,22 +117,6 @@ impl Context {
             .namespace_acls(namespace, &self.zk, &self.layout, &self.client)
             .await
     }
-}
-
-/// What became of the pod behind a persistent registration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodFate {
-    /// Still running (or not started yet): keep the registration.
-    Alive,
-    /// Being deleted (a deletion timestamp) and not finished: it will
-    /// start no container it has not started. A kubelet 1.20 SIGKILLs the
-    /// init containers of such a pod without a SIGTERM, so an init
-    /// container's registration outlives its process until the pod is gone.
-    Terminating,
-    /// Finished (Succeeded or Failed).
-    Finished,
-    /// Gone, or replaced by a new pod with the same name.
-    Gone,
 }
 
 impl Context {
@@ -133,34 +136,5 @@ impl Context {
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
             warn!(error = %e, reason = note.reason, "could not record the event");
         }
-    }
-
-    /// Looks up the pod a persistent registration names. Registrations that
-    /// name no pod are left alone (someone else manages them).
-    pub async fn pod_fate(
-        &self,
-        namespace: &str,
-        who: &ParticipantData,
-    ) -> Result<PodFate, kube::Error> {
-        let Some(name) = &who.pod else {
-            return Ok(PodFate::Alive);
-        };
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let Some(pod) = pods.get_opt(name).await? else {
-            return Ok(PodFate::Gone);
-        };
-        if who
-            .pod_uid
-            .as_deref()
-            .is_some_and(|uid| pod.uid().as_deref() != Some(uid))
-        {
-            return Ok(PodFate::Gone);
-        }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        Ok(match phase {
-            Some("Succeeded") | Some("Failed") => PodFate::Finished,
-            _ if pod.metadata.deletion_timestamp.is_some() => PodFate::Terminating,
-            _ => PodFate::Alive,
-        })
     }
 }

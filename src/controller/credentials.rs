@@ -35,6 +35,7 @@
 //! its subtree and its stored credential as well.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -164,8 +165,14 @@ pub struct Credentials {
     secret_name: String,
     /// How long a replaced credential keeps working after a rotation.
     grace: Duration,
-    known: tokio::sync::Mutex<HashMap<String, Known>>,
+    /// Each namespace's entry behind a lock of its own: a rotation must not
+    /// race a first look of the same namespace, but namespaces do not wait
+    /// for each other's network round trips.
+    known: std::sync::Mutex<HashMap<String, Slot>>,
 }
+
+/// One namespace's entry (`None` until loaded).
+type Slot = Arc<tokio::sync::Mutex<Option<Known>>>;
 
 impl Credentials {
     /// Namespace credentials when `controller` is set; open ACLs otherwise.
@@ -182,11 +189,23 @@ impl Credentials {
         }
     }
 
+    /// `namespace`'s entry.
+    fn slot(&self, namespace: &str) -> Slot {
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(namespace.to_owned())
+            .or_default()
+            .clone()
+    }
+
     /// How long until `namespace`'s rotation grace window closes (and a
     /// look must take the replaced credential away), if one is open.
     pub async fn grace_left(&self, namespace: &str) -> Option<Duration> {
-        let known = self.known.lock().await;
-        let until = known.get(namespace)?.grace_until?;
+        self.controller.as_ref()?;
+        let slot = self.slot(namespace);
+        let known = slot.lock().await;
+        let until = known.as_ref()?.grace_until?;
         Some(
             until.duration_since(SystemTime::now()).unwrap_or_default()
                 + Duration::from_millis(100),
@@ -207,8 +226,8 @@ impl Credentials {
         let Some(controller) = &self.controller else {
             return Ok(NamespaceAcls::open());
         };
-        // One namespace at a time: a rotation must not race a first look.
-        let mut known = self.known.lock().await;
+        let slot = self.slot(namespace);
+        let mut known = slot.lock().await;
         let k = hold(&mut known, namespace, zk, layout, true)
             .await?
             .ok_or(Error::Incomplete("namespace credential"))?;
@@ -304,10 +323,11 @@ impl Credentials {
                 return Ok(());
             }
         }
-        let mut known = self.known.lock().await;
+        let slot = self.slot(namespace);
+        let mut known = slot.lock().await;
         tree::delete_tree(zk, &dirs[0]).await?;
         tree::delete_if_present(zk, &layout.credential(namespace)?).await?;
-        known.remove(namespace);
+        *known = None;
         info!(
             namespace,
             "the namespace is being deleted: removed its ZooKeeper subtree and credential"
@@ -324,7 +344,8 @@ impl Credentials {
     /// it back). A no-op without a controller credential.
     pub async fn hold(&self, namespace: &str, zk: &Session, layout: &Layout) -> Result<(), Error> {
         if self.controller.is_some() {
-            hold(&mut *self.known.lock().await, namespace, zk, layout, false).await?;
+            let slot = self.slot(namespace);
+            hold(&mut *slot.lock().await, namespace, zk, layout, false).await?;
         }
         Ok(())
     }
@@ -394,13 +415,13 @@ impl Credentials {
 /// there is none and `create`) and adding them to the session the first
 /// time; `None` when none is stored and not `create`.
 async fn hold<'k>(
-    known: &'k mut HashMap<String, Known>,
+    known: &'k mut Option<Known>,
     namespace: &str,
     zk: &Session,
     layout: &Layout,
     create: bool,
 ) -> Result<Option<&'k mut Known>, Error> {
-    if !known.contains_key(namespace) {
+    if known.is_none() {
         let Some(loaded) = load(zk, &layout.credential(namespace)?, namespace, create).await?
         else {
             return Ok(None);
@@ -408,9 +429,9 @@ async fn hold<'k>(
         for c in std::iter::once(&loaded.credential).chain(loaded.previous.as_ref()) {
             zk.add_credential(c).await?;
         }
-        known.insert(namespace.to_owned(), loaded);
+        *known = Some(loaded);
     }
-    Ok(known.get_mut(namespace))
+    Ok(known.as_mut())
 }
 
 /// The digest user of a namespace's credential.

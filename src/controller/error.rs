@@ -14,6 +14,10 @@ pub enum Error {
     /// The resource has no namespace or name.
     #[error("the resource has no {0}")]
     Incomplete(&'static str),
+    /// This replica's leader node is gone: another may lead, and this one
+    /// writes nothing more.
+    #[error("no longer leading ({0} is gone): writing nothing")]
+    NotLeading(String),
     /// Adding or removing the finalizer, or the wrapped reconcile, failed.
     #[error("{0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),

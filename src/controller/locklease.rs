@@ -9,18 +9,35 @@ use kube::ResourceExt;
 use tracing::info;
 use zookeeper_client as zk;
 
-use super::context::{Context, PodFate};
+use super::context::{Context, StatusMemory};
+use super::credentials::NamespaceAcls;
 use super::error::Error;
-use super::reconciler::{next_look, repair_node_data, write_status, Reconciled, POD_RECHECK};
+use super::pods::PodFate;
+use super::reconciler::{next_look, repair_node_data, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
-use crate::zk::{path, tree, ParticipantData, ZkError};
+use crate::zk::{path, tree, ZkError};
 
 pub use crate::api::LockNodeData;
 
 impl Reconciled for LockLease {
-    async fn apply(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-        apply(self, namespace, ctx).await
+    type Status = crate::api::LockLeaseStatus;
+
+    fn status(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+
+    fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
+        &ctx.lock_status
+    }
+
+    async fn apply(
+        &self,
+        namespace: &str,
+        acls: &NamespaceAcls,
+        ctx: &Context,
+    ) -> Result<Action, Error> {
+        apply(self, namespace, acls, ctx).await
     }
 
     async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -28,7 +45,12 @@ impl Reconciled for LockLease {
     }
 }
 
-async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
+async fn apply(
+    lock: &LockLease,
+    namespace: &str,
+    acls: &NamespaceAcls,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let name = lock.name_any();
     let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
     let path = ctx.layout.lock(namespace, &name)?;
@@ -66,7 +88,6 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
         }
         _ => {}
     }
-    let acls = ctx.namespace_acls(namespace).await?;
     if node.is_none() {
         let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
         let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
@@ -163,19 +184,19 @@ async fn apply(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Actio
 
     // Holds taken by init containers outlive them: release those whose pod
     // has finished or is gone.
-    let mut persistent = false;
+    let holds: Vec<_> = node
+        .children
+        .iter()
+        .filter(|c| {
+            c.stat.ephemeral_owner == 0 && crate::zk::contender::Contender::parse(&c.name).is_some()
+        })
+        .collect();
+    let persistent = !holds.is_empty();
     let mut removed = Vec::new();
-    for holder in node.children.iter().filter(|c| {
-        c.stat.ephemeral_owner == 0 && crate::zk::contender::Contender::parse(&c.name).is_some()
-    }) {
-        persistent = true;
-        let who = ParticipantData::parse(&holder.data);
+    for (holder, fate) in ctx.pods.fates(namespace, holds).await? {
         // A Terminating pod's command may still run (its grace period): its
         // hold stays until the pod has finished or is gone.
-        if matches!(
-            ctx.pod_fate(namespace, &who).await?,
-            PodFate::Finished | PodFate::Gone
-        ) {
+        if matches!(fate, PodFate::Finished | PodFate::Gone) {
             info!(lock = %name, node = %holder.name, "releasing the hold of a pod that ended");
             tree::delete_if_present(zk, &path::join(&path, &holder.name)).await?;
             removed.push(holder.name.clone());
@@ -287,15 +308,14 @@ async fn apply_semaphore(
 
     // Leases taken by init containers outlive them: release those whose pod
     // has finished or is gone (a permit never leaks).
-    let mut persistent = false;
+    let persistent_leases: Vec<_> = leases
+        .iter()
+        .filter(|c| c.stat.ephemeral_owner == 0)
+        .collect();
+    let persistent = !persistent_leases.is_empty();
     let mut removed = Vec::new();
-    for lease in leases.iter().filter(|c| c.stat.ephemeral_owner == 0) {
-        persistent = true;
-        let who = ParticipantData::parse(&lease.data);
-        if matches!(
-            ctx.pod_fate(namespace, &who).await?,
-            PodFate::Finished | PodFate::Gone
-        ) {
+    for (lease, fate) in ctx.pods.fates(namespace, persistent_leases).await? {
+        if matches!(fate, PodFate::Finished | PodFate::Gone) {
             info!(lock = %name, node = %lease.name, "releasing the permit of a pod that ended");
             tree::delete_if_present(zk, &path::join(&leases_path, &lease.name)).await?;
             removed.push(lease.name.clone());
@@ -358,13 +378,7 @@ async fn publish(
     outcome: &status::LockOutcome,
     persistent: bool,
 ) -> Result<Action, Error> {
-    if lock.status.as_ref() != Some(&outcome.status) {
-        write_status(lock, namespace, &outcome.status, ctx).await?;
-    }
-    ctx.lock_status.remember(uid, &outcome.status);
-    for note in &outcome.notes {
-        ctx.record(lock, note).await;
-    }
+    super::reconciler::publish(lock, namespace, uid, &outcome.status, &outcome.notes, ctx).await?;
     ctx.metrics
         .lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);

@@ -20,6 +20,11 @@ struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
 }
@@ -53,6 +58,7 @@ pub struct Metrics {
     session_connected: Gauge,
     leader: Gauge,
     term_failures: Counter,
+    pod_lookups: Family<SourceLabel, Counter>,
     seen: Mutex<Seen>,
 }
 
@@ -76,6 +82,7 @@ impl Default for Metrics {
         let session_connected = Gauge::default();
         let leader = Gauge::default();
         let term_failures = Counter::default();
+        let pod_lookups = Family::<SourceLabel, Counter>::default();
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -123,6 +130,11 @@ impl Default for Metrics {
             "ZooKeeper terms (connect, lead) that ended in an error and are retried with backoff",
             term_failures.clone(),
         );
+        registry.register(
+            "pod_lookups",
+            "Lookups of the pod behind a persistent registration, by where they were answered (cache: the watched labelled pods; api: a GET)",
+            pod_lookups.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -136,6 +148,7 @@ impl Default for Metrics {
             session_connected,
             leader,
             term_failures,
+            pod_lookups,
             seen: Mutex::default(),
         }
     }
@@ -167,6 +180,16 @@ impl Metrics {
     /// Sets whether the ZooKeeper session is connected.
     pub fn set_session_connected(&self, connected: bool) {
         self.session_connected.set(connected as i64);
+    }
+
+    /// Pod lookups answered from the cache and by GETs.
+    pub fn pod_lookups(&self, cached: u64, fetched: u64) {
+        self.pod_lookups
+            .get_or_create(&SourceLabel { source: "cache" })
+            .inc_by(cached);
+        self.pod_lookups
+            .get_or_create(&SourceLabel { source: "api" })
+            .inc_by(fetched);
     }
 
     /// Counts a failed ZooKeeper term (connect, lead, follow).

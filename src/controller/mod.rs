@@ -18,6 +18,7 @@ pub mod http;
 pub mod install;
 mod locklease;
 pub mod metrics;
+mod pods;
 mod reconciler;
 pub mod status;
 mod zkevents;
@@ -129,11 +130,24 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         }
     });
 
+    // The ZooKeeper client's connection (its pings, its replies, its watch
+    // events) runs on a thread of its own: a burst of reconciles must not
+    // delay a ping until the server or the client declares the session dead.
+    let zookeeper_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("zookeeper")
+        .enable_all()
+        .build()
+        .context("cannot start the ZooKeeper client's thread")?;
     let mut retry = TermBackoff::default();
     while !shutdown.is_cancelled() {
         let started = tokio::time::Instant::now();
+        let connect = zookeeper_runtime.spawn({
+            let options = options.zookeeper.clone();
+            async move { Session::connect(&options).await }
+        });
         let term = match tokio::select! {
-            s = Session::connect(&options.zookeeper) => s,
+            s = connect => s.context("the ZooKeeper client's thread stopped")?,
             () = shutdown.cancelled() => break,
         } {
             Err(e) => Err(anyhow::Error::from(e).context("cannot reach ZooKeeper")),
@@ -178,6 +192,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             () = shutdown.cancelled() => break,
         }
     }
+    zookeeper_runtime.shutdown_background();
     info!("stopped");
     Ok(())
 }
@@ -276,6 +291,8 @@ async fn lead(
     if options.zookeeper.credential.is_some() {
         protect_root(session, &options.layout).await?;
     }
+    let (barrier_pod_cache, barrier_pods) = pods::watch(options.api(client), BARRIER_LABEL);
+    let (lock_pod_cache, lock_pods) = pods::watch(options.api(client), LOCK_LABEL);
     let ctx = Arc::new(Context {
         client: client.clone(),
         zk: session.clone(),
@@ -290,51 +307,36 @@ async fn lead(
         failures: Default::default(),
         barrier_status: Default::default(),
         lock_status: Default::default(),
+        pods: pods::Pods {
+            client: client.clone(),
+            caches: vec![barrier_pod_cache, lock_pod_cache],
+            metrics: metrics.clone(),
+        },
+        leader_node: hold.path().to_owned(),
     });
+    // Stops the controllers gracefully; cancelled only by the shutdown branch
+    // below, so that branch (not "the controllers stopped") decides the outcome.
+    let stop = CancellationToken::new();
     let (barrier_tx, barrier_rx) = unbounded_channel();
     let (lock_tx, lock_rx) = unbounded_channel();
     let (all_barriers_tx, all_barriers_rx) = unbounded_channel();
     let (all_locks_tx, all_locks_rx) = unbounded_channel();
-    // Stops the controllers gracefully; cancelled only by the shutdown branch
-    // below, so that branch (not "the controllers stopped") decides the outcome.
-    let stop = CancellationToken::new();
-
-    let barriers = Controller::new(options.api::<Barrier>(client), watcher::Config::default())
-        .watches(
-            options.api::<Pod>(client),
-            watcher::Config::default().labels(BARRIER_LABEL),
-            |pod| {
-                let namespace = pod.namespace()?;
-                pod.labels()
-                    .get(BARRIER_LABEL)
-                    .map(|name| ObjectRef::<Barrier>::new(name).within(&namespace))
-            },
-        )
-        .reconcile_on(UnboundedReceiverStream::new(barrier_rx))
-        .reconcile_all_on(UnboundedReceiverStream::new(all_barriers_rx))
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconciler::reconcile::<Barrier>, error_policy, ctx.clone())
-        .for_each(|result| async move { log_result("Barrier", result) });
-    let locks = Controller::new(options.api::<LockLease>(client), watcher::Config::default())
-        .watches(
-            options.api::<Pod>(client),
-            watcher::Config::default().labels(LOCK_LABEL),
-            |pod| {
-                let namespace = pod.namespace()?;
-                pod.labels()
-                    .get(LOCK_LABEL)
-                    .map(|name| ObjectRef::<LockLease>::new(name).within(&namespace))
-            },
-        )
-        .reconcile_on(UnboundedReceiverStream::new(lock_rx))
-        .reconcile_all_on(UnboundedReceiverStream::new(all_locks_rx))
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(
-            reconciler::reconcile::<LockLease>,
-            error_policy,
-            ctx.clone(),
-        )
-        .for_each(|result| async move { log_result("LockLease", result) });
+    let barriers = controller::<Barrier>(
+        options.api(client),
+        barrier_pods,
+        BARRIER_LABEL,
+        (barrier_rx, all_barriers_rx),
+        &stop,
+        ctx.clone(),
+    );
+    let locks = controller::<LockLease>(
+        options.api(client),
+        lock_pods,
+        LOCK_LABEL,
+        (lock_rx, all_locks_rx),
+        &stop,
+        ctx.clone(),
+    );
     let triggers = zkevents::Triggers {
         barriers: barrier_tx,
         locks: lock_tx,
@@ -366,6 +368,58 @@ async fn lead(
     }
     drop(ctx);
     outcome
+}
+
+/// Reconciles at most this many objects of one kind at once: a reconnect
+/// or a restart looks at every resource, and without a bound those looks
+/// would all go out at once.
+const CONCURRENCY: u16 = 16;
+/// Triggers for one object within this window make one reconcile: a gang
+/// arriving at once is one status write, not one per participant.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// The controller of kind `K`: its resources (stripped of managed fields)
+/// and its labelled pods (`pods`) trigger reconciles, and so do the
+/// ZooKeeper events (`triggers`: one object, every object).
+fn controller<K: reconciler::Reconciled>(
+    resources: Api<K>,
+    pods: impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+    label: &'static str,
+    triggers: (
+        tokio::sync::mpsc::UnboundedReceiver<ObjectRef<K>>,
+        tokio::sync::mpsc::UnboundedReceiver<()>,
+    ),
+    stop: &CancellationToken,
+    ctx: Arc<Context>,
+) -> impl std::future::Future<Output = ()> {
+    use kube::runtime::{reflector, WatchStreamExt};
+    let (reader, writer) = reflector::store();
+    let resources = watcher(resources, watcher::Config::default())
+        .default_backoff()
+        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        .reflect(writer)
+        .applied_objects();
+    let kind = K::kind(&());
+    Controller::for_stream(resources, reader)
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(CONCURRENCY)
+                .debounce(DEBOUNCE),
+        )
+        .watches_stream(pods, move |pod| {
+            let namespace = pod.namespace()?;
+            pod.labels()
+                .get(label)
+                .map(|name| ObjectRef::<K>::new(name).within(&namespace))
+        })
+        .reconcile_on(UnboundedReceiverStream::new(triggers.0))
+        .reconcile_all_on(UnboundedReceiverStream::new(triggers.1))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconciler::reconcile::<K>, error_policy, ctx)
+        .for_each(move |result| {
+            let kind = kind.clone();
+            async move { log_result(&kind, result) }
+        })
 }
 
 /// With a controller credential, `<root>` and `<root>/namespaces` are the

@@ -13,8 +13,10 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::context::{Context, FINALIZER, MANAGER};
+use super::context::{Context, StatusMemory, FINALIZER, MANAGER};
+use super::credentials::NamespaceAcls;
 use super::error::Error;
+use super::status::{Capped, Note};
 use crate::zk::tree::Snapshot;
 
 /// A kind the controller reconciles.
@@ -28,10 +30,19 @@ pub trait Reconciled:
     + Sync
     + 'static
 {
-    /// Makes ZooKeeper and the status match the resource.
+    /// Its status.
+    type Status: Clone + Default + PartialEq + Serialize + Capped + Send + Sync;
+    /// The status read back.
+    fn status(&self) -> Option<&Self::Status>;
+    /// The statuses this term applied to objects of this kind.
+    fn memory(ctx: &Context) -> &StatusMemory<Self::Status>;
+
+    /// Makes ZooKeeper and the status match the resource; `acls` are its
+    /// namespace's (asked for once per reconcile).
     fn apply(
         &self,
         namespace: &str,
+        acls: &NamespaceAcls,
         ctx: &Context,
     ) -> impl Future<Output = Result<Action, Error>> + Send;
     /// Removes what the resource owns; the finalizer goes once this succeeds.
@@ -53,8 +64,8 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
             // The namespace's credentials first: its pods' nodes are
             // readable only with them (see credentials.rs).
             Finalized::Apply(o) => {
-                ctx.namespace_acls(&namespace).await?;
-                o.apply(&namespace, &ctx).await
+                let acls = ctx.namespace_acls(&namespace).await?;
+                o.apply(&namespace, &acls, &ctx).await
             }
             Finalized::Cleanup(o) => {
                 ctx.credentials
@@ -114,8 +125,31 @@ pub fn key<K: Reconciled>(object: &K) -> String {
     )
 }
 
+/// Publishes what a look found: writes `status` (its capped form) when it
+/// differs from what was read back, after confirming leadership, remembers
+/// it, and records `notes`.
+pub async fn publish<K: Reconciled>(
+    object: &K,
+    namespace: &str,
+    uid: &str,
+    status: &K::Status,
+    notes: &[Note],
+    ctx: &Context,
+) -> Result<(), Error> {
+    let written = status.capped();
+    if object.status() != Some(&written) {
+        ctx.confirm_leading().await?;
+        write_status(object, namespace, &written, ctx).await?;
+    }
+    K::memory(ctx).remember(uid, status);
+    for note in notes {
+        ctx.record(object, note).await;
+    }
+    Ok(())
+}
+
 /// Writes `status` by server-side apply with the controller's field manager.
-pub async fn write_status<K: Reconciled>(
+async fn write_status<K: Reconciled>(
     object: &K,
     namespace: &str,
     status: &impl Serialize,

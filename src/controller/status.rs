@@ -179,6 +179,39 @@ fn spec_accepted(
     )
 }
 
+/// The most entries a status list holds: a 5,000-pod gang's status must not
+/// be megabytes rewritten on every change. The counts stay exact.
+pub const LIST_LIMIT: usize = 100;
+/// How many participants lost before the opening a barrier's list keeps
+/// (the most recent).
+pub const LOST_KEPT: usize = 10;
+
+/// A status as written: its lists cut to [`LIST_LIMIT`]. The controller
+/// remembers the whole status and writes this.
+pub trait Capped {
+    /// The written form.
+    fn capped(&self) -> Self;
+}
+
+impl Capped for BarrierStatus {
+    fn capped(&self) -> Self {
+        let mut written = self.clone();
+        let total = written.participants.len() + written.unlisted as usize;
+        written.participants.truncate(LIST_LIMIT);
+        written.unlisted = (total - written.participants.len()) as u32;
+        written
+    }
+}
+
+impl Capped for LockLeaseStatus {
+    fn capped(&self) -> Self {
+        let mut written = self.clone();
+        written.holders.truncate(LIST_LIMIT);
+        written.waiting.truncate(LIST_LIMIT);
+        written
+    }
+}
+
 /// Computes a barrier's status.
 pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     let data = BarrierData::parse(obs.znode, &obs.node.data)
@@ -233,6 +266,22 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             .cmp(&b.entered_at)
             .then_with(|| a.id.cmp(&b.id))
     });
+    // A Job's retries can lose participants without end: keep the most
+    // recent few (they explain a Failed barrier), not every one.
+    let lost_seen = participants.iter().filter(|p| p.lost).count();
+    if lost_seen > LOST_KEPT {
+        let mut lost_times: Vec<_> = participants
+            .iter()
+            .filter(|p| p.lost)
+            .map(|p| (p.left_at.clone().map(|t| t.0), p.id.clone()))
+            .collect();
+        lost_times.sort();
+        let dropped: Vec<_> = lost_times[..lost_seen - LOST_KEPT]
+            .iter()
+            .map(|(_, id)| id.clone())
+            .collect();
+        participants.retain(|p| !(p.lost && dropped.contains(&p.id)));
+    }
     let mut entered = participants.iter().filter(|p| !p.lost).count() as u32;
     let mut left = participants
         .iter()
@@ -245,6 +294,15 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
         entered = entered.max(data.participants);
         if members.is_empty() {
             left = entered;
+        }
+        // Once open, the counts only grow; a status read back with a capped
+        // list (a new term) still knows them.
+        if matches!(
+            obs.previous.phase,
+            Some(BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed)
+        ) {
+            entered = entered.max(obs.previous.entered);
+            left = left.max(obs.previous.left).min(entered);
         }
     }
 
@@ -391,6 +449,7 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             entered,
             left,
             participants,
+            unlisted: 0,
             opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
             completed_at,
             conditions: vec![
@@ -703,6 +762,72 @@ fn held_status(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn written_lists_are_capped_and_lost_participants_do_not_pile_up() {
+        let many = |n: usize, lost: bool| -> Vec<ParticipantStatus> {
+            (0..n)
+                .map(|i| ParticipantStatus {
+                    id: format!("{}{i:04}", if lost { "lost-" } else { "p-" }),
+                    lost,
+                    left_at: lost.then(|| Time(Timestamp::from_second(1_000 + i as i64).unwrap())),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let status = BarrierStatus {
+            participants: many(150, false),
+            entered: 150,
+            ..Default::default()
+        };
+        let written = status.capped();
+        assert_eq!(written.participants.len(), LIST_LIMIT);
+        assert_eq!(written.unlisted, 50);
+        assert_eq!(written.entered, 150);
+        assert_eq!(written.capped(), written, "capping twice changes nothing");
+
+        let lock = LockLeaseStatus {
+            waiting: (0..250).map(|i| format!("w{i}")).collect(),
+            waiting_count: 250,
+            ..Default::default()
+        };
+        let written = lock.capped();
+        assert_eq!((written.waiting.len(), written.waiting_count), (100, 250));
+        assert_eq!(written.waiting[0], "w0");
+
+        // A Job's retries: 30 lost before the opening; the 10 most recent stay.
+        let spec = spec(5, None, OnParticipantLoss::Wait);
+        let previous = BarrierStatus {
+            phase: Some(BarrierPhase::Waiting),
+            participants: many(30, true),
+            ..Default::default()
+        };
+        let node = node(
+            BarrierData {
+                participants: 5,
+                ..Default::default()
+            },
+            Vec::new(),
+        );
+        let outcome = barrier(&BarrierObservation {
+            spec: &spec,
+            created: None,
+            node: &node,
+            previous: &previous,
+            generation: Some(1),
+            znode: "/b",
+            now: Timestamp::now(),
+            spec_problem: None,
+        });
+        let kept: Vec<_> = outcome
+            .status
+            .participants
+            .iter()
+            .map(|p| p.id.as_str())
+            .collect();
+        assert_eq!(kept.len(), LOST_KEPT);
+        assert_eq!(kept[0], "lost-0020", "the most recent are kept: {kept:?}");
+    }
     use super::*;
     use crate::zk::tree::ChildNode;
     use zookeeper_client::Stat;
