@@ -1502,3 +1502,65 @@ async fn pod_fates_come_from_the_cache_and_the_status_list_is_capped() {
         "every labelled pod's fate came from the cache, none from a GET (cache {cache}, api {api})"
     );
 }
+
+/// Each ZooKeeper change costs one status write. Failed before the fix (8
+/// writes for a first status and 5 changes): the controller compared the
+/// status it computed (condition times to the millisecond) with the one
+/// read back (times to the second), found them different, and wrote a
+/// status again that the API server already held.
+#[tokio::test]
+async fn each_change_costs_one_status_write() {
+    let api = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let client = support::kube::client_of(&api.kubeconfig()).await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = isolated_connect();
+    let _controller = ControllerProcess::start_on(&api.kubeconfig(), &ns, &zk, "writes");
+    // The count once the writes have stopped (unchanged over a second: a
+    // write the controller's own write triggers comes within milliseconds).
+    let settled = || async {
+        let mut last = support::kube::api_requests(&client, "APPLY", "barriers", "status").await;
+        let mut stable = 0;
+        while stable < 4 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = support::kube::api_requests(&client, "APPLY", "barriers", "status").await;
+            stable = if now == last { stable + 1 } else { 0 };
+            last = now;
+        }
+        last
+    };
+    let before = settled().await;
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": { "participants": 9 } })).unwrap();
+    barriers.create(&PostParams::default(), &b).await.unwrap();
+    let entered = |n: u32| {
+        let barriers = barriers.clone();
+        async move {
+            eventually(WITHIN, &format!("{n} entered"), || async {
+                let status = barriers.get("g").await.ok()?.status?;
+                (status.entered == n).then_some(())
+            })
+            .await
+        }
+    };
+    entered(0).await;
+    let observer = session(&zk).await;
+    let path = barrier_path(&ns, "g");
+    let eph = zookeeper_client::CreateMode::Ephemeral.with_acls(observer.node_acls());
+    const CHANGES: u32 = 5;
+    for i in 0..CHANGES {
+        observer
+            .client()
+            .create(&format!("{path}/p{i}"), b"{}", &eph)
+            .await
+            .unwrap();
+        entered(i + 1).await;
+    }
+    let written = settled().await - before;
+    assert!(
+        written <= f64::from(CHANGES) + 1.0,
+        "{written} status writes for the first status and {CHANGES} changes"
+    );
+}

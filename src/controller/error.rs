@@ -11,6 +11,9 @@ pub enum Error {
     /// The API server failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A status could not be turned into JSON and back (a bug).
+    #[error("cannot encode the status: {0}")]
+    Encode(#[from] serde_json::Error),
     /// The resource has no namespace or name.
     #[error("the resource has no {0}")]
     Incomplete(&'static str),

@@ -31,7 +31,7 @@ pub trait Reconciled:
     + 'static
 {
     /// Its status.
-    type Status: Clone + Default + PartialEq + Serialize + Capped + Send + Sync;
+    type Status: Clone + Default + PartialEq + Serialize + DeserializeOwned + Capped + Send + Sync;
     /// The status read back.
     fn status(&self) -> Option<&Self::Status>;
     /// The statuses this term applied to objects of this kind.
@@ -136,7 +136,11 @@ pub async fn publish<K: Reconciled>(
     notes: &[Note],
     ctx: &Context,
 ) -> Result<(), Error> {
-    let written = status.capped();
+    // Compared as it will read back: the API keeps times to the second, and
+    // a status that differs from its read-back only below the second would
+    // be written again on every look (twice the writes per change, which
+    // saturated the API server at 200 changes a second).
+    let written = as_read_back(&status.capped())?;
     if object.status() != Some(&written) {
         ctx.confirm_leading().await?;
         write_status(object, namespace, &written, ctx).await?;
@@ -146,6 +150,11 @@ pub async fn publish<K: Reconciled>(
         ctx.record(object, note).await;
     }
     Ok(())
+}
+
+/// `status` as the API server will hand it back (its JSON form).
+fn as_read_back<S: Serialize + serde::de::DeserializeOwned>(status: &S) -> Result<S, Error> {
+    Ok(serde_json::from_value(serde_json::to_value(status)?)?)
 }
 
 /// Writes `status` by server-side apply with the controller's field manager.

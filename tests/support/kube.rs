@@ -238,3 +238,22 @@ impl Drop for PrivateApiServer {
         Self::script("stop", self.dir.path());
     }
 }
+
+/// The API server's count of requests with `verb` on `resource` (and
+/// `subresource`, `""` for none), from its `/metrics`.
+pub async fn api_requests(client: &Client, verb: &str, resource: &str, subresource: &str) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client
+        .request_text(request)
+        .await
+        .expect("the API server's /metrics");
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| {
+            l.contains(&format!("verb=\"{verb}\""))
+                && l.contains(&format!("resource=\"{resource}\""))
+                && l.contains(&format!("subresource=\"{subresource}\""))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
