@@ -1,10 +1,20 @@
-//! Scenario 7: the controller at scale. Creates BARRIERS Barriers (x=3) and
-//! LOCKS LockLeases on a real API server, runs `zkgate controller`, then
-//! makes ZooKeeper changes at a steady pace (the third participant of each
-//! barrier, a holder for each lock) and measures, through a watch on the
-//! API, the time from each change to the status that reflects it. Prints
-//! one JSON line with p50/p99 latencies, the controller's peak RSS and CPU.
-//!   cargo bench --bench controller -- KUBECONFIG ZOOKEEPER ZKGATE_BINARY BARRIERS LOCKS
+//! Scenario 7: the controller at scale. Creates BARRIERS Barriers (x=3),
+//! LOCKS LockLeases and one Barrier of GANG participants on a real API
+//! server, then starts `zkgate controller` and measures:
+//! - the first full sync: from the controller's start to a status on every
+//!   resource (each needs its znodes made);
+//! - ZooKeeper change to status: changes at a steady pace (every
+//!   registration of each barrier, a holder for each lock), the time from
+//!   each to the status that shows it (through a watch on the API);
+//! - the gang: GANG registrations made at once, and the time from the last
+//!   one to the status counting them all, with the status writes it took;
+//! - API requests per ZooKeeper change: the API server's request counter
+//!   (`apiserver_request_total`) across the measured phases, in which only
+//!   the controller sends requests;
+//! - the controller's peak RSS and CPU.
+//!
+//! Prints one JSON line.
+//!   cargo bench --bench controller -- KUBECONFIG ZOOKEEPER ZKGATE_BINARY BARRIERS LOCKS GANG
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,6 +60,76 @@ fn proc_stats(pid: u32) -> (u64, f64) {
     (hwm_kib, ticks as f64 / hz)
 }
 
+/// The API server's `apiserver_request_total`, summed, and by verb and
+/// resource.
+async fn api_requests(client: &Client) -> (f64, HashMap<String, f64>) {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut total = 0.0;
+    let mut by = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+                .to_owned()
+        };
+        total += value;
+        *by.entry(format!(
+            "{} {}{}",
+            label("verb"),
+            label("resource"),
+            match label("subresource").as_str() {
+                "" => String::new(),
+                sub => format!("/{sub}"),
+            }
+        ))
+        .or_insert(0.0) += value;
+    }
+    (total, by)
+}
+
+/// Notes when each resource's status first satisfies `done`.
+fn watch_until<K>(
+    api: Api<K>,
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+    done: impl Fn(&K) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<Result<(), watcher::Error>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(
+        watcher(api, watcher::Config::default()).try_for_each(move |e| {
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = e {
+                if done(&o) {
+                    seen.lock()
+                        .unwrap()
+                        .entry(o.name_any())
+                        .or_insert_with(Instant::now);
+                }
+            }
+            futures::future::ready(Ok(()))
+        }),
+    )
+}
+
+async fn wait_for(seen: &Mutex<HashMap<String, Instant>>, count: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    while seen.lock().unwrap().len() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args()
@@ -57,8 +137,9 @@ async fn main() {
         .filter(|a| a != "--bench")
         .collect();
     let (kubeconfig, zk_base, binary) = (&args[0], &args[1], &args[2]);
-    let barriers: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let locks: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(100);
+    let barriers: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let locks: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1_000);
+    let gang: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(2_000);
     let chroot = format!("/bench-{}", uuid::Uuid::new_v4().simple());
     let connect = format!("{zk_base}{chroot}");
 
@@ -91,6 +172,40 @@ async fn main() {
         .await
         .unwrap();
 
+    // Every resource first, then the controller: its first full sync.
+    let barrier_api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let lock_api: Api<LockLease> = Api::namespaced(client.clone(), &ns);
+    let gang_name = "gang";
+    let specs = (0..barriers)
+        .map(|i| (format!("b{i}"), 3))
+        .chain(std::iter::once((gang_name.to_owned(), gang)));
+    futures::stream::iter(specs)
+        .for_each_concurrent(16, |(name, x)| {
+            let api = barrier_api.clone();
+            async move {
+                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": name }, "spec": { "participants": x } })).unwrap();
+                api.create(&PostParams::default(), &b).await.unwrap();
+            }
+        })
+        .await;
+    futures::stream::iter(0..locks)
+        .for_each_concurrent(16, |i| {
+            let api = lock_api.clone();
+            async move {
+                let l: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": format!("l{i}") }, "spec": {} })).unwrap();
+                api.create(&PostParams::default(), &l).await.unwrap();
+            }
+        })
+        .await;
+
+    let synced: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let sync_b = watch_until(barrier_api.clone(), synced.clone(), |b: &Barrier| {
+        b.status.is_some()
+    });
+    let sync_l = watch_until(lock_api.clone(), synced.clone(), |l: &LockLease| {
+        l.status.is_some()
+    });
+    let started = Instant::now();
     let mut controller = tokio::process::Command::new(binary)
         .args([
             "controller",
@@ -109,85 +224,51 @@ async fn main() {
         .spawn()
         .unwrap();
     let pid = controller.id().unwrap();
+    let everything = barriers + 1 + locks;
+    wait_for(&synced, everything, Duration::from_secs(600)).await;
+    let first_sync = synced
+        .lock()
+        .unwrap()
+        .values()
+        .max()
+        .map(|last| last.saturating_duration_since(started).as_secs_f64())
+        .unwrap_or(f64::NAN);
+    let unsynced = everything - synced.lock().unwrap().len();
+    sync_b.abort();
+    sync_l.abort();
 
-    let barrier_api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let lock_api: Api<LockLease> = Api::namespaced(client.clone(), &ns);
-    let created = Instant::now();
-    futures::stream::iter(0..barriers)
-        .for_each_concurrent(16, |i| {
-            let api = barrier_api.clone();
-            async move {
-                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("b{i}") }, "spec": { "participants": 3 } })).unwrap();
-                api.create(&PostParams::default(), &b).await.unwrap();
-            }
-        })
-        .await;
-    futures::stream::iter(0..locks)
-        .for_each_concurrent(16, |i| {
-            let api = lock_api.clone();
-            async move {
-                let l: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": format!("l{i}") }, "spec": {} })).unwrap();
-                api.create(&PostParams::default(), &l).await.unwrap();
-            }
-        })
-        .await;
-    // Every resource reconciled once (its znode made, a status written).
-    loop {
-        let b = barrier_api
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter(|b| b.status.is_some())
-            .count();
-        let l = lock_api
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter(|l| l.status.is_some())
-            .count();
-        if b == barriers && l == locks {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let provisioned = created.elapsed();
-
-    // Watch the statuses; note when each change shows.
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let seen_b = seen.clone();
-    let watch_b = tokio::spawn(
-        watcher(barrier_api.clone(), watcher::Config::default()).try_for_each(move |e| {
-            if let watcher::Event::Apply(b) = e {
-                if b.status.as_ref().is_some_and(|s| s.entered == 3) {
-                    seen_b
-                        .lock()
+    // Watch the statuses (one watch per kind: every watch costs the API
+    // server a copy of each write); note when each count first shows.
+    let seen: Arc<Mutex<HashMap<(u32, String), Instant>>> = Arc::default();
+    let watches = [
+        tokio::spawn({
+            let seen = seen.clone();
+            watcher(barrier_api.clone(), watcher::Config::default()).try_for_each(move |e| {
+                if let watcher::Event::Apply(b) = e {
+                    let entered = b.status.as_ref().map_or(0, |s| s.entered);
+                    seen.lock()
                         .unwrap()
-                        .entry(b.name_any())
+                        .entry((entered, b.name_any()))
                         .or_insert_with(Instant::now);
                 }
-            }
-            futures::future::ready(Ok(()))
+                futures::future::ready(Ok(()))
+            })
         }),
-    );
-    let seen_l = seen.clone();
-    let watch_l = tokio::spawn(
-        watcher(lock_api.clone(), watcher::Config::default()).try_for_each(move |e| {
-            if let watcher::Event::Apply(l) = e {
-                if l.status.as_ref().is_some_and(|s| s.holder_count == 1) {
-                    seen_l
-                        .lock()
-                        .unwrap()
-                        .entry(l.name_any())
-                        .or_insert_with(Instant::now);
+        tokio::spawn({
+            let seen = seen.clone();
+            watcher(lock_api.clone(), watcher::Config::default()).try_for_each(move |e| {
+                if let watcher::Event::Apply(l) = e {
+                    if l.status.as_ref().is_some_and(|s| s.holder_count == 1) {
+                        seen.lock()
+                            .unwrap()
+                            .entry((1, l.name_any()))
+                            .or_insert_with(Instant::now);
+                    }
                 }
-            }
-            futures::future::ready(Ok(()))
+                futures::future::ready(Ok(()))
+            })
         }),
-    );
+    ];
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let connect: ConnectString = connect.parse().unwrap();
@@ -196,8 +277,16 @@ async fn main() {
         .unwrap();
     let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let seq = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    for i in 0..barriers {
-        for p in 0..2 {
+    let (requests_before, by_before) = api_requests(&client).await;
+    // Steady pace: 200 changes a second, every registration of a barrier
+    // (1, 2, 3) and every lock's holder timed.
+    let mut changed: HashMap<(u32, String), Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let mut changes = 0usize;
+    for p in 0..3u32 {
+        for i in 0..barriers {
+            tick.tick().await;
+            changed.insert((p + 1, format!("b{i}")), Instant::now());
             session
                 .client()
                 .create(
@@ -207,66 +296,99 @@ async fn main() {
                 )
                 .await
                 .unwrap();
+            changes += 1;
         }
     }
-    // Steady pace: 200 changes a second.
-    let mut changed: HashMap<String, Instant> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    for i in 0..barriers.max(locks) {
-        if i < barriers {
-            tick.tick().await;
-            changed.insert(format!("b{i}"), Instant::now());
-            session
-                .client()
-                .create(
-                    &format!("/zkgate/namespaces/{ns}/barriers/b{i}/p2"),
-                    b"",
-                    &eph,
-                )
-                .await
-                .unwrap();
-        }
-        if i < locks {
-            tick.tick().await;
-            changed.insert(format!("l{i}"), Instant::now());
-            session
-                .client()
-                .create(
-                    &format!(
-                        "/zkgate/namespaces/{ns}/locks/l{i}/_c_{}-lock-",
-                        uuid::Uuid::new_v4()
-                    ),
-                    b"",
-                    &seq,
-                )
-                .await
-                .unwrap();
-        }
+    for i in 0..locks {
+        tick.tick().await;
+        changed.insert((1, format!("l{i}")), Instant::now());
+        session
+            .client()
+            .create(
+                &format!(
+                    "/zkgate/namespaces/{ns}/locks/l{i}/_c_{}-lock-",
+                    uuid::Uuid::new_v4()
+                ),
+                b"",
+                &seq,
+            )
+            .await
+            .unwrap();
+        changes += 1;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.lock().unwrap().len() < barriers + locks && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while changed
+        .keys()
+        .any(|k| !seen.lock().unwrap().contains_key(k))
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let seen = seen.lock().unwrap().clone();
     let latencies: Vec<f64> = changed
         .iter()
-        .filter_map(|(name, at)| {
-            seen.get(name)
-                .map(|s| s.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        .filter_map(|(key, at)| {
+            let seen = seen.lock().unwrap().get(key).copied()?;
+            Some(seen.saturating_duration_since(*at).as_secs_f64() * 1000.0)
         })
         .collect();
-    let missing = barriers + locks - latencies.len();
+    let missing = changed.len() - latencies.len();
+
+    // The gang: every registration at once (64 requests in flight).
+    let (gang_before, _) = api_requests(&client).await;
+    let gang_path = format!("/zkgate/namespaces/{ns}/barriers/{gang_name}");
+    let burst = Instant::now();
+    let last_create = Arc::new(Mutex::new(burst));
+    futures::stream::iter(0..gang)
+        .for_each_concurrent(64, |p| {
+            let (session, path, eph, last) = (&session, &gang_path, &eph, last_create.clone());
+            async move {
+                session
+                    .client()
+                    .create(&format!("{path}/p{p}"), b"", eph)
+                    .await
+                    .unwrap();
+                *last.lock().unwrap() = Instant::now();
+            }
+        })
+        .await;
+    changes += gang;
+    let burst_seconds = burst.elapsed().as_secs_f64();
+    let key = (gang as u32, gang_name.to_owned());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.lock().unwrap().contains_key(&key) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = *last_create.lock().unwrap();
+    let gang_ms = seen
+        .lock()
+        .unwrap()
+        .get(&key)
+        .map(|at| at.saturating_duration_since(last).as_secs_f64() * 1000.0);
+    let (requests_after, by_after) = api_requests(&client).await;
+    let gang_requests = requests_after - gang_before;
+
     let (rss_kib, cpu_seconds) = proc_stats(pid);
-    watch_b.abort();
-    watch_l.abort();
+    for w in watches {
+        w.abort();
+    }
     let _ = controller.kill().await;
+    let mut by: Vec<(String, f64)> = by_after
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v - by_before.get(&k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    by.sort_by(|a, b| b.1.total_cmp(&a.1));
     println!(
         "{}",
         json!({
-            "impl": "zkgate", "scenario": "controller", "barriers": barriers, "locks": locks,
-            "provision_seconds": provisioned.as_secs_f64(),
+            "impl": "zkgate", "scenario": "controller", "barriers": barriers, "locks": locks, "gang": gang,
+            "first_sync_seconds": first_sync, "unsynced": unsynced,
             "status_p50_ms": pct(latencies.clone(), 0.5), "status_p99_ms": pct(latencies, 0.99),
-            "missing": missing, "peak_rss_mib": rss_kib as f64 / 1024.0, "cpu_seconds": cpu_seconds,
+            "missing": missing,
+            "gang_burst_seconds": burst_seconds, "gang_status_ms": gang_ms, "gang_api_requests": gang_requests,
+            "api_requests_per_change": (requests_after - requests_before) / changes as f64,
+            "api_requests_by": by.into_iter().take(8).collect::<Vec<_>>(),
+            "peak_rss_mib": rss_kib as f64 / 1024.0, "cpu_seconds": cpu_seconds,
         })
     );
 }

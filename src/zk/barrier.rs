@@ -539,7 +539,28 @@ impl DoubleBarrier {
                 }
             };
             tokio::select! {
-                event = ready_watch.changed() => check_event(&event)?,
+                event = ready_watch.changed() => {
+                    check_event(&event)?;
+                    if event.event_type == zk::EventType::NodeCreated {
+                        // `ready` was made: opened, unless it was the
+                        // transient `ready` with which a fail or a change of
+                        // x asserts the barrier had not opened (made and
+                        // deleted in one transaction). One small read tells;
+                        // a full round (the barrier's data and N children)
+                        // by each of N waiters is what bounded the release
+                        // of a large barrier.
+                        session.stats().record_wakeup();
+                        match client.check_stat(&ready).await {
+                            Ok(Some(_)) => return Ok(entered),
+                            Ok(None) => continue,
+                            Err(e) if is_connection_loss(&e) => {
+                                session.await_connected().await?;
+                                continue;
+                            }
+                            Err(e) => return Err(ZkError::from_client("check", &ready, e)),
+                        }
+                    }
+                }
                 event = barrier_watch.changed() => check_event(&event)?,
                 () = progress => continue,
             }
