@@ -12,7 +12,9 @@ use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
 use super::pods::PodFate;
-use super::reconciler::{next_look, publish, repair_node_data, Reconciled, POD_RECHECK};
+use super::reconciler::{
+    next_look, publish, release_ended, repair_node_data, Reconciled, POD_RECHECK,
+};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
@@ -132,18 +134,12 @@ async fn apply(
         .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
         .collect();
     let persistent = !registrations.is_empty();
-    let mut removed = Vec::new();
-    for (member, fate) in ctx.pods.fates(namespace, registrations).await? {
-        match fate {
-            PodFate::Alive => {}
-            PodFate::Terminating if opened => {}
-            fate => {
-                info!(barrier = %name, participant = %member.name, ?fate, "removing the registration of a pod that ended");
-                tree::delete_if_present(zk, &crate::zk::path::join(&path, &member.name)).await?;
-                removed.push(member.name.clone());
-            }
-        }
-    }
+    let removed = release_ended(ctx, namespace, &path, registrations, |fate| match fate {
+        PodFate::Alive => false,
+        PodFate::Terminating => !opened,
+        PodFate::Finished | PodFate::Gone => true,
+    })
+    .await?;
     node.children.retain(|c| !removed.contains(&c.name));
 
     let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());

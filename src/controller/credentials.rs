@@ -50,7 +50,7 @@ use zookeeper_client as zk;
 
 use super::error::Error;
 use crate::layout::Layout;
-use crate::zk::{acl, tree, Credential, Session, ZkError};
+use crate::zk::{acl, acl_change, tree, Credential, Session, ZkError};
 
 pub use crate::api::NAMESPACE_SECRET;
 /// The Secret's key holding `user:password`.
@@ -571,19 +571,19 @@ async fn protect(
             }) => {}
             Err(e) => return Err(e.into()),
         }
-        acl::ensure(zk, dir, &acls.dirs).await?;
+        acl_change::ensure(zk, dir, &acls.dirs).await?;
     }
     for parent in &dirs[1..] {
         for resource in children(zk, parent).await? {
             let resource = format!("{parent}/{resource}");
-            acl::ensure(zk, &resource, &acls.resources).await?;
+            acl_change::ensure(zk, &resource, &acls.resources).await?;
             if let Some(Moving { old, new, keep_old }) = rotation {
                 for member in children(zk, &resource).await? {
                     let member = format!("{resource}/{member}");
                     if keep_old {
-                        acl::share_digest(zk, &member, old, new).await?;
+                        acl_change::share_digest(zk, &member, old, new).await?;
                     } else {
-                        acl::replace_digest(zk, &member, old, new).await?;
+                        acl_change::replace_digest(zk, &member, old, new).await?;
                     }
                 }
             }

@@ -13,7 +13,7 @@ use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
 use super::pods::PodFate;
-use super::reconciler::{next_look, repair_node_data, Reconciled, POD_RECHECK};
+use super::reconciler::{next_look, release_ended, repair_node_data, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ZkError};
@@ -43,6 +43,13 @@ impl Reconciled for LockLease {
     async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
         cleanup(self, namespace, ctx).await
     }
+}
+
+/// Whether a hold or lease of a pod with this fate is released: once the
+/// pod has finished or is gone. A Terminating pod's command may still run
+/// out its grace period, so its hold stays.
+fn ended(fate: PodFate) -> bool {
+    matches!(fate, PodFate::Finished | PodFate::Gone)
 }
 
 async fn apply(
@@ -192,16 +199,7 @@ async fn apply(
         })
         .collect();
     let persistent = !holds.is_empty();
-    let mut removed = Vec::new();
-    for (holder, fate) in ctx.pods.fates(namespace, holds).await? {
-        // A Terminating pod's command may still run (its grace period): its
-        // hold stays until the pod has finished or is gone.
-        if matches!(fate, PodFate::Finished | PodFate::Gone) {
-            info!(lock = %name, node = %holder.name, "releasing the hold of a pod that ended");
-            tree::delete_if_present(zk, &path::join(&path, &holder.name)).await?;
-            removed.push(holder.name.clone());
-        }
-    }
+    let removed = release_ended(ctx, namespace, &path, holds, ended).await?;
     node.children.retain(|c| !removed.contains(&c.name));
 
     let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
@@ -313,14 +311,7 @@ async fn apply_semaphore(
         .filter(|c| c.stat.ephemeral_owner == 0)
         .collect();
     let persistent = !persistent_leases.is_empty();
-    let mut removed = Vec::new();
-    for (lease, fate) in ctx.pods.fates(namespace, persistent_leases).await? {
-        if matches!(fate, PodFate::Finished | PodFate::Gone) {
-            info!(lock = %name, node = %lease.name, "releasing the permit of a pod that ended");
-            tree::delete_if_present(zk, &path::join(&leases_path, &lease.name)).await?;
-            removed.push(lease.name.clone());
-        }
-    }
+    let removed = release_ended(ctx, namespace, &leases_path, persistent_leases, ended).await?;
     leases.retain(|c| !removed.contains(&c.name));
 
     let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());

@@ -440,7 +440,7 @@ async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> 
             Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
             Err(e) => anyhow::bail!("cannot create {path}: {e}"),
         }
-        crate::zk::acl::ensure(session, &path, &own)
+        crate::zk::acl_change::ensure(session, &path, &own)
             .await
             .with_context(|| format!("cannot set the ACL of {path}"))?;
     }

@@ -211,3 +211,25 @@ pub async fn repair_node_data<K: Reconciled>(
     node.stat = stat;
     Ok(())
 }
+
+/// Removes the nodes among `nodes` (children of `parent`: persistent
+/// registrations, holds or leases that outlive the init containers that
+/// made them) whose pod `ended` by its fate, and returns their names.
+pub async fn release_ended(
+    ctx: &Context,
+    namespace: &str,
+    parent: &str,
+    nodes: Vec<&crate::zk::tree::ChildNode>,
+    ended: impl Fn(super::pods::PodFate) -> bool,
+) -> Result<Vec<String>, Error> {
+    let mut removed = Vec::new();
+    for (node, fate) in ctx.pods.fates(namespace, nodes).await? {
+        if ended(fate) {
+            tracing::info!(%parent, node = %node.name, ?fate, "removing the node of a pod that ended");
+            crate::zk::tree::delete_if_present(&ctx.zk, &crate::zk::path::join(parent, &node.name))
+                .await?;
+            removed.push(node.name.clone());
+        }
+    }
+    Ok(removed)
+}

@@ -21,6 +21,7 @@
 //! the state after every wake-up.
 
 pub mod acl;
+pub mod acl_change;
 mod barrier;
 mod connect;
 pub mod contender;
