@@ -12,9 +12,7 @@ use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
 use super::pods::PodFate;
-use super::reconciler::{
-    next_look, publish, release_ended, repair_node_data, Reconciled, POD_RECHECK,
-};
+use super::reconciler::{next_look, own_node, publish, release_ended, Reconciled, POD_RECHECK};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
@@ -61,30 +59,19 @@ async fn apply(
         failed: None,
     };
 
-    let mut node = tree::snapshot(zk, &path).await?;
-    // Readable data naming another uid: left from an earlier resource of the
-    // same name, so start clean. Unreadable data (someone wrote garbage) is
-    // repaired in place: the registrations under it are real.
-    let existing = node.as_ref().map(|n| BarrierData::parse(&path, &n.data));
-    match existing {
-        Some(Ok(data)) if data.as_ref().and_then(|d| d.uid.as_deref()) != Some(uid.as_str()) => {
-            info!(%path, "replacing the subtree of an earlier barrier with the same name");
-            tree::delete_tree(zk, &path).await?;
-            node = None;
-        }
-        Some(Err(e)) => {
-            if let Some(n) = node.as_mut() {
-                repair_node_data(barrier, ctx, n, &path, wanted.to_bytes(), &e.to_string()).await?;
-            }
-        }
-        _ => {}
-    }
-    if node.is_none() {
+    let owner = |data: &[u8]| {
+        BarrierData::parse(&path, data)
+            .map(|d| d.and_then(|d| d.uid))
+            .map_err(|e| e.to_string())
+    };
+    let create = || async {
         recipe
             .create_with_acls(zk, &wanted, &acls.resources)
-            .await?;
-        node = tree::snapshot(zk, &path).await?;
-    }
+            .await
+            .map(|_| ())
+            .map_err(Error::from)
+    };
+    let node = own_node(barrier, ctx, &path, &uid, wanted.to_bytes(), owner, create).await?;
     let Some(mut node) = node else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };

@@ -13,7 +13,7 @@ use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
 use super::pods::PodFate;
-use super::reconciler::{next_look, release_ended, repair_node_data, Reconciled, POD_RECHECK};
+use super::reconciler::{next_look, own_node, release_ended, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
 use crate::zk::{path, tree, ZkError};
@@ -67,63 +67,34 @@ async fn apply(
         mode: lock.spec.mode,
     };
 
-    let mut node = tree::snapshot(zk, &path).await?;
-    // Readable data naming another uid: an earlier lock of the same name,
-    // so start clean. Unreadable data is repaired in place: the holds under
-    // it are real.
-    let existing = node
-        .as_ref()
-        .map(|n| serde_json::from_slice::<LockNodeData>(&n.data));
-    match existing {
-        Some(Ok(data)) if data.uid != uid => {
-            info!(%path, "replacing the subtree of an earlier lock with the same name");
-            tree::delete_tree(zk, &path).await?;
-            node = None;
-        }
-        Some(Err(e)) => {
-            if let Some(n) = node.as_mut() {
-                repair_node_data(
-                    lock,
-                    ctx,
-                    n,
-                    &path,
-                    serde_json::to_vec(&wanted).unwrap_or_default(),
-                    &e.to_string(),
-                )
-                .await?;
-            }
-        }
-        _ => {}
-    }
-    if node.is_none() {
-        let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
+    let bytes = serde_json::to_vec(&wanted)?;
+    let owner = |data: &[u8]| {
+        serde_json::from_slice::<LockNodeData>(data)
+            .map(|d| Some(d.uid))
+            .map_err(|e| e.to_string())
+    };
+    let create = || async {
         let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
+        let made = |at: &str| {
+            let at = at.to_owned();
+            move |e| ZkError::Zk {
+                op: "create",
+                path: at,
+                source: e,
+            }
+        };
         if let Some((parent, _)) = path.rsplit_once('/') {
             match zk.client().mkdir(parent, &dir).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {}
-                Err(e) => {
-                    return Err(ZkError::Zk {
-                        op: "create",
-                        path: parent.to_owned(),
-                        source: e,
-                    }
-                    .into())
-                }
+                Err(e) => return Err(made(parent)(e).into()),
             }
         }
         match zk.client().create(&path, &bytes, &dir).await {
-            Ok(_) | Err(zk::Error::NodeExists) => {}
-            Err(e) => {
-                return Err(ZkError::Zk {
-                    op: "create",
-                    path: path.clone(),
-                    source: e,
-                }
-                .into())
-            }
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(made(&path)(e).into()),
         }
-        node = tree::snapshot(zk, &path).await?;
-    }
+    };
+    let node = own_node(lock, ctx, &path, &uid, bytes.clone(), owner, create).await?;
     let Some(mut node) = node else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };

@@ -233,3 +233,42 @@ pub async fn release_ended(
     }
     Ok(removed)
 }
+
+/// Makes `path` this object's node and returns its snapshot (`None` if it
+/// went meanwhile: look again). `owner` reads the uid a node's data names:
+/// a node naming another uid (or none) was left by an earlier resource of
+/// the same name and goes with its subtree; data that cannot be read (someone
+/// wrote garbage) is rewritten with `wanted` in place, since the nodes under
+/// it are real registrations or holds; a missing node is made by `create`.
+pub async fn own_node<K: Reconciled, F>(
+    object: &K,
+    ctx: &Context,
+    path: &str,
+    uid: &str,
+    wanted: Vec<u8>,
+    owner: impl Fn(&[u8]) -> Result<Option<String>, String>,
+    create: impl FnOnce() -> F,
+) -> Result<Option<Snapshot>, Error>
+where
+    F: Future<Output = Result<(), Error>>,
+{
+    let mut node = crate::zk::tree::snapshot(&ctx.zk, path).await?;
+    match node.as_ref().map(|n| owner(&n.data)) {
+        Some(Ok(named)) if named.as_deref() != Some(uid) => {
+            tracing::info!(%path, "replacing the subtree of an earlier resource with the same name");
+            crate::zk::tree::delete_tree(&ctx.zk, path).await?;
+            node = None;
+        }
+        Some(Err(problem)) => {
+            if let Some(n) = node.as_mut() {
+                repair_node_data(object, ctx, n, path, wanted, &problem).await?;
+            }
+        }
+        _ => {}
+    }
+    if node.is_none() {
+        create().await?;
+        node = crate::zk::tree::snapshot(&ctx.zk, path).await?;
+    }
+    Ok(node)
+}
