@@ -1250,7 +1250,9 @@ async fn a_semaphore_lease_lists_holders_follows_its_permits_and_revokes() {
     .await;
     assert_eq!(st.holder_count, 2);
     assert!(
-        st.holders.iter().all(|h| h.mode == "Permit"),
+        st.holders
+            .iter()
+            .all(|h| h.mode == zkgate::api::HoldMode::Permit),
         "{:?}",
         st.holders
     );

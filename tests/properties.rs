@@ -5,8 +5,8 @@
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 use zkgate::api::{
-    parse_duration, BarrierPhase, BarrierSpec, BarrierStatus, LockLeaseSpec, LockLeaseStatus,
-    LockMode, DURATION_PATTERN,
+    parse_duration, BarrierPhase, BarrierSpec, BarrierStatus, HoldMode, LockLeaseSpec,
+    LockLeaseStatus, LockMode, DURATION_PATTERN,
 };
 use zkgate::controller::status::{self, BarrierObservation};
 use zkgate::zk::contender::{blocker, queue, sequence_key, ContenderKind};
@@ -129,12 +129,20 @@ proptest! {
         let node = Snapshot { data: vec![], stat: stat(1), children: children.clone() };
         let spec = LockLeaseSpec { mode: LockMode::ReadWrite, lease_duration: lease.map(|l| format!("{l}s")), permits: None };
         let previous = LockLeaseStatus::default();
-        let out = status::lock(&spec, &node, &previous, Some(1), "/l", Timestamp::from_second(now_s).unwrap());
+        let out = status::lock(&status::LockObservation {
+            spec: &spec,
+            nodes: status::LockNodes::Queue(&node.children),
+            previous: &previous,
+            generation: Some(1),
+            znode: "/l",
+            now: Timestamp::from_second(now_s).unwrap(),
+            spec_problem: None,
+        });
         let st = &out.status;
         prop_assert_eq!(st.holders.len() + st.waiting.len() + out.revoke.len(), children.len());
         prop_assert_eq!(st.holder_count as usize, st.holders.len());
         prop_assert_eq!(st.waiting_count as usize, st.waiting.len());
-        if st.holders.iter().any(|h| h.mode != "Read") {
+        if st.holders.iter().any(|h| h.mode != HoldMode::Read) {
             prop_assert_eq!(st.holders.len(), 1);
         }
     }

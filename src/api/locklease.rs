@@ -156,8 +156,8 @@ pub struct HolderStatus {
     /// Its pod, when it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// `Exclusive`, `Read`, `Write` or `Permit`.
-    pub mode: String,
+    /// How it holds the lock.
+    pub mode: HoldMode,
     /// The permits it holds (Semaphore; 1 for the other modes).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub permits: u32,
@@ -169,6 +169,31 @@ pub struct HolderStatus {
     /// When the controller revokes the hold (with a lease duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<MicroTime>,
+}
+
+/// How a holder holds a lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum HoldMode {
+    /// Alone (an `Exclusive` lock).
+    #[default]
+    Exclusive,
+    /// Beside other readers (a `ReadWrite` lock's read side).
+    Read,
+    /// Alone (a `ReadWrite` lock's write side).
+    Write,
+    /// With permits of a `Semaphore`.
+    Permit,
+}
+
+impl std::fmt::Display for HoldMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HoldMode::Exclusive => "Exclusive",
+            HoldMode::Read => "Read",
+            HoldMode::Write => "Write",
+            HoldMode::Permit => "Permit",
+        })
+    }
 }
 
 fn one() -> u32 {

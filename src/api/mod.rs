@@ -8,7 +8,8 @@ pub use barrier::{
     Barrier, BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus,
 };
 pub use locklease::{
-    HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockNodeData, LockPhase,
+    HoldMode, HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockNodeData,
+    LockPhase,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

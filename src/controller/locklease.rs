@@ -173,46 +173,8 @@ async fn apply(
     let removed = release_ended(ctx, namespace, &path, holds, ended).await?;
     node.children.retain(|c| !removed.contains(&c.name));
 
-    let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
-    let mut outcome = status::lock_with(
-        &lock.spec,
-        &node,
-        &previous,
-        lock.metadata.generation,
-        &path,
-        Timestamp::now(),
-        spec_problem.as_deref(),
-    );
-    for revoked in &outcome.revoke {
-        info!(lock = %name, node = %revoked, "revoking a hold past its lease duration");
-        tree::delete_if_present(zk, &path::join(&path, revoked)).await?;
-    }
-    if !outcome.revoke.is_empty() {
-        // The next in line may hold it now: look again at once.
-        let revoked_tokens: Vec<i64> = node
-            .children
-            .iter()
-            .filter(|c| outcome.revoke.contains(&c.name))
-            .map(|c| c.stat.czxid)
-            .collect();
-        node.children.retain(|c| !outcome.revoke.contains(&c.name));
-        let notes = std::mem::take(&mut outcome.notes);
-        // Revoked holds were not released: leave them out of what came before.
-        let mut before = previous.clone();
-        before
-            .holders
-            .retain(|h| !revoked_tokens.contains(&h.fencing_token));
-        outcome = status::lock_with(
-            &lock.spec,
-            &node,
-            &before,
-            lock.metadata.generation,
-            &path,
-            Timestamp::now(),
-            spec_problem.as_deref(),
-        );
-        outcome.notes.splice(0..0, notes);
-    }
+    let nodes = status::LockNodes::Queue(&node.children);
+    let outcome = settle(lock, ctx, &path, nodes, spec_problem.as_deref()).await?;
     publish(lock, namespace, ctx, &uid, &outcome, persistent).await
 }
 
@@ -285,48 +247,39 @@ async fn apply_semaphore(
     let removed = release_ended(ctx, namespace, &leases_path, persistent_leases, ended).await?;
     leases.retain(|c| !removed.contains(&c.name));
 
-    let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
-    let status_of = |leases: &[tree::ChildNode], previous: &crate::api::LockLeaseStatus| {
-        status::semaphore_with(
-            &lock.spec,
-            leases,
-            &locks,
-            previous,
-            lock.metadata.generation,
-            path,
-            Timestamp::now(),
-            spec_problem.as_deref(),
-        )
+    let nodes = status::LockNodes::Semaphore {
+        leases: &leases,
+        locks: &locks,
     };
-    let mut outcome = status_of(&leases, &previous);
-    if !outcome.revoke.is_empty() {
-        for revoked in &outcome.revoke {
-            info!(lock = %name, node = %revoked, "revoking a permit past its lease duration");
-            tree::delete_if_present(zk, &path::join(path, revoked)).await?;
-        }
-        let revoked_tokens: Vec<i64> = leases
-            .iter()
-            .filter(|c| {
-                outcome
-                    .revoke
-                    .contains(&format!("{}/{}", crate::zk::LEASES, c.name))
-            })
-            .map(|c| c.stat.czxid)
-            .collect();
-        leases.retain(|c| {
-            !outcome
-                .revoke
-                .contains(&format!("{}/{}", crate::zk::LEASES, c.name))
-        });
-        let notes = std::mem::take(&mut outcome.notes);
-        let mut before = previous.clone();
-        before
-            .holders
-            .retain(|h| !revoked_tokens.contains(&h.fencing_token));
-        outcome = status_of(&leases, &before);
-        outcome.notes.splice(0..0, notes);
-    }
+    let outcome = settle(lock, ctx, path, nodes, spec_problem.as_deref()).await?;
     publish(lock, namespace, ctx, &uid, &outcome, persistent).await
+}
+
+/// The lock's status with the holds past their lease revoked: computed in
+/// one pass ([`status::lock_settled`]), then the revoked nodes deleted.
+async fn settle(
+    lock: &LockLease,
+    ctx: &Context,
+    path: &str,
+    nodes: status::LockNodes<'_>,
+    spec_problem: Option<&str>,
+) -> Result<status::LockOutcome, Error> {
+    let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
+    let previous = ctx.lock_status.previous(&uid, lock.status.as_ref());
+    let outcome = status::lock_settled(&status::LockObservation {
+        spec: &lock.spec,
+        nodes,
+        previous: &previous,
+        generation: lock.metadata.generation,
+        znode: path,
+        now: Timestamp::now(),
+        spec_problem,
+    });
+    for revoked in &outcome.revoke {
+        info!(lock = %lock.name_any(), node = %revoked, "revoking a hold past its lease duration");
+        tree::delete_if_present(&ctx.zk, &path::join(path, revoked)).await?;
+    }
+    Ok(outcome)
 }
 
 /// Writes what a look found: the status (when it changed), the events, the

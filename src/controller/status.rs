@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
-    BarrierPhase, BarrierSpec, BarrierStatus, HolderStatus, LockLeaseSpec, LockLeaseStatus,
-    LockPhase, OnParticipantLoss, ParticipantStatus,
+    BarrierPhase, BarrierSpec, BarrierStatus, HoldMode, HolderStatus, LockLeaseSpec,
+    LockLeaseStatus, LockPhase, OnParticipantLoss, ParticipantStatus,
 };
 use crate::zk::contender::{self, ContenderKind};
 use crate::zk::tree::{ChildNode, Snapshot};
@@ -488,35 +488,122 @@ pub struct LockOutcome {
     pub requeue: Option<Duration>,
 }
 
-/// Computes a lock's status from its node's children.
-pub fn lock(
-    spec: &LockLeaseSpec,
-    node: &Snapshot,
-    previous: &LockLeaseStatus,
-    generation: Option<i64>,
-    znode: &str,
-    now: Timestamp,
-) -> LockOutcome {
-    lock_with(spec, node, previous, generation, znode, now, None)
+/// The nodes a lock's status is computed from.
+#[derive(Clone, Copy, Debug)]
+pub enum LockNodes<'a> {
+    /// An exclusive or read/write lock: its contenders, the lock node's
+    /// children.
+    Queue(&'a [ChildNode]),
+    /// A Semaphore: its holders are the lease nodes under `leases` (grouped
+    /// by their protected id: one holder taking k permits made k nodes in one
+    /// transaction), its waiters the internal mutex's queue under `locks`, in
+    /// the order they will be served. A lease to revoke is named
+    /// `leases/<name>`, relative to the lock node.
+    Semaphore {
+        /// The children of `leases`.
+        leases: &'a [ChildNode],
+        /// The children of `locks`.
+        locks: &'a [ChildNode],
+    },
 }
 
-/// [`lock`], with what in the spec could not be applied (reported as the
-/// `SpecAccepted` condition and an `InvalidSpec` event).
-pub fn lock_with(
-    spec: &LockLeaseSpec,
-    node: &Snapshot,
-    previous: &LockLeaseStatus,
-    generation: Option<i64>,
-    znode: &str,
-    now: Timestamp,
-    spec_problem: Option<&str>,
-) -> LockOutcome {
-    let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
+/// Everything a lock's status is computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct LockObservation<'a> {
+    /// The spec.
+    pub spec: &'a LockLeaseSpec,
+    /// Its holders' and waiters' nodes, read just now.
+    pub nodes: LockNodes<'a>,
+    /// The status written last time (it remembers when each hold started).
+    pub previous: &'a LockLeaseStatus,
+    /// The resource's generation.
+    pub generation: Option<i64>,
+    /// The lock node's path.
+    pub znode: &'a str,
+    /// The time the nodes were read, against which leases are measured.
+    pub now: Timestamp,
+    /// What in the spec could not be applied, if anything (reported as the
+    /// `SpecAccepted` condition and an `InvalidSpec` event).
+    pub spec_problem: Option<&'a str>,
+}
+
+/// One look at a lock: its status as the nodes stand, and the holds past
+/// their lease in `revoke`. The status still lists the next in line as
+/// waiting; [`lock_settled`] is the status once the revocations are done.
+pub fn lock(obs: &LockObservation<'_>) -> LockOutcome {
+    match obs.nodes {
+        LockNodes::Queue(children) => held_status(obs, queue_held(children)),
+        LockNodes::Semaphore { leases, locks } => held_status(obs, semaphore_held(leases, locks)),
+    }
+}
+
+/// A lock's status with its revocations settled in one pass: the holds
+/// past their lease are in `revoke` (to delete), and the status, events and
+/// next look are those of the lock once they are gone (the next in line
+/// holding from `now`; a revoked hold is reported as revoked, never as
+/// released).
+pub fn lock_settled(obs: &LockObservation<'_>) -> LockOutcome {
+    let mut outcome = lock(obs);
+    if outcome.revoke.is_empty() {
+        return outcome;
+    }
+    let (mut held, locks) = match obs.nodes {
+        LockNodes::Queue(children) => (children.to_vec(), None),
+        LockNodes::Semaphore { leases, locks } => (leases.to_vec(), Some(locks)),
+    };
+    let relative = |c: &ChildNode| match locks {
+        None => c.name.clone(),
+        Some(_) => format!("{}/{}", crate::zk::LEASES, c.name),
+    };
+    let mut previous = obs.previous.clone();
+    let mut revoke = Vec::new();
+    let mut notes = Vec::new();
+    // A new holder's lease starts now, so it rarely expires at once; with
+    // a zero lease it does, and every pass removes at least one node.
+    while !outcome.revoke.is_empty() {
+        let before = held.len();
+        let tokens: Vec<i64> = held
+            .iter()
+            .filter(|c| outcome.revoke.contains(&relative(c)))
+            .map(|c| c.stat.czxid)
+            .collect();
+        held.retain(|c| !outcome.revoke.contains(&relative(c)));
+        previous
+            .holders
+            .retain(|h| !tokens.contains(&h.fencing_token));
+        revoke.append(&mut outcome.revoke);
+        notes.append(&mut outcome.notes);
+        let nodes = match locks {
+            None => LockNodes::Queue(&held),
+            Some(locks) => LockNodes::Semaphore {
+                leases: &held,
+                locks,
+            },
+        };
+        outcome = lock(&LockObservation {
+            nodes,
+            previous: &previous,
+            ..*obs
+        });
+        if held.len() == before {
+            break;
+        }
+    }
+    notes.append(&mut outcome.notes);
+    outcome.notes = notes;
+    revoke.append(&mut outcome.revoke);
+    outcome.revoke = revoke;
+    outcome
+}
+
+/// Who holds and who waits on an exclusive or read/write lock.
+fn queue_held(children: &[ChildNode]) -> Held<'_> {
+    let names: Vec<String> = children.iter().map(|c| c.name.clone()).collect();
     let queue = contender::queue(&names);
     let mut holdings = Vec::new();
     let mut waiting = Vec::new();
     for (i, c) in queue.iter().enumerate() {
-        let Some(child) = node.children.iter().find(|n| n.name == c.name) else {
+        let Some(child) = children.iter().find(|n| n.name == c.name) else {
             continue;
         };
         if contender::blocker(&queue, i).is_some() {
@@ -526,39 +613,24 @@ pub fn lock_with(
         holdings.push(Holding {
             child,
             mode: match c.kind {
-                ContenderKind::Exclusive => "Exclusive",
-                ContenderKind::Read => "Read",
-                ContenderKind::Write => "Write",
-                ContenderKind::Lease => "Permit",
+                ContenderKind::Exclusive => HoldMode::Exclusive,
+                ContenderKind::Read => HoldMode::Read,
+                ContenderKind::Write => HoldMode::Write,
+                ContenderKind::Lease => HoldMode::Permit,
             },
             nodes: vec![c.name.clone()],
         });
     }
-    let held = Held {
+    Held {
         holdings,
         waiting,
-        children: &node.children,
+        children,
         permits_in_use: None,
-    };
-    held_status(spec, held, previous, generation, znode, now, spec_problem)
+    }
 }
 
-/// A Semaphore's status: its holders are the lease nodes under `leases`
-/// (grouped by their protected id: one holder taking k permits made k
-/// nodes in one transaction), its waiters the internal mutex's queue under
-/// `locks`, in the order they will be served. A node to revoke is named
-/// `leases/<name>`, relative to the lock node.
-#[allow(clippy::too_many_arguments)]
-pub fn semaphore_with(
-    spec: &LockLeaseSpec,
-    leases: &[ChildNode],
-    locks: &[ChildNode],
-    previous: &LockLeaseStatus,
-    generation: Option<i64>,
-    znode: &str,
-    now: Timestamp,
-    spec_problem: Option<&str>,
-) -> LockOutcome {
+/// Who holds and who waits on a Semaphore (see [`LockNodes::Semaphore`]).
+fn semaphore_held<'a>(leases: &'a [ChildNode], locks: &'a [ChildNode]) -> Held<'a> {
     let mut holdings: Vec<Holding> = Vec::new();
     let mut sorted: Vec<&ChildNode> = leases.iter().collect();
     sorted.sort_by_key(|c| (c.stat.czxid, c.name.clone()));
@@ -572,7 +644,7 @@ pub fn semaphore_with(
             Some(h) => h.nodes.push(node),
             None => holdings.push(Holding {
                 child,
-                mode: "Permit",
+                mode: HoldMode::Permit,
                 nodes: vec![node],
             }),
         }
@@ -584,20 +656,19 @@ pub fn semaphore_with(
         .map(holder_id)
         .collect();
     let in_use = holdings.iter().map(|h| h.nodes.len() as u32).sum();
-    let held = Held {
+    Held {
         holdings,
         waiting,
         children: leases,
         permits_in_use: Some(in_use),
-    };
-    held_status(spec, held, previous, generation, znode, now, spec_problem)
+    }
 }
 
 /// One holder: the node that stands for it (its first), its mode, and
 /// every node of its hold (revoked together).
 struct Holding<'a> {
     child: &'a ChildNode,
-    mode: &'static str,
+    mode: HoldMode,
     nodes: Vec<String>,
 }
 
@@ -618,15 +689,16 @@ fn holder_id(child: &ChildNode) -> String {
 
 /// The status rules shared by locks and semaphores: lease expiry and
 /// revocation, Acquired/Released/Revoked events, conditions.
-fn held_status(
-    spec: &LockLeaseSpec,
-    seen: Held<'_>,
-    previous: &LockLeaseStatus,
-    generation: Option<i64>,
-    znode: &str,
-    now: Timestamp,
-    spec_problem: Option<&str>,
-) -> LockOutcome {
+fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
+    let LockObservation {
+        spec,
+        previous,
+        generation,
+        znode,
+        now,
+        spec_problem,
+        ..
+    } = *obs;
     let lease = spec
         .lease_duration
         .as_deref()
@@ -670,7 +742,7 @@ fn held_status(
         holders.push(HolderStatus {
             id,
             pod: who.pod,
-            mode: holding.mode.to_owned(),
+            mode: holding.mode,
             permits: holding.nodes.len() as u32,
             since: Some(MicroTime(since)),
             fencing_token: child.stat.czxid,
@@ -858,6 +930,23 @@ mod tests {
             timeout: timeout.map(Into::into),
             on_participant_loss: loss,
         }
+    }
+
+    fn look(
+        spec: &LockLeaseSpec,
+        nodes: LockNodes<'_>,
+        previous: &LockLeaseStatus,
+        now: Timestamp,
+    ) -> LockOutcome {
+        lock(&LockObservation {
+            spec,
+            nodes,
+            previous,
+            generation: Some(1),
+            znode: "/l",
+            now,
+            spec_problem: None,
+        })
     }
 
     fn at(ms: i64) -> Timestamp {
@@ -1126,12 +1215,10 @@ mod tests {
                 child("_c_d-__READ__0000000004", 700, 103, &who("r3")),
             ],
         };
-        let out = lock(
+        let out = look(
             &s,
-            &n,
+            LockNodes::Queue(&n.children),
             &LockLeaseStatus::default(),
-            Some(1),
-            "/l",
             at(1_000),
         );
         assert_eq!(
@@ -1153,7 +1240,7 @@ mod tests {
             Some(Duration::from_millis(10_050)),
             "looked at again when the leases end"
         );
-        let later = lock(&s, &n, &out.status, Some(1), "/l", at(11_000));
+        let later = look(&s, LockNodes::Queue(&n.children), &out.status, at(11_000));
         assert_eq!(
             later.revoke,
             ["_c_a-__READ__0000000001", "_c_b-__READ__0000000002"]
@@ -1180,15 +1267,14 @@ mod tests {
             child("_c_x-lock-0000000009", 0, 160, r#"{"id":"second"}"#),
             child("_c_y-lock-0000000008", 0, 155, r#"{"id":"first"}"#),
         ];
-        let seen = semaphore_with(
+        let seen = look(
             &s,
-            &leases,
-            &locks,
+            LockNodes::Semaphore {
+                leases: &leases,
+                locks: &locks,
+            },
             &LockLeaseStatus::default(),
-            Some(1),
-            "/l",
             at(200),
-            None,
         );
         let st = &seen.status;
         assert_eq!(st.permits_in_use, Some(3));
@@ -1206,15 +1292,14 @@ mod tests {
             "in the order they will be served"
         );
         // Past the lease, a's hold is revoked whole: both its nodes.
-        let late = semaphore_with(
+        let late = look(
             &s,
-            &leases,
-            &locks,
+            LockNodes::Semaphore {
+                leases: &leases,
+                locks: &locks,
+            },
             &seen.status,
-            Some(1),
-            "/l",
             at(3_300),
-            None,
         );
         assert_eq!(
             late.revoke,
@@ -1240,35 +1325,93 @@ mod tests {
             stat: stat(0, 1, 0),
             children: vec![first, second.clone()],
         };
-        let before = lock(
+        let before = look(
             &s,
-            &both,
+            LockNodes::Queue(&both.children),
             &LockLeaseStatus::default(),
-            Some(1),
-            "/l",
             at(200),
         );
         // The first holder is revoked at 3.2 s; the second, queued since 0.1 s, takes over.
-        let revoked = lock(&s, &both, &before.status, Some(1), "/l", at(3_200));
+        let revoked = look(
+            &s,
+            LockNodes::Queue(&both.children),
+            &before.status,
+            at(3_200),
+        );
         assert_eq!(revoked.revoke, ["_c_a-lock-0000000001"]);
         let next = Snapshot {
             data: vec![],
             stat: stat(0, 1, 0),
             children: vec![second],
         };
-        let taken = lock(&s, &next, &revoked.status, Some(1), "/l", at(3_250));
+        let taken = look(
+            &s,
+            LockNodes::Queue(&next.children),
+            &revoked.status,
+            at(3_250),
+        );
         assert!(
             taken.revoke.is_empty(),
             "a full lease for the new holder, not what is left since it queued"
         );
         assert_eq!(taken.status.holders[0].since, Some(MicroTime(at(3_250))));
-        let still = lock(&s, &next, &taken.status, Some(1), "/l", at(6_000));
+        let still = look(
+            &s,
+            LockNodes::Queue(&next.children),
+            &taken.status,
+            at(6_000),
+        );
         assert!(still.revoke.is_empty());
         assert_eq!(
-            lock(&s, &next, &taken.status, Some(1), "/l", at(6_300))
-                .revoke
-                .len(),
+            look(
+                &s,
+                LockNodes::Queue(&next.children),
+                &taken.status,
+                at(6_300)
+            )
+            .revoke
+            .len(),
             1
         );
+    }
+
+    #[test]
+    fn revocation_is_settled_in_one_pass() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::Exclusive,
+            lease_duration: Some("3s".into()),
+            permits: None,
+        };
+        let children = vec![
+            child("_c_a-lock-0000000001", 0, 100, r#"{"id":"a"}"#),
+            child("_c_b-lock-0000000002", 100, 101, r#"{"id":"b"}"#),
+        ];
+        let before = look(
+            &s,
+            LockNodes::Queue(&children),
+            &LockLeaseStatus::default(),
+            at(200),
+        );
+        let settled = lock_settled(&LockObservation {
+            spec: &s,
+            nodes: LockNodes::Queue(&children),
+            previous: &before.status,
+            generation: Some(1),
+            znode: "/l",
+            now: at(3_200),
+            spec_problem: None,
+        });
+        assert_eq!(settled.revoke, ["_c_a-lock-0000000001"]);
+        let holders: Vec<_> = settled
+            .status
+            .holders
+            .iter()
+            .map(|h| (h.id.as_str(), h.since.clone()))
+            .collect();
+        assert_eq!(holders, [("b", Some(MicroTime(at(3_200))))]);
+        assert!(settled.status.waiting.is_empty());
+        let reasons: Vec<_> = settled.notes.iter().map(|n| n.reason).collect();
+        assert_eq!(reasons, ["Revoked", "Acquired"], "revoked, never released");
+        assert_eq!(settled.requeue, Some(Duration::from_millis(3_050)));
     }
 }
