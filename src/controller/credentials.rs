@@ -138,6 +138,19 @@ impl Known {
             .collect()
     }
 
+    /// Ends the rotation's grace window once it has closed: the replaced
+    /// credential is taken away from every node at this look.
+    fn close_grace_if_over(&mut self, namespace: &str) {
+        if self.grace_until.is_some_and(|t| SystemTime::now() >= t) {
+            info!(
+                namespace,
+                "the rotation's grace window closed: the replaced credential stops working"
+            );
+            self.grace_until = None;
+            self.checked = None;
+        }
+    }
+
     /// How the participants' own nodes go from the replaced credential to
     /// the current one: shared while the grace window is open, replaced after.
     fn moving(&self) -> Option<Moving<'_>> {
@@ -231,15 +244,7 @@ impl Credentials {
         let k = hold(&mut known, namespace, zk, layout, true)
             .await?
             .ok_or(Error::Incomplete("namespace credential"))?;
-        // A grace window that has closed: the replaced credential goes now.
-        if k.grace_until.is_some_and(|t| SystemTime::now() >= t) {
-            info!(
-                namespace,
-                "the rotation's grace window closed: the replaced credential stops working"
-            );
-            k.grace_until = None;
-            k.checked = None;
-        }
+        k.close_grace_if_over(namespace);
         if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
             return Ok(NamespaceAcls::new(controller, &k.granted()));
         }
@@ -254,44 +259,69 @@ impl Credentials {
 
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let secret = secrets.get_opt(&self.secret_name).await?;
-        let rotate = secret
+        if secret
             .as_ref()
-            .is_some_and(|s| s.annotations().contains_key(ROTATE_ANNOTATION));
-        if rotate {
-            // Stored first (the source of truth, with the credential it
-            // replaces), then the Secret (which ends the request), then the
-            // nodes: whichever step fails, the next look finishes the rest
-            // rather than rotating from a stale credential.
-            let new = Credential::generate(user_of(namespace));
-            zk.add_credential(&new).await?;
-            let until = SystemTime::now() + self.grace;
-            store(
-                zk,
-                &layout.credential(namespace)?,
-                &new,
-                Some((&k.credential, until)),
-            )
-            .await?;
-            info!(namespace, grace = ?self.grace, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
-            k.previous = Some(std::mem::replace(&mut k.credential, new));
-            k.grace_until = Some(until);
-            k.checked = None;
-            self.write_secret(&secrets, secret.is_some(), &k.credential, true)
+            .is_some_and(|s| s.annotations().contains_key(ROTATE_ANNOTATION))
+        {
+            self.rotate(k, namespace, controller, zk, layout, &secrets)
                 .await?;
-            let acls = NamespaceAcls::new(controller, &k.granted());
-            protect(zk, layout, namespace, &acls, k.moving()).await?;
         } else {
-            let in_secret = secret
-                .as_ref()
-                .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
-                .map(|b| b.0.clone());
-            if in_secret.as_deref() != Some(k.credential.expose().as_bytes()) {
-                self.write_secret(&secrets, secret.is_some(), &k.credential, false)
-                    .await?;
-            }
+            self.sync_secret(k, &secrets, secret.as_ref()).await?;
         }
         k.checked = Some(Instant::now());
         Ok(NamespaceAcls::new(controller, &k.granted()))
+    }
+
+    /// Rotates `namespace`'s credential (its Secret asked for it): a new
+    /// one stored first (the source of truth, with the credential it
+    /// replaces), then the Secret (which ends the request), then the nodes:
+    /// whichever step fails, the next look finishes the rest rather than
+    /// rotating from a stale credential.
+    async fn rotate(
+        &self,
+        k: &mut Known,
+        namespace: &str,
+        controller: &Credential,
+        zk: &Session,
+        layout: &Layout,
+        secrets: &Api<Secret>,
+    ) -> Result<(), Error> {
+        let new = Credential::generate(user_of(namespace));
+        zk.add_credential(&new).await?;
+        let until = SystemTime::now() + self.grace;
+        store(
+            zk,
+            &layout.credential(namespace)?,
+            &new,
+            Some((&k.credential, until)),
+        )
+        .await?;
+        info!(namespace, grace = ?self.grace, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
+        k.previous = Some(std::mem::replace(&mut k.credential, new));
+        k.grace_until = Some(until);
+        k.checked = None;
+        self.write_secret(secrets, true, &k.credential, true)
+            .await?;
+        let acls = NamespaceAcls::new(controller, &k.granted());
+        protect(zk, layout, namespace, &acls, k.moving()).await
+    }
+
+    /// Puts the current credential back into the namespace's Secret when
+    /// the Secret is missing or holds another.
+    async fn sync_secret(
+        &self,
+        k: &Known,
+        secrets: &Api<Secret>,
+        secret: Option<&Secret>,
+    ) -> Result<(), Error> {
+        let in_secret = secret
+            .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
+            .map(|b| b.0.clone());
+        if in_secret.as_deref() != Some(k.credential.expose().as_bytes()) {
+            self.write_secret(secrets, secret.is_some(), &k.credential, false)
+                .await?;
+        }
+        Ok(())
     }
 
     /// When `namespace` is being deleted and none of its barriers and locks
@@ -350,6 +380,8 @@ impl Credentials {
         Ok(())
     }
 
+    /// Writes `credential` into the namespace's Secret (made when missing);
+    /// `rotated` also ends the rotation request and says when it was done.
     async fn write_secret(
         &self,
         secrets: &Api<Secret>,
