@@ -11,7 +11,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
-use support::kube::{client, install_crds, namespace, ControllerProcess};
+use support::kube::{client, create_pod, install_crds, namespace, ControllerProcess};
 use support::{children, eventually, isolated_connect, session};
 use zkgate::api::{Barrier, BarrierPhase, LockLease};
 use zkgate::zk::{BarrierData, DoubleBarrier, EnterOptions, ParticipantData, Session};
@@ -205,17 +205,12 @@ async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
     let mut uids = Vec::new();
     for i in 0..2 {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": format!("job-{i}"), "labels": { "zkgate.io/barrier": "gang" } },
-            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
-        }))
-        .unwrap();
         uids.push(
-            pods.create(&PostParams::default(), &pod)
-                .await
-                .unwrap()
-                .uid()
-                .unwrap(),
+            create_pod(
+                &pods,
+                json!({ "name": format!("job-{i}"), "labels": { "zkgate.io/barrier": "gang" } }),
+            )
+            .await,
         );
     }
     let path = barrier_path(&s.ns, "gang");
@@ -302,21 +297,16 @@ async fn a_registration_whose_pod_is_being_deleted_does_not_count_before_the_ope
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
     let mut uids = Vec::new();
     for name in ["doomed", "newcomer"] {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {
-                "name": name,
-                "labels": { "zkgate.io/barrier": "gang" },
-                "finalizers": ["zkgate.io/test-hold"],
-            },
-            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
-        }))
-        .unwrap();
         uids.push(
-            pods.create(&PostParams::default(), &pod)
-                .await
-                .unwrap()
-                .uid()
-                .unwrap(),
+            create_pod(
+                &pods,
+                json!({
+                    "name": name,
+                    "labels": { "zkgate.io/barrier": "gang" },
+                    "finalizers": ["zkgate.io/test-hold"],
+                }),
+            )
+            .await,
         );
     }
     let path = barrier_path(&s.ns, "gang");
@@ -432,17 +422,11 @@ async fn registrations_are_checked_by_their_pod_name_not_their_id() {
     })
     .await;
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "trainer-7f9c2", "labels": { "zkgate.io/barrier": "gang" } },
-        "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
-    }))
-    .unwrap();
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let uid = create_pod(
+        &pods,
+        json!({ "name": "trainer-7f9c2", "labels": { "zkgate.io/barrier": "gang" } }),
+    )
+    .await;
     let named = zkgate(&s, &["barrier", "enter", "gang", "--id", "worker-0"])
         .env("ZKGATE_POD_NAME", "trainer-7f9c2")
         .env("ZKGATE_POD_UID", &uid)
@@ -1350,17 +1334,11 @@ async fn a_semaphore_permit_of_a_pod_that_ended_is_released() {
     .unwrap();
     api.create(&PostParams::default(), &lock).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "loader", "labels": { "zkgate.io/lock": "pool" } },
-        "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
-    }))
-    .unwrap();
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let uid = create_pod(
+        &pods,
+        json!({ "name": "loader", "labels": { "zkgate.io/lock": "pool" } }),
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     let acquire = zkgate(
@@ -1430,17 +1408,7 @@ async fn pod_fates_come_from_the_cache_and_the_status_list_is_capped() {
         } else {
             json!({})
         };
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": name, "labels": labels },
-            "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
-        }))
-        .unwrap();
-        let uid = pods
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap()
-            .uid()
-            .unwrap();
+        let uid = create_pod(&pods, json!({ "name": name, "labels": labels })).await;
         registrations.push((name, uid));
     }
     // Persistent registrations, as init containers leave them.

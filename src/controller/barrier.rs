@@ -18,12 +18,6 @@ use crate::api::Barrier;
 use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
 
 impl Reconciled for Barrier {
-    type Status = crate::api::BarrierStatus;
-
-    fn status(&self) -> Option<&Self::Status> {
-        self.status.as_ref()
-    }
-
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
         &ctx.barrier_status
     }

@@ -21,12 +21,6 @@ use crate::zk::{path, tree, ZkError};
 pub use crate::api::LockNodeData;
 
 impl Reconciled for LockLease {
-    type Status = crate::api::LockLeaseStatus;
-
-    fn status(&self) -> Option<&Self::Status> {
-        self.status.as_ref()
-    }
-
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
         &ctx.lock_status
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::object::HasStatus;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event as Finalized};
 use kube::{Resource, ResourceExt};
@@ -29,11 +30,10 @@ pub trait Reconciled:
     + Send
     + Sync
     + 'static
+    + HasStatus<
+        Status: Clone + Default + PartialEq + Serialize + DeserializeOwned + Capped + Send + Sync,
+    >
 {
-    /// Its status.
-    type Status: Clone + Default + PartialEq + Serialize + DeserializeOwned + Capped + Send + Sync;
-    /// The status read back.
-    fn status(&self) -> Option<&Self::Status>;
     /// The statuses this term applied to objects of this kind.
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status>;
 

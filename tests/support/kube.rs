@@ -257,3 +257,23 @@ pub async fn api_requests(client: &Client, verb: &str, resource: &str, subresour
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
 }
+
+/// Creates a pod with `metadata` (name, labels, finalizers...) and one
+/// container; with no kubelet it never runs, which these tests rely on:
+/// its fate changes only when they delete it. Returns its uid.
+pub async fn create_pod(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    metadata: serde_json::Value,
+) -> String {
+    let pod = serde_json::from_value(serde_json::json!({
+        "metadata": metadata,
+        "spec": { "containers": [{ "name": "main", "image": "busybox" }] }
+    }))
+    .expect("a pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("the pod is created")
+        .metadata
+        .uid
+        .expect("a created pod has a uid")
+}
