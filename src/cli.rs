@@ -113,17 +113,57 @@ pub struct ControllerArgs {
     /// finish their round), before it is taken away.
     #[arg(long, env = "ZKGATE_ROTATION_GRACE", default_value = "15m", value_parser = duration)]
     pub rotation_grace: Duration,
+    /// The admission webhook.
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// Options of the admission webhook (see the README's "One label").
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Serve the mutating admission webhook (HTTPS) here, e.g. 0.0.0.0:9443
+    /// [default: no webhook].
+    #[arg(long, env = "ZKGATE_WEBHOOK_ADDR", requires = "image")]
+    pub webhook_addr: Option<SocketAddr>,
+    /// The image the injected containers run (the controller's own).
+    #[arg(long, env = "ZKGATE_IMAGE")]
+    pub image: Option<String>,
+    /// The Secret, in the controller's namespace, where the controller keeps
+    /// the webhook's CA and serving certificate (made and rotated by it).
+    #[arg(long, env = "ZKGATE_WEBHOOK_SECRET", default_value = "zkgate-webhook-tls", value_parser = node_name)]
+    pub webhook_secret: String,
+    /// The namespace of that Secret [default: the controller's own].
+    #[arg(long, env = "ZKGATE_WEBHOOK_SECRET_NAMESPACE", value_parser = node_name)]
+    pub webhook_secret_namespace: Option<String>,
+    /// The MutatingWebhookConfiguration whose caBundle the controller keeps.
+    #[arg(long, env = "ZKGATE_WEBHOOK_CONFIGURATION", value_parser = node_name)]
+    pub webhook_configuration: Option<String>,
+    /// The names the API server reaches the webhook by (the Service's DNS
+    /// names, or an IP), comma-separated: the serving certificate's.
+    #[arg(long, env = "ZKGATE_WEBHOOK_NAMES", value_delimiter = ',')]
+    pub webhook_names: Vec<String>,
+    /// Serve `tls.crt` and `tls.key` from this directory instead (a Secret
+    /// cert-manager keeps, mounted; its CA injector fills the caBundle).
+    #[arg(long, env = "ZKGATE_WEBHOOK_CERT_DIR", conflicts_with_all = ["webhook_configuration", "webhook_names"])]
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// With TLS to ZooKeeper: the Secret, in each namespace whose pods get
+    /// injected, that the controller copies the CA (and its client
+    /// certificate, if any) into for them.
+    #[arg(long, env = "ZKGATE_ZOOKEEPER_TLS_SECRET", default_value = "zkgate-zookeeper-tls", value_parser = node_name)]
+    pub zookeeper_tls_secret: String,
 }
 
 impl ControllerArgs {
     /// The controller's options.
     pub fn options(&self) -> Result<crate::controller::ControllerOptions, AgentError> {
+        let zookeeper = self.security.apply(
+            SessionOptions::new(self.zookeeper.clone())
+                .session_timeout(self.session_timeout)
+                .connect_timeout(self.connect_timeout),
+        )?;
         Ok(crate::controller::ControllerOptions {
-            zookeeper: self.security.apply(
-                SessionOptions::new(self.zookeeper.clone())
-                    .session_timeout(self.session_timeout)
-                    .connect_timeout(self.connect_timeout),
-            )?,
+            webhook: self.webhook_options(&zookeeper)?,
+            zookeeper,
             namespace_secret: self.namespace_secret.clone(),
             rotation_grace: self.rotation_grace,
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
@@ -134,6 +174,61 @@ impl ControllerArgs {
             },
             watch_namespace: self.watch_namespace.clone(),
         })
+    }
+}
+
+impl ControllerArgs {
+    fn webhook_options(
+        &self,
+        zookeeper: &SessionOptions,
+    ) -> Result<Option<crate::controller::webhook::WebhookOptions>, AgentError> {
+        use crate::controller::webhook::inject::{Injection, TlsSecret};
+        use crate::controller::webhook::{CertSource, TlsMaterial, WebhookOptions};
+        let w = &self.webhook;
+        let Some(addr) = w.webhook_addr else {
+            return Ok(None);
+        };
+        let certs = match &w.webhook_cert_dir {
+            Some(dir) => CertSource::Dir(dir.clone()),
+            None if w.webhook_names.is_empty() => {
+                return Err(AgentError::usage(
+                    "--webhook-addr needs --webhook-names (the names the API server reaches the webhook by) or --webhook-cert-dir",
+                ))
+            }
+            None => CertSource::SelfManaged {
+                namespace: w.webhook_secret_namespace.clone(),
+                secret: w.webhook_secret.clone(),
+                configuration: w.webhook_configuration.clone(),
+                names: w.webhook_names.clone(),
+            },
+        };
+        let tls = zookeeper.tls.as_ref().map(|t| TlsMaterial {
+            secret: w.zookeeper_tls_secret.clone(),
+            ca: t.ca.clone().into_bytes(),
+            client: t
+                .identity
+                .as_ref()
+                .map(|(c, k)| (c.clone().into_bytes(), k.clone().into_bytes())),
+        });
+        Ok(Some(WebhookOptions {
+            addr,
+            certs,
+            injection: Injection {
+                image: w.image.clone().unwrap_or_default(),
+                zookeeper: self.zookeeper.to_string(),
+                root: self.root.clone(),
+                auth_secret: zookeeper
+                    .credential
+                    .is_some()
+                    .then(|| self.namespace_secret.clone()),
+                tls: tls.as_ref().map(|t| TlsSecret {
+                    name: t.secret.clone(),
+                    client_certificate: t.client.is_some(),
+                }),
+                native_sidecars: false,
+            },
+            tls,
+        }))
     }
 }
 

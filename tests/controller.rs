@@ -1534,3 +1534,103 @@ async fn each_change_costs_one_status_write() {
         "{written} status writes for the first status and {CHANGES} changes"
     );
 }
+
+/// A Barrier sized by its Job (`spec.jobRef`): nothing in ZooKeeper and a
+/// status saying why until the Job exists; then the smaller of the Job's
+/// parallelism and completions, following the Job until the barrier opens,
+/// and fixed after.
+#[tokio::test]
+async fn a_barrier_follows_its_jobs_count_until_it_opens() {
+    use k8s_openapi::api::batch::v1::Job;
+    let s = setup().await;
+    create_barrier(&s, "train", json!({ "jobRef": "train" })).await;
+    let unsized_ = barrier_where(&s, "train", "unsized", |b| {
+        b.status.as_ref().and_then(|st| st.reason.as_deref()) == Some("Unsized")
+    })
+    .await;
+    let message = unsized_.status.unwrap().message.unwrap_or_default();
+    assert!(message.contains("Job train not found"), "{message}");
+    let path = barrier_path(&s.ns, "train");
+    let observer = session(&s.zk).await;
+    assert!(
+        observer.client().check_stat(&path).await.unwrap().is_none(),
+        "no barrier node before it has a size (a participant would pass alone)"
+    );
+
+    let jobs: Api<Job> = Api::namespaced(s.client.clone(), &s.ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "train" },
+        "spec": {
+            "parallelism": 3,
+            "completions": 5,
+            "template": {
+                "metadata": { "labels": { "zkgate.io/barrier": "train" } },
+                "spec": { "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }] }
+            }
+        }
+    }))
+    .unwrap();
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let required =
+        |n: u32| move |b: &Barrier| b.status.as_ref().and_then(|st| st.required) == Some(n);
+    barrier_where(&s, "train", "sized 3 by the Job", required(3)).await;
+    let x = |observer: &Session| {
+        let path = path.clone();
+        let client = observer.client().clone();
+        async move {
+            let (data, _) = client.get_data(&path).await.unwrap();
+            BarrierData::parse(&path, &data)
+                .unwrap()
+                .unwrap()
+                .participants
+        }
+    };
+    assert_eq!(x(&observer).await, 3);
+
+    let set_parallelism = |n: i32| {
+        let jobs = jobs.clone();
+        async move {
+            let patch = json!({ "spec": { "parallelism": n } });
+            jobs.patch("train", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    set_parallelism(2).await;
+    barrier_where(&s, "train", "following the Job down to 2", required(2)).await;
+    assert_eq!(x(&observer).await, 2);
+
+    let mut enters = Vec::new();
+    for i in 0..2 {
+        let (zk, path) = (s.zk.clone(), path.clone());
+        enters.push(tokio::spawn(async move {
+            let session = session(&zk).await;
+            DoubleBarrier::new(&path)
+                .enter(&session, &format!("w-{i}"), &EnterOptions::default(), None)
+                .await
+                .expect("enter");
+            session
+        }));
+    }
+    let mut sessions = Vec::new();
+    for e in enters {
+        sessions.push(e.await.unwrap());
+    }
+    barrier_where(&s, "train", "Open", |b| {
+        phase(b) == Some(BarrierPhase::Open)
+    })
+    .await;
+
+    set_parallelism(4).await;
+    let b = barrier_where(&s, "train", "the change refused after the opening", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "SpecAccepted" && c.status == "False")
+        })
+    })
+    .await;
+    assert_eq!(b.status.unwrap().required, Some(2), "fixed once open");
+    assert_eq!(x(&observer).await, 2);
+    drop(sessions);
+}

@@ -7,6 +7,8 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
+use serde::Deserialize;
+
 use support::kube::{client, install_crds, kubeconfig, namespace};
 
 #[tokio::test]
@@ -47,9 +49,20 @@ async fn every_example_is_accepted_by_the_api_server() {
             if !text.contains("kind: Job") {
                 continue;
             }
+            // A one-label example has no zkgate container of its own: the
+            // webhook adds it, with the credential (checked below on what
+            // it adds).
+            let by_hand = text.contains("ghcr.io/zkgate/zkgate");
+            if !by_hand {
+                one_label_job_is_injected(&file, &text);
+            }
             for wanted in [
                 "automountServiceAccountToken: false",
-                "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth}}",
+                if by_hand {
+                    "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth}}"
+                } else {
+                    "zkgate.io/"
+                },
                 "runAsNonRoot: true",
                 "readOnlyRootFilesystem: true",
                 "allowPrivilegeEscalation: false",
@@ -97,7 +110,7 @@ async fn every_example_is_accepted_by_the_api_server() {
         assert!(said.contains("(server dry run)"), "{said}");
         checked += 1;
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 8);
 }
 
 /// Checks a Job whose pods hold `kind` (barrier, lock) from a native
@@ -131,4 +144,53 @@ fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::
         .unwrap()
         .starts_with(&[kind.to_string(), "sidecar".to_string()]));
     pod
+}
+
+/// A one-label Job's pod, as the webhook returns it: a zkgate init
+/// container with the namespace's credential, the restricted security
+/// context, and nothing asked of the workload's own containers.
+fn one_label_job_is_injected(file: &Path, text: &str) {
+    use zkgate::controller::webhook::inject::{inject, Injection};
+    let job: k8s_openapi::api::batch::v1::Job = serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
+        .filter(|v| v["kind"] == "Job")
+        .map(|v| serde_yaml_ng::from_value(v).unwrap())
+        .next()
+        .unwrap();
+    let template = job.spec.unwrap().template;
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        ..Default::default()
+    };
+    let injection = Injection {
+        image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
+        zookeeper: "zk:2181".into(),
+        root: "/zkgate".into(),
+        auth_secret: Some("zkgate-zookeeper-auth".into()),
+        tls: None,
+        native_sidecars: true,
+    };
+    let injected = inject(&pod, &injection)
+        .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))
+        .unwrap_or_else(|| panic!("{}: nothing injected", file.display()));
+    let inits = injected.spec.unwrap().init_containers.unwrap();
+    assert!(!inits.is_empty(), "{}", file.display());
+    for c in &inits {
+        let auth = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "ZKGATE_AUTH")
+            .and_then(|e| e.value_from.as_ref()?.secret_key_ref.as_ref());
+        assert_eq!(
+            auth.map(|s| s.name.as_str()),
+            Some("zkgate-zookeeper-auth"),
+            "{}",
+            file.display()
+        );
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+    }
 }

@@ -209,6 +209,62 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         Some(&tls),
     ));
 
+    // The webhook: registered for labelled pods only, kube-system excluded,
+    // its certificate made by the controller (the caBundle it may patch)...
+    let hooked = template(&[
+        "--set",
+        "zookeeper.connect=tcp+tls://zk-0:2281,zookeeper.tls.existingSecret=zk-tls",
+        "--set",
+        "webhook.enabled=true",
+    ]);
+    for wanted in [
+        "kind: MutatingWebhookConfiguration",
+        "failurePolicy: Fail",
+        "key: zkgate.io/barrier",
+        "key: zkgate.io/lock",
+        "operator: Exists",
+        "values: [\"kube-system\"]",
+        "ZKGATE_WEBHOOK_ADDR",
+        "value: \"t-zkgate-webhook.default.svc,t-zkgate-webhook.default.svc.cluster.local\"",
+        "resourceNames: [\"zkgate-zookeeper-tls\"]",
+        "resourceNames: [\"t-zkgate-webhook-tls\"]",
+        "resources: [\"mutatingwebhookconfigurations\"]",
+        "containerPort: 9443",
+    ] {
+        assert!(hooked.contains(wanted), "{wanted} missing from:\n{hooked}");
+    }
+    assert!(
+        !default.contains("MutatingWebhookConfiguration"),
+        "off by default"
+    );
+    ok(run(
+        &kubectl,
+        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        Some(&hooked),
+    ));
+    // ...or by cert-manager, which then fills the caBundle.
+    let managed = template(&[
+        "--set",
+        "zookeeper.connect=zk:2181,webhook.enabled=true,webhook.certManager.enabled=true",
+    ]);
+    for wanted in [
+        "cert-manager.io/inject-ca-from: default/t-zkgate-webhook",
+        "kind: Certificate",
+        "secretName: t-zkgate-webhook-tls",
+        "ZKGATE_WEBHOOK_CERT_DIR",
+        "mountPath: /etc/zkgate/webhook",
+    ] {
+        assert!(
+            managed.contains(wanted),
+            "{wanted} missing from:\n{managed}"
+        );
+    }
+    assert!(
+        !managed.contains("mutatingwebhookconfigurations")
+            && !managed.contains("ZKGATE_WEBHOOK_NAMES"),
+        "with cert-manager the controller neither makes certificates nor patches the caBundle"
+    );
+
     let new_cluster = template(&[
         "--set",
         "zookeeper.connect=zk:2181,replicaCount=3,metrics.serviceMonitor.enabled=true",
@@ -267,6 +323,7 @@ fn service_account_kubeconfig(ns: &str, release: &str, dir: &Path) -> PathBuf {
 async fn controller_reconciles_with_chart_rbac(
     remove_rule: Option<&[&str]>,
     with_auth: bool,
+    sized_by_job: bool,
 ) -> bool {
     let client = client().await;
     install_crds(&client).await;
@@ -340,7 +397,24 @@ async fn controller_reconciles_with_chart_rbac(
         .spawn()
         .unwrap();
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": { "participants": 1 } })).unwrap();
+    let spec = if sized_by_job {
+        // Sized by a Job of one pod (read from the controller's Job cache).
+        let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+            "metadata": { "name": "j" },
+            "spec": { "parallelism": 1, "template": { "spec": {
+                "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }]
+            } } }
+        }))
+        .unwrap();
+        Api::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &job)
+            .await
+            .unwrap();
+        json!({ "jobRef": "j" })
+    } else {
+        json!({ "participants": 1 })
+    };
+    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": spec })).unwrap();
     barriers.create(&PostParams::default(), &b).await.unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
     let path = format!("/zkgate/namespaces/{ns}/barriers/g");
@@ -383,15 +457,15 @@ async fn controller_reconciles_with_chart_rbac(
 #[tokio::test]
 async fn the_controller_works_with_exactly_the_charts_rbac() {
     assert!(
-        controller_reconciles_with_chart_rbac(None, false).await,
-        "the chart's RBAC must be enough to reconcile a Barrier end to end"
+        controller_reconciles_with_chart_rbac(None, false, true).await,
+        "the chart's RBAC must be enough to reconcile a Barrier (sized by its Job) end to end"
     );
 }
 
 #[tokio::test]
 async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secrets() {
     assert!(
-        controller_reconciles_with_chart_rbac(None, true).await,
+        controller_reconciles_with_chart_rbac(None, true, false).await,
         "the chart's RBAC must let the controller keep the namespace credential Secret"
     );
 }
@@ -399,20 +473,24 @@ async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secre
 #[tokio::test]
 async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["barriers/status"]), false).await,
+        !controller_reconciles_with_chart_rbac(Some(&["barriers/status"]), false, false).await,
         "without status patch the Barrier must not get a status"
     );
     assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["kube-system"]), false).await,
+        !controller_reconciles_with_chart_rbac(Some(&["kube-system"]), false, false).await,
         "without reading kube-system the controller cannot know its cluster's root"
+    );
+    assert!(
+        !controller_reconciles_with_chart_rbac(Some(&["jobs"]), false, true).await,
+        "without the Job reads a Barrier sized by its Job must not open"
     );
     // Each of the two Secret rules is needed on its own.
     assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"create\""]), true).await,
+        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"create\""]), true, false).await,
         "without create a controller with a credential must not provision"
     );
     assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"get\""]), true).await,
+        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"get\""]), true, false).await,
         "without get/patch by name a controller with a credential must not provision"
     );
 }

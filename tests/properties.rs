@@ -170,6 +170,7 @@ proptest! {
             let node = Snapshot { data: br#"{"participants":8}"#.to_vec(), stat: stat(1), children };
             let out = status::barrier(&BarrierObservation {
                 spec: &spec,
+                participants: 8,
                 created: Some(Timestamp::from_second(0).unwrap()),
                 node: &node,
                 previous: &previous,

@@ -23,8 +23,14 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Participants",
         type_ = "integer",
-        json_path = ".spec.participants",
-        description = "How many open the barrier"
+        json_path = ".status.required",
+        description = "How many open the barrier (spec.participants, or its Job's)"
+    ),
+    printcolumn(
+        name = "Job",
+        type_ = "string",
+        json_path = ".spec.jobRef",
+        priority = 1
     ),
     printcolumn(name = "Entered", type_ = "integer", json_path = ".status.entered"),
     printcolumn(name = "Left", type_ = "integer", json_path = ".status.left"),
@@ -35,11 +41,23 @@ use serde::{Deserialize, Serialize};
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[derive(Default)]
 #[serde(rename_all = "camelCase")]
 pub struct BarrierSpec {
-    /// How many participants must enter before the barrier opens (at least 1).
+    /// How many participants must enter before the barrier opens (at least
+    /// 1). May be omitted with `jobRef`: the count then follows the Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub participants: u32,
+    pub participants: Option<u32>,
+    /// A Job in the same namespace whose pods are the participants: without
+    /// `participants`, the count is the smaller of the Job's parallelism and
+    /// completions, and follows the Job until the barrier opens (after
+    /// that it never changes). A pod the Job retries (`backoffLimit`)
+    /// replaces its predecessor, whose registration goes when it fails; it
+    /// does not add a participant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub job_ref: Option<String>,
     /// How long the barrier may wait for all participants before it fails
     /// (e.g. `90s`, `10m`, `1h30m`; not zero), counted from the Barrier's
     /// creation (apply it with its Job, or allow for the time before the
@@ -92,6 +110,10 @@ pub struct BarrierStatus {
     /// A human-readable account of the phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How many participants open the barrier: `spec.participants`, or
+    /// its Job's count (see `spec.jobRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<u32>,
     /// How many participants have entered.
     #[serde(default)]
     pub entered: u32,

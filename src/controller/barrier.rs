@@ -42,13 +42,91 @@ async fn apply(
     acls: &NamespaceAcls,
     ctx: &Context,
 ) -> Result<Action, Error> {
+    let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
+    let path = ctx.layout.barrier(namespace, &barrier.name_any())?;
+    let size = match size(barrier, namespace, ctx).await {
+        Ok(n) => n,
+        Err(problem) => match current_size(ctx, &path).await? {
+            // Made before: it keeps its count (and says why it cannot follow).
+            Some(n) => {
+                return apply_sized(barrier, namespace, acls, ctx, n, Some(problem)).await;
+            }
+            None => {
+                let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
+                let outcome = status::barrier_unsized(
+                    &previous,
+                    &problem,
+                    barrier.metadata.generation,
+                    &path,
+                    Timestamp::now(),
+                );
+                publish(
+                    barrier,
+                    namespace,
+                    &uid,
+                    &outcome.status,
+                    &outcome.notes,
+                    ctx,
+                )
+                .await?;
+                // The Job's arrival triggers a look; this is the fallback.
+                return Ok(Action::requeue(Duration::from_secs(30)));
+            }
+        },
+    };
+    apply_sized(barrier, namespace, acls, ctx, size, None).await
+}
+
+/// How many participants open `barrier`: `spec.participants`, else its
+/// Job's count (see [`super::jobs`]); or why it has no size.
+async fn size(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<u32, String> {
+    let following = barrier
+        .spec
+        .job_ref
+        .as_deref()
+        .filter(|_| barrier.spec.participants.is_none());
+    ctx.jobs.follow(namespace, &barrier.name_any(), following);
+    match (barrier.spec.participants, following) {
+        (Some(n), _) => Ok(n),
+        (None, Some(job)) => ctx.jobs.size(namespace, job).await,
+        (None, None) => Err("neither participants nor jobRef is set".to_owned()),
+    }
+}
+
+/// The count the barrier node holds, if the node exists.
+async fn current_size(ctx: &Context, path: &str) -> Result<Option<u32>, Error> {
+    match ctx.zk.client().get_data(path).await {
+        Ok((data, _)) => Ok(BarrierData::parse(path, &data)
+            .ok()
+            .flatten()
+            .map(|d| d.participants)),
+        Err(zookeeper_client::Error::NoNode) => Ok(None),
+        Err(e) => Err(crate::zk::ZkError::Zk {
+            op: "read",
+            path: path.to_owned(),
+            source: e,
+        }
+        .into()),
+    }
+}
+
+/// [`apply`] once the barrier's size is known: `size_problem` says why it
+/// is not what the spec asks for.
+async fn apply_sized(
+    barrier: &Barrier,
+    namespace: &str,
+    acls: &NamespaceAcls,
+    ctx: &Context,
+    size: u32,
+    size_problem: Option<String>,
+) -> Result<Action, Error> {
     let name = barrier.name_any();
     let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
     let path = ctx.layout.barrier(namespace, &name)?;
     let zk = &*ctx.zk;
     let recipe = DoubleBarrier::new(&path);
     let wanted = BarrierData {
-        participants: barrier.spec.participants,
+        participants: size,
         uid: Some(uid.clone()),
         failed: None,
     };
@@ -78,8 +156,8 @@ async fn apply(
         .unwrap_or_default();
     let opened = node.children.iter().any(|c| c.name == READY);
     let entered = node.children.iter().filter(|c| c.name != READY).count();
-    let wanted_x = barrier.spec.participants;
-    let mut spec_problem = None;
+    let wanted_x = size;
+    let mut spec_problem = size_problem;
     if current.participants != wanted_x && current.failed.is_none() {
         if opened {
             spec_problem = Some(format!(
@@ -126,6 +204,7 @@ async fn apply(
     let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
     let outcome = status::barrier(&BarrierObservation {
         spec: &barrier.spec,
+        participants: wanted_x,
         created: barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
         node: &node,
         previous: &previous,
@@ -173,6 +252,7 @@ async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Ac
     }
     tree::delete_tree(zk, &path).await?;
     ctx.metrics.barrier_gone(namespace, &name);
+    ctx.jobs.follow(namespace, &name, None);
     if let Some(uid) = barrier.uid() {
         ctx.barrier_status.forget(&uid);
     }

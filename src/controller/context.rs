@@ -39,6 +39,8 @@ pub struct Context {
     pub lock_status: StatusMemory<crate::api::LockLeaseStatus>,
     /// The fates of participants' pods.
     pub pods: super::pods::Pods,
+    /// The Jobs that size Barriers.
+    pub jobs: super::jobs::Jobs,
     /// This replica's node in the leader lock's queue (the one holding it).
     pub leader_node: String,
 }

@@ -25,6 +25,11 @@ struct SourceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
 }
@@ -59,6 +64,7 @@ pub struct Metrics {
     leader: Gauge,
     term_failures: Counter,
     pod_lookups: Family<SourceLabel, Counter>,
+    admissions: Family<OutcomeLabel, Counter>,
     seen: Mutex<Seen>,
 }
 
@@ -135,8 +141,15 @@ impl Default for Metrics {
             "Lookups of the pod behind a persistent registration, by where they were answered (cache: the watched labelled pods; api: a GET)",
             pod_lookups.clone(),
         );
+        let admissions = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_admissions",
+            "Labelled pods the admission webhook answered, by outcome (injected, unchanged: nothing to add, refused: a bad label, failed: the namespace could not be prepared)",
+            admissions.clone(),
+        );
         Metrics {
             registry,
+            admissions,
             reconciles,
             errors,
             duration,
@@ -180,6 +193,13 @@ impl Metrics {
     /// Sets whether the ZooKeeper session is connected.
     pub fn set_session_connected(&self, connected: bool) {
         self.session_connected.set(connected as i64);
+    }
+
+    /// Counts an admission answered by the webhook.
+    pub fn admitted(&self, outcome: &'static str) {
+        self.admissions
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     /// Pod lookups answered from the cache and by GETs.

@@ -16,11 +16,13 @@ pub mod credentials;
 mod error;
 pub mod http;
 pub mod install;
+mod jobs;
 mod locklease;
 pub mod metrics;
 mod pods;
 mod reconciler;
 pub mod status;
+pub mod webhook;
 mod zkevents;
 
 use std::net::SocketAddr;
@@ -76,6 +78,8 @@ pub struct ControllerOptions {
     /// How long a namespace's replaced credential keeps working after a
     /// rotation, for the participants' work in flight.
     pub rotation_grace: Duration,
+    /// The admission webhook, when it is served.
+    pub webhook: Option<webhook::WebhookOptions>,
 }
 
 impl ControllerOptions {
@@ -129,6 +133,14 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
+    if let Some(webhook) = options.webhook.clone() {
+        tokio::spawn(serve_webhook(
+            webhook,
+            client.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
 
     // The ZooKeeper client's connection (its pings, its replies, its watch
     // events) runs on a thread of its own: a burst of reconciles must not
@@ -195,6 +207,41 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
     zookeeper_runtime.shutdown_background();
     info!("stopped");
     Ok(())
+}
+
+/// Serves the admission webhook on every replica (it needs no leadership),
+/// retrying with backoff what fails (a certificate Secret it may not write
+/// yet, an address in use), until shutdown.
+async fn serve_webhook(
+    options: webhook::WebhookOptions,
+    client: kube::Client,
+    metrics: Arc<metrics::Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut retry = TermBackoff::default();
+    while !shutdown.is_cancelled() {
+        let started = std::time::Instant::now();
+        let result = webhook::run(
+            options.clone(),
+            client.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let wait = retry.after(started.elapsed());
+        let why = result
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_else(|| "it stopped".into());
+        error!(error = why, retry_in = ?wait, "the admission webhook is not serving; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// How long to wait before the next term after one failed: exponential
@@ -293,6 +340,7 @@ async fn lead(
     }
     let (barrier_pod_cache, barrier_pods) = pods::watch(options.api(client), BARRIER_LABEL);
     let (lock_pod_cache, lock_pods) = pods::watch(options.api(client), LOCK_LABEL);
+    let (jobs, job_changes) = jobs::Jobs::watch(options.api(client));
     let ctx = Arc::new(Context {
         client: client.clone(),
         zk: session.clone(),
@@ -312,8 +360,18 @@ async fn lead(
             caches: vec![barrier_pod_cache, lock_pod_cache],
             metrics: metrics.clone(),
         },
+        jobs,
         leader_node: hold.path().to_owned(),
     });
+    // A Job's change reconciles the Barriers it sizes.
+    let job_followers = job_changes.filter_map({
+        let ctx = ctx.clone();
+        move |job| {
+            let followers = job.ok().map(|job| ctx.jobs.followers(&job));
+            async move { followers.map(futures::stream::iter) }
+        }
+    });
+    let job_followers = job_followers.flatten();
     // Stops the controllers gracefully; cancelled only by the shutdown branch
     // below, so that branch (not "the controllers stopped") decides the outcome.
     let stop = CancellationToken::new();
@@ -326,6 +384,7 @@ async fn lead(
         barrier_pods,
         BARRIER_LABEL,
         (barrier_rx, all_barriers_rx),
+        job_followers,
         &stop,
         ctx.clone(),
     );
@@ -334,6 +393,7 @@ async fn lead(
         lock_pods,
         LOCK_LABEL,
         (lock_rx, all_locks_rx),
+        futures::stream::empty(),
         &stop,
         ctx.clone(),
     );
@@ -383,7 +443,8 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// The controller of kind `K`: its resources (stripped of managed fields)
 /// and its labelled pods (`pods`) trigger reconciles, and so do the
-/// ZooKeeper events (`triggers`: one object, every object).
+/// ZooKeeper events (`triggers`: one object, every object), and `related`:
+/// objects another resource's change concerns (the Barriers a Job sizes).
 fn controller<K: reconciler::Reconciled>(
     resources: Api<K>,
     pods: impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
@@ -392,6 +453,7 @@ fn controller<K: reconciler::Reconciled>(
         tokio::sync::mpsc::UnboundedReceiver<ObjectRef<K>>,
         tokio::sync::mpsc::UnboundedReceiver<()>,
     ),
+    related: impl futures::Stream<Item = ObjectRef<K>> + Send + 'static,
     stop: &CancellationToken,
     ctx: Arc<Context>,
 ) -> impl std::future::Future<Output = ()> {
@@ -415,7 +477,10 @@ fn controller<K: reconciler::Reconciled>(
                 .get(label)
                 .map(|name| ObjectRef::<K>::new(name).within(&namespace))
         })
-        .reconcile_on(UnboundedReceiverStream::new(triggers.0))
+        .reconcile_on(futures::stream::select(
+            UnboundedReceiverStream::new(triggers.0),
+            related,
+        ))
         .reconcile_all_on(UnboundedReceiverStream::new(triggers.1))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconciler::reconcile::<K>, error_policy, ctx)

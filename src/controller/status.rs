@@ -134,6 +134,8 @@ pub struct BarrierOutcome {
 pub struct BarrierObservation<'a> {
     /// The spec.
     pub spec: &'a BarrierSpec,
+    /// How many participants open it (the spec's, or its Job's).
+    pub participants: u32,
     /// When the resource was created.
     pub created: Option<Timestamp>,
     /// The barrier node, read just now.
@@ -365,7 +367,7 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
                     format!(
                         "{} of {} participants entered within {}",
                         members.len(),
-                        data.participants.max(obs.spec.participants),
+                        data.participants.max(obs.participants),
                         obs.spec.timeout.as_deref().unwrap_or("")
                     ),
                 )
@@ -382,7 +384,7 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
                     format!(
                         "{} of {} participants entered",
                         members.len(),
-                        obs.spec.participants
+                        obs.participants
                     ),
                 )
             }
@@ -446,6 +448,13 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             phase: Some(phase),
             reason,
             message: Some(message),
+            // What the node holds: the count it opened with stays, whatever
+            // the spec or the Job says later.
+            required: Some(if data.participants > 0 {
+                data.participants
+            } else {
+                obs.participants
+            }),
             entered,
             left,
             participants,
@@ -468,6 +477,52 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
         fail,
         notes,
         requeue,
+    }
+}
+
+/// The status of a Barrier that has no size yet (`spec.jobRef` names a
+/// Job that is not there, or runs no pod): waiting, and why. Nothing is made
+/// in ZooKeeper until it has a size, so its participants wait for the node.
+pub fn barrier_unsized(
+    previous: &BarrierStatus,
+    problem: &str,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+) -> BarrierOutcome {
+    let mut notes = Vec::new();
+    let accepted = spec_accepted(
+        Some(problem),
+        generation,
+        now,
+        &previous.conditions,
+        &mut notes,
+    );
+    let message = format!("waiting to know how many participants open it: {problem}");
+    BarrierOutcome {
+        status: BarrierStatus {
+            phase: Some(BarrierPhase::Waiting),
+            reason: Some("Unsized".to_owned()),
+            conditions: vec![
+                condition(
+                    "Ready",
+                    false,
+                    "Unsized",
+                    &message,
+                    generation,
+                    now,
+                    &previous.conditions,
+                ),
+                accepted,
+            ],
+            message: Some(message),
+            observed_generation: generation,
+            znode: Some(znode.to_owned()),
+            ..BarrierStatus::default()
+        },
+        fail: None,
+        notes,
+        requeue: None,
     }
 }
 
@@ -883,6 +938,7 @@ mod tests {
         );
         let outcome = barrier(&BarrierObservation {
             spec: &spec,
+            participants: spec.participants.unwrap_or(1),
             created: None,
             node: &node,
             previous: &previous,
@@ -926,9 +982,10 @@ mod tests {
 
     fn spec(x: u32, timeout: Option<&str>, loss: OnParticipantLoss) -> BarrierSpec {
         BarrierSpec {
-            participants: x,
+            participants: Some(x),
             timeout: timeout.map(Into::into),
             on_participant_loss: loss,
+            job_ref: None,
         }
     }
 
@@ -961,6 +1018,7 @@ mod tests {
     ) -> BarrierOutcome {
         barrier(&BarrierObservation {
             spec,
+            participants: spec.participants.unwrap_or(1),
             created: Some(at(0)),
             node,
             previous,
@@ -1140,6 +1198,7 @@ mod tests {
         let problem = "participants lowered to 1, but 2 have already entered; keeping 3";
         let obs = |previous| BarrierObservation {
             spec: &s,
+            participants: s.participants.unwrap_or(1),
             created: Some(at(0)),
             node: &n,
             previous,

@@ -52,6 +52,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The Jobs that size Barriers (spec.jobRef).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.webhook.enabled }}
+# The webhook makes a labelled Job's Barrier.
+- apiGroups: ["zkgate.io"]
+  resources: ["barriers"]
+  verbs: ["create"]
+{{- if .Values.zookeeper.tls.existingSecret }}
+# The webhook copies the ZooKeeper TLS material into injected pods'
+# namespaces: by name; made when missing (create cannot be narrowed).
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ .Values.webhook.zookeeperTlsSecret | quote }}]
+  verbs: ["get", "update"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- end }}
+{{- end }}
 {{- if .Values.zookeeper.auth.existingSecret }}
 # Each namespace's ZooKeeper credential (only with a controller credential):
 # read and updated by name only; made when missing (RBAC cannot narrow
@@ -64,4 +85,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["secrets"]
   verbs: ["create"]
 {{- end }}
+{{- end -}}
+
+{{/* The webhook's names: its Service's. */}}
+{{- define "zkgate.webhookService" -}}
+{{- printf "%s-webhook" (include "zkgate.fullname" .) -}}
+{{- end -}}
+
+{{- define "zkgate.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "zkgate.fullname" .)) .Values.webhook.secretName -}}
 {{- end -}}

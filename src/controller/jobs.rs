@@ -1,0 +1,162 @@
+//! Barriers sized by their Job (`spec.jobRef`): the Jobs' counts from a
+//! cache (no request per reconcile), and which Barriers follow which Job,
+//! so that a change of the Job's parallelism reconciles them at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use futures::Stream;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+
+use crate::api::Barrier;
+
+/// How many participants a Job's pods make: the smaller of its parallelism
+/// (1 when unset) and its completions (unbounded when unset); `None` when
+/// that is zero (a Job that runs no pod at once opens no barrier).
+pub fn count(spec: &JobSpec) -> Option<u32> {
+    let parallelism = spec.parallelism.unwrap_or(1);
+    let n = spec.completions.map_or(parallelism, |c| c.min(parallelism));
+    u32::try_from(n).ok().filter(|n| *n > 0)
+}
+
+/// How long a reconcile waits for the Job cache's first listing.
+const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The Jobs' counts, and the Barriers that follow them.
+pub struct Jobs {
+    store: Store<Job>,
+    /// (namespace, Job) → the Barriers whose `spec.jobRef` names it.
+    followers: Mutex<HashMap<(String, String), BTreeSet<String>>>,
+}
+
+/// A Job stripped to what sizing reads (the cache keeps no pod template).
+fn strip(job: &mut Job) {
+    job.managed_fields_mut().clear();
+    job.metadata.annotations = None;
+    job.status = None;
+    if let Some(spec) = job.spec.as_mut() {
+        *spec = JobSpec {
+            parallelism: spec.parallelism,
+            completions: spec.completions,
+            ..JobSpec::default()
+        };
+    }
+}
+
+impl Jobs {
+    /// The cache of `api`'s Jobs, and the stream that fills it (to be
+    /// polled: the Barrier controller watches it).
+    pub fn watch(api: Api<Job>) -> (Jobs, impl Stream<Item = Result<Job, watcher::Error>>) {
+        let (store, writer) = reflector::store();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(strip)
+            .reflect(writer)
+            .applied_objects();
+        let jobs = Jobs {
+            store,
+            followers: Default::default(),
+        };
+        (jobs, stream)
+    }
+
+    /// The count of Job `job` in `namespace` (see [`count`]), or why there
+    /// is none. Waits (a while) for the cache's first listing, so that a Job
+    /// is never reported missing only because the cache is not filled yet.
+    pub async fn size(&self, namespace: &str, job: &str) -> Result<u32, String> {
+        if tokio::time::timeout(LISTED_WITHIN, self.store.wait_until_ready())
+            .await
+            .is_err()
+        {
+            return Err("the Jobs are not listed yet (can the controller list Jobs?)".to_owned());
+        }
+        let found = self
+            .store
+            .get(&ObjectRef::<Job>::new(job).within(namespace))
+            .ok_or_else(|| format!("Job {job} not found"))?;
+        count(found.spec.as_ref().unwrap_or(&JobSpec::default()))
+            .ok_or_else(|| format!("Job {job} runs no pod at once (parallelism or completions 0)"))
+    }
+
+    /// `barrier` in `namespace` follows `job` (and no other Job).
+    pub fn follow(&self, namespace: &str, barrier: &str, job: Option<&str>) {
+        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        for ((ns, _), barriers) in followers.iter_mut() {
+            if ns == namespace {
+                barriers.remove(barrier);
+            }
+        }
+        followers.retain(|_, b| !b.is_empty());
+        if let Some(job) = job {
+            followers
+                .entry((namespace.to_owned(), job.to_owned()))
+                .or_default()
+                .insert(barrier.to_owned());
+        }
+    }
+
+    /// The Barriers that follow `job`.
+    pub fn followers(&self, job: &Job) -> Vec<ObjectRef<Barrier>> {
+        let namespace = job.namespace().unwrap_or_default();
+        let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        followers
+            .get(&(namespace.clone(), job.name_any()))
+            .into_iter()
+            .flatten()
+            .map(|b| ObjectRef::new(b).within(&namespace))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_count_is_the_smaller_of_parallelism_and_completions() {
+        let spec = |parallelism, completions| JobSpec {
+            parallelism,
+            completions,
+            ..JobSpec::default()
+        };
+        assert_eq!(count(&spec(Some(4), Some(4))), Some(4));
+        assert_eq!(count(&spec(Some(8), Some(3))), Some(3));
+        assert_eq!(count(&spec(Some(2), None)), Some(2), "a work queue");
+        assert_eq!(count(&spec(None, None)), Some(1), "the defaults");
+        assert_eq!(count(&spec(Some(0), Some(4))), None, "nothing runs");
+    }
+
+    #[test]
+    fn a_barrier_follows_one_job_at_a_time() {
+        let (jobs, _) = {
+            let store = reflector::store::<Job>().0;
+            (
+                Jobs {
+                    store,
+                    followers: Default::default(),
+                },
+                (),
+            )
+        };
+        let job = |name: &str| {
+            let mut j = Job::default();
+            j.metadata.name = Some(name.into());
+            j.metadata.namespace = Some("ns".into());
+            j
+        };
+        jobs.follow("ns", "gang", Some("a"));
+        assert_eq!(
+            jobs.followers(&job("a")),
+            [ObjectRef::new("gang").within("ns")]
+        );
+        jobs.follow("ns", "gang", Some("b"));
+        assert!(jobs.followers(&job("a")).is_empty(), "moved to b");
+        assert_eq!(jobs.followers(&job("b")).len(), 1);
+        jobs.follow("ns", "gang", None);
+        assert!(jobs.followers(&job("b")).is_empty());
+    }
+}

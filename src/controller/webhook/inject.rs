@@ -1,0 +1,611 @@
+//! What admission does to a labelled pod: the container that makes it wait
+//! for its Barrier or LockLease, with everything that container needs.
+//!
+//! - `zkgate.io/barrier: NAME` → an init container `zkgate barrier enter
+//!   NAME` (or, with the annotation `zkgate.io/barrier-form: sidecar` on an
+//!   API server with native sidecars, `zkgate barrier sidecar NAME` with
+//!   its startup probe).
+//! - `zkgate.io/lock: NAME` (+ `zkgate.io/lock-mode: read|write` on a
+//!   ReadWrite LockLease) → an init container `zkgate lock acquire NAME`;
+//!   the fencing token is in `/var/run/zkgate/fencing-token` in every
+//!   container, and the controller releases the hold when the pod ends.
+//!
+//! Both on one pod: the barrier first, then the lock (a pod that held the
+//! lock while waiting for its gang would keep the others of the gang from
+//! the lock forever).
+//!
+//! A pod that already carries a zkgate container (one named `zkgate-*`, or
+//! one running the controller's own image) is left as it is, so a pod
+//! written by hand, or admitted twice, is never given a second one.
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::super::{BARRIER_LABEL, LOCK_LABEL};
+use crate::api::parse_duration;
+use crate::layout::DEFAULT_ROOT;
+
+/// The lock's side on a ReadWrite LockLease: `read` or `write`.
+pub const LOCK_MODE_LABEL: &str = "zkgate.io/lock-mode";
+/// `init` (the default) or `sidecar`: how the barrier's container runs.
+pub const BARRIER_FORM_ANNOTATION: &str = "zkgate.io/barrier-form";
+/// How long the injected containers wait (e.g. `15m`) [default: no limit].
+pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
+/// The injected container that waits for the Barrier.
+pub const BARRIER_CONTAINER: &str = "zkgate-barrier";
+/// The injected container that takes the lock.
+pub const LOCK_CONTAINER: &str = "zkgate-lock";
+/// The volume shared by the injected containers and the pod's own: the
+/// fencing token and the sidecar's ready file.
+pub const RUN_VOLUME: &str = "zkgate-run";
+/// Where [`RUN_VOLUME`] is mounted.
+pub const RUN_DIR: &str = "/var/run/zkgate";
+/// The volume holding the ZooKeeper TLS material.
+pub const TLS_VOLUME: &str = "zkgate-zookeeper-tls";
+const TLS_DIR: &str = "/etc/zkgate/zookeeper-tls";
+/// The binary in the image.
+const BINARY: &str = "/usr/local/bin/zkgate";
+
+/// What the injected containers are given: what the controller itself was
+/// given, so a pod reaches the same ensemble the same way.
+#[derive(Clone, Debug)]
+pub struct Injection {
+    /// The image holding the zkgate binary (the controller's own).
+    pub image: String,
+    /// The ZooKeeper connect string.
+    pub zookeeper: String,
+    /// The root of zkgate's znodes.
+    pub root: String,
+    /// With ACLs: the Secret, in the pod's namespace, holding the namespace's
+    /// ZooKeeper credential (key `auth`).
+    pub auth_secret: Option<String>,
+    /// With TLS: the Secret, in the pod's namespace, holding `ca.crt` (and
+    /// `tls.crt` + `tls.key` when `client_certificate`).
+    pub tls: Option<TlsSecret>,
+    /// Whether the API server runs native sidecars (1.29 and later).
+    pub native_sidecars: bool,
+}
+
+/// The Secret the injected containers read ZooKeeper's TLS material from.
+#[derive(Clone, Debug)]
+pub struct TlsSecret {
+    /// Its name in the pod's namespace.
+    pub name: String,
+    /// Whether it holds a client certificate and key too.
+    pub client_certificate: bool,
+}
+
+/// Why a labelled pod is refused: the admission message.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refusal {
+    /// A label names no valid resource.
+    #[error("label {label}={value:?} does not name a valid resource: {reason}")]
+    InvalidName {
+        /// The label.
+        label: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `zkgate.io/lock-mode` is neither `read` nor `write`.
+    #[error("label {LOCK_MODE_LABEL}={0:?} must be read or write")]
+    InvalidLockMode(String),
+    /// `zkgate.io/lock-mode` without `zkgate.io/lock`.
+    #[error("label {LOCK_MODE_LABEL} is set but {LOCK_LABEL} is not")]
+    ModeWithoutLock,
+    /// `zkgate.io/barrier-form` is neither `init` nor `sidecar`.
+    #[error("annotation {BARRIER_FORM_ANNOTATION}={0:?} must be init or sidecar")]
+    InvalidForm(String),
+    /// The sidecar form on an API server without native sidecars.
+    #[error("annotation {BARRIER_FORM_ANNOTATION}=sidecar needs native sidecars (Kubernetes 1.29 or later); this API server has none: use the init form")]
+    NoNativeSidecars,
+    /// `zkgate.io/timeout` is not a duration.
+    #[error(
+        "annotation {TIMEOUT_ANNOTATION}={value:?} is not a duration (e.g. 90s, 15m): {reason}"
+    )]
+    InvalidTimeout {
+        /// The annotation's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The pod has a volume of the name the injection needs.
+    #[error("the pod already has a volume named {0}, which zkgate's injected containers need")]
+    VolumeTaken(&'static str),
+}
+
+/// What a pod's labels ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// The Barrier to wait for, and whether as a native sidecar.
+    pub barrier: Option<(String, bool)>,
+    /// The LockLease to take, and the side (`read`/`write`) if given.
+    pub lock: Option<(String, Option<String>)>,
+    /// How long to wait, as given.
+    pub timeout: Option<String>,
+}
+
+/// Reads what `pod`'s labels and annotations ask for, checking every value
+/// (a bad one refuses the pod: better at admission than a pod that never
+/// starts).
+pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let name = |label: &'static str| -> Result<Option<String>, Refusal> {
+        let Some(value) = labels.get(label) else {
+            return Ok(None);
+        };
+        resource_name(value).map_err(|reason| Refusal::InvalidName {
+            label,
+            value: value.clone(),
+            reason: reason.to_owned(),
+        })?;
+        Ok(Some(value.clone()))
+    };
+    let sidecar = match annotations.get(BARRIER_FORM_ANNOTATION).map(String::as_str) {
+        None | Some("init") => false,
+        Some("sidecar") if native_sidecars => true,
+        Some("sidecar") => return Err(Refusal::NoNativeSidecars),
+        Some(other) => return Err(Refusal::InvalidForm(other.to_owned())),
+    };
+    let mode = match labels.get(LOCK_MODE_LABEL).map(String::as_str) {
+        None => None,
+        Some(m @ ("read" | "write")) => Some(m.to_owned()),
+        Some(other) => return Err(Refusal::InvalidLockMode(other.to_owned())),
+    };
+    let lock = name(LOCK_LABEL)?;
+    if lock.is_none() && mode.is_some() {
+        return Err(Refusal::ModeWithoutLock);
+    }
+    let timeout = annotations.get(TIMEOUT_ANNOTATION).cloned();
+    if let Some(t) = &timeout {
+        parse_duration(t).map_err(|reason| Refusal::InvalidTimeout {
+            value: t.clone(),
+            reason: reason.to_string(),
+        })?;
+    }
+    Ok(Wanted {
+        barrier: name(BARRIER_LABEL)?.map(|b| (b, sidecar)),
+        lock: lock.map(|l| (l, mode)),
+        timeout,
+    })
+}
+
+/// Checks that `name` can name a Barrier or LockLease: a DNS-1123
+/// subdomain (what the API server requires of every object's name).
+fn resource_name(name: &str) -> Result<(), &'static str> {
+    static SUBDOMAIN: std::sync::LazyLock<regex_lite::Regex> = std::sync::LazyLock::new(|| {
+        regex_lite::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+            .expect("a valid pattern")
+    });
+    if name.len() > 253 || !SUBDOMAIN.is_match(name) {
+        return Err("a name is lower case letters, digits, '-' and '.', starts and ends with a letter or digit, and has no empty part between dots");
+    }
+    Ok(())
+}
+
+/// Whether `pod` already runs zkgate: a container named `zkgate-*`, one of
+/// `image`'s repository (whatever its tag) or of any repository named
+/// `zkgate`, or one whose command is a `zkgate` binary (the examples' hand-
+/// written forms).
+pub fn carries_zkgate(pod: &Pod, image: &str) -> bool {
+    let repository = |image: &str| -> String {
+        let image = image.split('@').next().unwrap_or(image);
+        // A tag follows the last ':' after the last '/' (a registry port does not).
+        match image.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => repo.to_owned(),
+            _ => image.to_owned(),
+        }
+    };
+    let ours = repository(image);
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .any(|c| {
+            let repo = c.image.as_deref().map(repository).unwrap_or_default();
+            c.name.starts_with("zkgate-")
+                || repo == ours
+                || repo.rsplit('/').next() == Some("zkgate")
+                || c.command
+                    .iter()
+                    .flatten()
+                    .next()
+                    .is_some_and(|cmd| cmd == "zkgate" || cmd.ends_with("/zkgate"))
+        })
+}
+
+/// `pod` with the containers its labels ask for, or `None` when it needs
+/// nothing (no label, or a zkgate container already there).
+pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> {
+    let wanted = wanted(pod, injection.native_sidecars)?;
+    if (wanted.barrier.is_none() && wanted.lock.is_none()) || carries_zkgate(pod, &injection.image)
+    {
+        return Ok(None);
+    }
+    let mut pod = pod.clone();
+    let Some(spec) = pod.spec.as_mut() else {
+        return Ok(None);
+    };
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    let tls = injection.tls.as_ref();
+    for (name, needed) in [(RUN_VOLUME, true), (TLS_VOLUME, tls.is_some())] {
+        if needed && volumes.iter().any(|v| v.name == name) {
+            return Err(Refusal::VolumeTaken(name));
+        }
+    }
+    volumes.push(Volume {
+        name: RUN_VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_owned()),
+            size_limit: Some(Quantity("1Mi".to_owned())),
+        }),
+        ..Default::default()
+    });
+    if let Some(tls) = tls {
+        volumes.push(Volume {
+            name: TLS_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(tls.name.clone()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let inits = spec.init_containers.get_or_insert_with(Vec::new);
+    if let Some((barrier, sidecar)) = &wanted.barrier {
+        let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
+        if *sidecar {
+            c.args = Some(args(&[
+                "barrier",
+                "sidecar",
+                barrier,
+                "--ready-file",
+                &format!("{RUN_DIR}/ready"),
+            ]));
+            c.restart_policy = Some("Always".to_owned());
+            c.startup_probe = Some(Probe {
+                exec: Some(ExecAction {
+                    command: Some(args(&[
+                        BINARY,
+                        "probe",
+                        "--ready-file",
+                        &format!("{RUN_DIR}/ready"),
+                    ])),
+                }),
+                period_seconds: Some(1),
+                // The probe, not the kubelet, bounds the wait: the
+                // container's own timeout (or none) decides.
+                failure_threshold: Some(i32::MAX),
+                ..Default::default()
+            });
+        } else {
+            c.args = Some(args(&["barrier", "enter", barrier]));
+        }
+        inits.push(c);
+    }
+    if let Some((lock, mode)) = &wanted.lock {
+        let mut c = container(injection, LOCK_CONTAINER, wanted.timeout.as_deref());
+        let mut a = vec!["lock", "acquire", lock.as_str()];
+        if let Some(mode) = mode {
+            a.push(if mode == "read" { "--read" } else { "--write" });
+        }
+        c.args = Some(args(&a));
+        inits.push(c);
+    }
+    // The token (and the sidecar's ready file) where every container sees it.
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .filter(|c| !c.name.starts_with("zkgate-"))
+    {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        if !mounts.iter().any(|m| m.mount_path == RUN_DIR) {
+            mounts.push(VolumeMount {
+                name: RUN_VOLUME.to_owned(),
+                mount_path: RUN_DIR.to_owned(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(Some(pod))
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// One injected container, with the environment every participant command
+/// reads, small requests and the restricted security context.
+fn container(injection: &Injection, name: &str, timeout: Option<&str>) -> Container {
+    let value = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    };
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+    };
+    let mut env = vec![
+        value("ZKGATE_ZOOKEEPER", &injection.zookeeper),
+        field("ZKGATE_ID", "metadata.name"),
+        field("ZKGATE_POD_NAME", "metadata.name"),
+        field("ZKGATE_NAMESPACE", "metadata.namespace"),
+        field("ZKGATE_POD_UID", "metadata.uid"),
+    ];
+    if injection.root != DEFAULT_ROOT {
+        env.push(value("ZKGATE_ROOT", &injection.root));
+    }
+    if let Some(t) = timeout {
+        env.push(value("ZKGATE_TIMEOUT", t));
+    }
+    if let Some(secret) = &injection.auth_secret {
+        // Not optional: the kubelet holds the pod until the controller has
+        // made the Secret, rather than starting it without its credential.
+        env.push(EnvVar {
+            name: "ZKGATE_AUTH".to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.clone(),
+                    key: crate::controller::credentials::SECRET_KEY.to_owned(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        });
+    }
+    let mut mounts = vec![VolumeMount {
+        name: RUN_VOLUME.to_owned(),
+        mount_path: RUN_DIR.to_owned(),
+        ..Default::default()
+    }];
+    if let Some(tls) = &injection.tls {
+        env.push(value("ZKGATE_TLS_CA", &format!("{TLS_DIR}/ca.crt")));
+        if tls.client_certificate {
+            env.push(value("ZKGATE_TLS_CERT", &format!("{TLS_DIR}/tls.crt")));
+            env.push(value("ZKGATE_TLS_KEY", &format!("{TLS_DIR}/tls.key")));
+        }
+        mounts.push(VolumeMount {
+            name: TLS_VOLUME.to_owned(),
+            mount_path: TLS_DIR.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    Container {
+        name: name.to_owned(),
+        image: Some(injection.image.clone()),
+        env: Some(env),
+        volume_mounts: Some(mounts),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_owned(), Quantity("10m".to_owned())),
+                    ("memory".to_owned(), Quantity("16Mi".to_owned())),
+                ]
+                .into(),
+            ),
+            limits: Some([("memory".to_owned(), Quantity("64Mi".to_owned()))].into()),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn injection() -> Injection {
+        Injection {
+            image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
+            zookeeper: "zk:2181".into(),
+            root: DEFAULT_ROOT.into(),
+            auth_secret: Some("zkgate-zookeeper-auth".into()),
+            tls: None,
+            native_sidecars: true,
+        }
+    }
+
+    fn pod(labels: serde_json::Value, annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "generateName": "train-", "labels": labels, "annotations": annotations },
+            "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
+        }))
+        .unwrap()
+    }
+
+    fn env(c: &Container, name: &str) -> Option<EnvVar> {
+        c.env.iter().flatten().find(|e| e.name == name).cloned()
+    }
+
+    #[test]
+    fn a_barrier_label_gets_an_init_container_with_everything_it_needs() {
+        let p = pod(
+            serde_json::json!({ "zkgate.io/barrier": "train" }),
+            serde_json::json!({}),
+        );
+        let out = inject(&p, &injection()).unwrap().expect("mutated");
+        let spec = out.spec.unwrap();
+        let inits = spec.init_containers.unwrap();
+        assert_eq!(inits.len(), 1);
+        let c = &inits[0];
+        assert_eq!(c.name, BARRIER_CONTAINER);
+        assert_eq!(c.args.as_deref().unwrap(), ["barrier", "enter", "train"]);
+        assert_eq!(c.restart_policy, None);
+        for (name, path) in [
+            ("ZKGATE_POD_NAME", "metadata.name"),
+            ("ZKGATE_POD_UID", "metadata.uid"),
+            ("ZKGATE_NAMESPACE", "metadata.namespace"),
+        ] {
+            let from = env(c, name).and_then(|e| e.value_from?.field_ref);
+            assert_eq!(from.map(|f| f.field_path).as_deref(), Some(path), "{name}");
+        }
+        let auth = env(c, "ZKGATE_AUTH").and_then(|e| e.value_from?.secret_key_ref);
+        assert_eq!(auth.map(|s| s.name), Some("zkgate-zookeeper-auth".into()));
+        assert_eq!(
+            env(c, "ZKGATE_ZOOKEEPER").and_then(|e| e.value),
+            Some("zk:2181".into())
+        );
+        assert!(
+            env(c, "ZKGATE_ROOT").is_none(),
+            "the default root is not repeated"
+        );
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            spec.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path,
+            RUN_DIR
+        );
+    }
+
+    #[test]
+    fn the_sidecar_form_and_a_lock_both_come_in_order() {
+        let p = pod(
+            serde_json::json!({ "zkgate.io/barrier": "train", "zkgate.io/lock": "db", "zkgate.io/lock-mode": "read" }),
+            serde_json::json!({ "zkgate.io/barrier-form": "sidecar", "zkgate.io/timeout": "15m" }),
+        );
+        let out = inject(&p, &injection()).unwrap().unwrap();
+        let inits = out.spec.unwrap().init_containers.unwrap();
+        let names: Vec<_> = inits.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [BARRIER_CONTAINER, LOCK_CONTAINER],
+            "the barrier first"
+        );
+        assert_eq!(inits[0].restart_policy.as_deref(), Some("Always"));
+        assert!(inits[0].startup_probe.is_some());
+        assert_eq!(
+            inits[1].args.as_deref().unwrap(),
+            ["lock", "acquire", "db", "--read"]
+        );
+        assert_eq!(
+            env(&inits[1], "ZKGATE_TIMEOUT").and_then(|e| e.value),
+            Some("15m".into())
+        );
+    }
+
+    #[test]
+    fn unlabelled_and_already_injected_pods_are_left_alone() {
+        let i = injection();
+        let plain = pod(serde_json::json!({ "app": "x" }), serde_json::json!({}));
+        assert_eq!(inject(&plain, &i).unwrap(), None);
+        let labelled = pod(
+            serde_json::json!({ "zkgate.io/barrier": "train" }),
+            serde_json::json!({}),
+        );
+        let once = inject(&labelled, &i).unwrap().unwrap();
+        assert_eq!(inject(&once, &i).unwrap(), None, "idempotent");
+        // Pods written by hand: the image at another tag, or from another
+        // registry, or the binary copied into the workload's container.
+        let mut elsewhere = labelled.clone();
+        elsewhere.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+            name: "barrier".into(),
+            image: Some("localhost:5000/zkgate:dev".into()),
+            ..Default::default()
+        }]);
+        assert_eq!(inject(&elsewhere, &i).unwrap(), None);
+        let mut wrapped = labelled.clone();
+        wrapped.spec.as_mut().unwrap().containers[0].command =
+            Some(vec!["/zkgate/zkgate".into(), "lock".into(), "run".into()]);
+        assert_eq!(inject(&wrapped, &i).unwrap(), None);
+        let mut by_hand = labelled.clone();
+        by_hand.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+            name: "barrier".into(),
+            image: Some("ghcr.io/zkgate/zkgate:0.0.9".into()),
+            ..Default::default()
+        }]);
+        assert_eq!(inject(&by_hand, &i).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_labels_are_refused_with_the_reason() {
+        let i = injection();
+        let refused = |labels, annotations| inject(&pod(labels, annotations), &i).unwrap_err();
+        assert!(matches!(
+            refused(
+                serde_json::json!({ "zkgate.io/barrier": "a..b" }),
+                serde_json::json!({})
+            ),
+            Refusal::InvalidName {
+                label: BARRIER_LABEL,
+                ..
+            }
+        ));
+        assert_eq!(
+            refused(
+                serde_json::json!({ "zkgate.io/lock": "db", "zkgate.io/lock-mode": "shared" }),
+                serde_json::json!({})
+            ),
+            Refusal::InvalidLockMode("shared".into())
+        );
+        assert_eq!(
+            refused(
+                serde_json::json!({ "zkgate.io/lock-mode": "read" }),
+                serde_json::json!({})
+            ),
+            Refusal::ModeWithoutLock
+        );
+        assert!(matches!(
+            refused(
+                serde_json::json!({ "zkgate.io/barrier": "t" }),
+                serde_json::json!({ "zkgate.io/timeout": "soon" })
+            ),
+            Refusal::InvalidTimeout { .. }
+        ));
+        let old = Injection {
+            native_sidecars: false,
+            ..i.clone()
+        };
+        assert_eq!(
+            inject(
+                &pod(
+                    serde_json::json!({ "zkgate.io/barrier": "t" }),
+                    serde_json::json!({ "zkgate.io/barrier-form": "sidecar" })
+                ),
+                &old
+            )
+            .unwrap_err(),
+            Refusal::NoNativeSidecars
+        );
+        let message = Refusal::InvalidLockMode("shared".into()).to_string();
+        assert!(message.contains("zkgate.io/lock-mode") && message.contains("read or write"));
+    }
+}

@@ -1,0 +1,486 @@
+//! The mutating admission webhook (`zkgate controller --webhook-addr`): a
+//! pod labelled `zkgate.io/barrier` or `zkgate.io/lock` comes out of
+//! admission with the container that makes it wait ([`inject`]), and a
+//! labelled Job's first pod makes the Job's Barrier when it has none.
+//!
+//! Every replica serves it (admission does not need the leader: it writes
+//! only the pod's own patch, the namespace's TLS Secret and a Job's
+//! Barrier, each of them idempotent). The chart registers it with an
+//! `objectSelector`, so only labelled pods ever reach it and an unlabelled
+//! pod is never held up by a webhook that is down, and `failurePolicy:
+//! Fail`, so a gang member never starts without its barrier.
+
+pub mod certs;
+pub mod inject;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_server::tls_rustls::RustlsConfig;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::ByteString;
+use kube::api::{Api, PostParams};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::DynamicObject;
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use self::certs::{SelfManaged, Serving};
+use self::inject::{inject, Injection};
+use super::metrics::Metrics;
+use super::BARRIER_LABEL;
+use crate::api::{Barrier, BarrierSpec};
+
+/// How the webhook gets its serving certificate.
+#[derive(Clone, Debug)]
+pub enum CertSource {
+    /// Made and rotated by the controller ([`certs`]).
+    SelfManaged {
+        /// The Secret's namespace (the controller's).
+        namespace: Option<String>,
+        /// The Secret's name.
+        secret: String,
+        /// The MutatingWebhookConfiguration whose `caBundle` is kept.
+        configuration: Option<String>,
+        /// The names the API server reaches the webhook by.
+        names: Vec<String>,
+    },
+    /// `tls.crt` and `tls.key` in a directory (a Secret cert-manager keeps,
+    /// mounted), read again when they change.
+    Dir(PathBuf),
+}
+
+/// ZooKeeper TLS material the injected containers need: copied into a
+/// Secret of each namespace whose pods are injected (a pod can mount only
+/// Secrets of its own namespace).
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    /// The Secret's name in each namespace.
+    pub secret: String,
+    /// The CA bundle (PEM).
+    pub ca: Vec<u8>,
+    /// A client certificate and key (PEM), when the controller has one.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// How the webhook runs.
+#[derive(Clone, Debug)]
+pub struct WebhookOptions {
+    /// Where it listens (HTTPS).
+    pub addr: SocketAddr,
+    /// Its certificate.
+    pub certs: CertSource,
+    /// What the injected containers are given (the TLS Secret's name and
+    /// whether it holds a client certificate among it).
+    pub injection: Injection,
+    /// The TLS material to copy, when ZooKeeper is reached over TLS.
+    pub tls: Option<TlsMaterial>,
+}
+
+struct Webhook {
+    client: kube::Client,
+    injection: Injection,
+    tls: Option<TlsMaterial>,
+    metrics: Arc<Metrics>,
+}
+
+/// Serves the webhook until `shutdown`; the certificate is made (or read)
+/// first, and kept up to date while serving.
+pub async fn run(
+    options: WebhookOptions,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut injection = options.injection.clone();
+    injection.native_sidecars = native_sidecars(&client).await;
+    let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
+        .await
+        .context("cannot get the webhook's serving certificate")?;
+    let tls = RustlsConfig::from_config(server_config(&first)?);
+    tokio::spawn({
+        let tls = tls.clone();
+        async move {
+            while let Some(serving) = next.recv().await {
+                match server_config(&serving) {
+                    Ok(config) => {
+                        tls.reload_from_config(config);
+                        info!("the webhook serves its renewed certificate");
+                    }
+                    Err(e) => warn!(error = %e, "cannot use the renewed webhook certificate"),
+                }
+            }
+        }
+    });
+    let hook = Arc::new(Webhook {
+        client,
+        injection,
+        tls: options.tls,
+        metrics,
+    });
+    let app = Router::new()
+        .route("/mutate", post(mutate))
+        .with_state(hook);
+    let handle = axum_server::Handle::new();
+    tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            shutdown.cancelled().await;
+            handle.graceful_shutdown(Some(Duration::from_secs(5)));
+        }
+    });
+    info!(addr = %options.addr, "serving the admission webhook");
+    axum_server::bind_rustls(options.addr, tls)
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await
+        .with_context(|| format!("cannot serve the webhook on {}", options.addr))
+}
+
+/// Whether the API server runs native sidecars (init containers with
+/// `restartPolicy: Always`): 1.29 and later.
+async fn native_sidecars(client: &kube::Client) -> bool {
+    match client.apiserver_version().await {
+        Ok(v) => {
+            let minor: u32 = v
+                .minor
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .unwrap_or(0);
+            v.major == "1" && minor >= 29 || v.major.parse::<u32>().is_ok_and(|m| m > 1)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot read the API server's version: the sidecar form is refused");
+            false
+        }
+    }
+}
+
+/// The first certificate, and later ones as they are renewed.
+async fn certificates(
+    source: CertSource,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(Serving, tokio::sync::mpsc::Receiver<Serving>)> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    match source {
+        CertSource::Dir(dir) => {
+            let read = |dir: &PathBuf| -> anyhow::Result<Serving> {
+                let file = |name: &str| {
+                    std::fs::read_to_string(dir.join(name))
+                        .with_context(|| format!("cannot read {}", dir.join(name).display()))
+                };
+                Ok(Serving {
+                    ca: String::new(),
+                    cert: file(certs::TLS_CERT)?,
+                    key: file(certs::TLS_KEY)?,
+                })
+            };
+            let first = read(&dir)?;
+            let mut last = first.clone();
+            tokio::spawn(async move {
+                // cert-manager rewrites the mounted Secret; the kubelet
+                // updates the files within a minute or so.
+                while !shutdown.is_cancelled() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                    }
+                    match read(&dir) {
+                        Ok(now) if now != last => {
+                            last = now.clone();
+                            if tx.send(now).await.is_err() {
+                                break;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "cannot read the webhook certificate"),
+                    }
+                }
+            });
+            Ok((first, rx))
+        }
+        CertSource::SelfManaged {
+            namespace,
+            secret,
+            configuration,
+            names,
+        } => {
+            let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+            let certs = SelfManaged {
+                secret: Api::namespaced(client.clone(), &namespace),
+                secret_name: secret.clone(),
+                configuration,
+                names,
+            };
+            let first = certs.ensure().await?;
+            certs.publish_ca(&client, &first.ca).await?;
+            tokio::spawn(keep_certificates(
+                certs,
+                client,
+                first.clone(),
+                tx,
+                shutdown,
+            ));
+            Ok((first, rx))
+        }
+    }
+}
+
+/// Renews the certificate when due and keeps the `caBundle` published:
+/// looked at whenever the Secret changes (a rotation asked for by
+/// annotation is done at once) and every minute (expiry; a `caBundle` reset
+/// by a chart upgrade).
+async fn keep_certificates(
+    certs: SelfManaged,
+    client: kube::Client,
+    mut last: Serving,
+    tx: tokio::sync::mpsc::Sender<Serving>,
+    shutdown: CancellationToken,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", certs.secret_name));
+    let mut changes = watcher(certs.secret.clone(), config).boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = changes.next() => {}
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        let serving = match certs.ensure().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot renew the webhook certificate; retrying");
+                continue;
+            }
+        };
+        if let Err(e) = certs.publish_ca(&client, &serving.ca).await {
+            warn!(error = %e, "cannot publish the webhook CA; retrying");
+        }
+        if serving != last {
+            last = serving.clone();
+            if tx.send(serving).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A rustls server configuration serving `serving`'s leaf.
+fn server_config(serving: &Serving) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(serving.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("the webhook certificate is not PEM")?;
+    let key = PrivateKeyDer::from_pem_slice(serving.key.as_bytes())
+        .context("the webhook key is not PEM")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("no TLS version")?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("the webhook certificate and key do not match")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+async fn mutate(
+    State(hook): State<Arc<Webhook>>,
+    Json(review): Json<AdmissionReview<Pod>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<Pod> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => return Json(AdmissionResponse::invalid(e.to_string()).into_review()),
+    };
+    Json(hook.admit(&request).await.into_review())
+}
+
+impl Webhook {
+    async fn admit(&self, request: &AdmissionRequest<Pod>) -> AdmissionResponse {
+        let response = AdmissionResponse::from(request);
+        let Some(pod) = &request.object else {
+            return response;
+        };
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_default();
+        let who = pod
+            .metadata
+            .name
+            .clone()
+            .or_else(|| pod.metadata.generate_name.clone())
+            .unwrap_or_default();
+        // The chart's namespaceSelector already keeps kube-system out; this
+        // holds on API servers without the namespace name label too.
+        if namespace == "kube-system" {
+            return response;
+        }
+        let mutated = match inject(pod, &self.injection) {
+            Err(refusal) => {
+                info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
+                self.metrics.admitted("refused");
+                return response.deny(refusal.to_string());
+            }
+            Ok(None) => {
+                self.metrics.admitted("unchanged");
+                return response;
+            }
+            Ok(Some(mutated)) => mutated,
+        };
+        if !request.dry_run {
+            if let Err(e) = self.prepare(pod, &namespace).await {
+                warn!(%namespace, pod = %who, error = %e, "cannot prepare the pod's namespace");
+                self.metrics.admitted("failed");
+                return response.deny(format!("zkgate could not prepare the pod: {e}"));
+            }
+        }
+        let (before, after) = match (serde_json::to_value(pod), serde_json::to_value(&mutated)) {
+            (Ok(b), Ok(a)) => (b, a),
+            _ => return response.deny("zkgate could not encode the pod"),
+        };
+        match response
+            .clone()
+            .with_patch(json_patch::diff(&before, &after))
+        {
+            Ok(r) => {
+                info!(%namespace, pod = %who, "injected zkgate into a labelled pod");
+                self.metrics.admitted("injected");
+                r
+            }
+            Err(e) => response.deny(format!("zkgate could not encode the patch: {e}")),
+        }
+    }
+
+    /// What must exist before the pod can run: the namespace's copy of the
+    /// ZooKeeper TLS material, and a labelled Job's Barrier.
+    async fn prepare(&self, pod: &Pod, namespace: &str) -> Result<(), kube::Error> {
+        if let Some(tls) = &self.tls {
+            copy_tls(&self.client, namespace, tls).await?;
+        }
+        let barrier = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(BARRIER_LABEL));
+        let job =
+            pod.metadata.owner_references.iter().flatten().find(|o| {
+                o.kind == "Job" && o.api_version == "batch/v1" && o.controller == Some(true)
+            });
+        if let (Some(barrier), Some(job)) = (barrier, job) {
+            job_barrier(&self.client, namespace, barrier, job).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes `name` for the Job `job` when there is no such Barrier: sized
+/// from the Job (`spec.jobRef`), owned by it (deleted with it).
+async fn job_barrier(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    job: &OwnerReference,
+) -> Result<(), kube::Error> {
+    let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
+    if api.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let mut barrier = Barrier::new(
+        name,
+        BarrierSpec {
+            participants: None,
+            job_ref: Some(job.name.clone()),
+            ..BarrierSpec::default()
+        },
+    );
+    barrier.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: job.api_version.clone(),
+        kind: job.kind.clone(),
+        name: job.name.clone(),
+        uid: job.uid.clone(),
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    }]);
+    barrier.metadata.labels = Some(
+        [(
+            "app.kubernetes.io/managed-by".to_owned(),
+            "zkgate".to_owned(),
+        )]
+        .into(),
+    );
+    match api.create(&PostParams::default(), &barrier).await {
+        Ok(_) => {
+            info!(%namespace, barrier = %name, job = %job.name, "made the Job's Barrier");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes (or corrects) the namespace's copy of the ZooKeeper TLS material.
+async fn copy_tls(
+    client: &kube::Client,
+    namespace: &str,
+    tls: &TlsMaterial,
+) -> Result<(), kube::Error> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut data = vec![("ca.crt", tls.ca.clone())];
+    if let Some((cert, key)) = &tls.client {
+        data.push(("tls.crt", cert.clone()));
+        data.push(("tls.key", key.clone()));
+    }
+    let data: std::collections::BTreeMap<_, _> = data
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), ByteString(v)))
+        .collect();
+    let existing = api.get_opt(&tls.secret).await?;
+    if existing.as_ref().and_then(|s| s.data.as_ref()) == Some(&data) {
+        return Ok(());
+    }
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(tls.secret.clone()),
+            resource_version: existing.and_then(|s| s.metadata.resource_version),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "zkgate".to_owned(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        data: Some(data),
+        ..Default::default()
+    };
+    let written = match &secret.metadata.resource_version {
+        Some(_) => {
+            api.replace(&tls.secret, &PostParams::default(), &secret)
+                .await
+        }
+        None => api.create(&PostParams::default(), &secret).await,
+    };
+    match written {
+        Ok(_) => {
+            info!(%namespace, secret = %tls.secret, "copied the ZooKeeper TLS material into the namespace");
+            Ok(())
+        }
+        // Another replica or request wrote it at the same time.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

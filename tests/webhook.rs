@@ -1,0 +1,452 @@
+//! The admission webhook against a real kube-apiserver: the API server
+//! calls the controller's webhook at a loopback URL, as it would call the
+//! chart's Service.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+use support::kube::{client, install_crds, kubeconfig, namespace, ControllerProcess};
+use support::zookeeper::free_port;
+use support::{eventually, isolated_connect};
+use zkgate::api::Barrier;
+
+const WITHIN: Duration = Duration::from_secs(30);
+const SECRET: &str = "zkgate-webhook-tls";
+const IMAGE: &str = "registry.test/zkgate:test";
+
+/// A namespace whose pods (labelled) the API server sends to a webhook at
+/// `https://127.0.0.1:<port>/mutate`, registered as the chart registers it
+/// but for this namespace alone.
+struct Hooked {
+    client: kube::Client,
+    ns: String,
+    port: u16,
+    configuration: String,
+}
+
+impl Hooked {
+    async fn new() -> Hooked {
+        let client = client().await;
+        install_crds(&client).await;
+        let ns = namespace(&client).await;
+        // API servers before 1.21 do not label namespaces with their name.
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let label = json!({ "metadata": { "labels": { "zkgate-webhook-test": ns } } });
+        namespaces
+            .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        let port = free_port();
+        let configuration = format!("zkgate-test-{ns}");
+        let webhooks: Vec<_> = ["barrier", "lock"]
+            .iter()
+            .map(|kind| {
+                json!({
+                    "name": format!("{kind}.pods.zkgate.io"),
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "NoneOnDryRun",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "IfNeeded",
+                    "clientConfig": { "url": format!("https://127.0.0.1:{port}/mutate") },
+                    "rules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                        "resources": ["pods"], "scope": "Namespaced"
+                    }],
+                    "objectSelector": { "matchExpressions": [{ "key": format!("zkgate.io/{kind}"), "operator": "Exists" }] },
+                    "namespaceSelector": { "matchLabels": { "zkgate-webhook-test": ns } }
+                })
+            })
+            .collect();
+        let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": { "name": configuration },
+            "webhooks": webhooks
+        }))
+        .unwrap();
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .unwrap();
+        Hooked {
+            client,
+            ns,
+            port,
+            configuration,
+        }
+    }
+
+    /// The controller, serving the webhook with a certificate it makes for
+    /// 127.0.0.1; returns once the API server trusts it (the caBundle is in).
+    async fn controller(&self, zk: &str) -> ControllerProcess {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let controller = ControllerProcess::start_with(
+            &kubeconfig(),
+            zk,
+            "controller-0",
+            &[
+                "--watch-namespace",
+                &self.ns,
+                "--webhook-addr",
+                &addr,
+                "--image",
+                IMAGE,
+                "--webhook-names",
+                "127.0.0.1",
+                "--webhook-secret",
+                SECRET,
+                "--webhook-secret-namespace",
+                &self.ns,
+                "--webhook-configuration",
+                &self.configuration,
+            ],
+        );
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        eventually(WITHIN, "the caBundle published", || async {
+            let config = api.get(&self.configuration).await.ok()?;
+            config
+                .webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        })
+        .await;
+        eventually(WITHIN, "the webhook listening", || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .ok()
+        })
+        .await;
+        controller
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn create_pod(&self, pod: serde_json::Value) -> Result<Pod, kube::Error> {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        self.pods().create(&PostParams::default(), &pod).await
+    }
+
+    async fn done(self) {
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.configuration, &DeleteParams::default())
+            .await;
+    }
+}
+
+fn pod_of(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name, "labels": labels },
+        "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
+    })
+}
+
+fn env<'a>(
+    c: &'a k8s_openapi::api::core::v1::Container,
+    name: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::EnvVar> {
+    c.env.iter().flatten().find(|e| e.name == name)
+}
+
+/// A labelled Job's pod comes out of admission with the init container and
+/// its variables; the Job's Barrier is made, owned by the Job and sized by
+/// it; a pod already carrying zkgate is left alone; unlabelled pods never
+/// reach the webhook.
+#[tokio::test]
+async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "train" },
+        "spec": {
+            "parallelism": 4, "completions": 4, "completionMode": "Indexed",
+            "template": {
+                "metadata": { "labels": { "zkgate.io/barrier": "train" } },
+                "spec": { "restartPolicy": "Never", "containers": [{ "name": "worker", "image": "busybox" }] }
+            }
+        }
+    }))
+    .unwrap();
+    let job = jobs.create(&PostParams::default(), &job).await.unwrap();
+    // What the Job controller makes (this API server runs none).
+    let mut first = pod_of("train-0", json!({ "zkgate.io/barrier": "train" }));
+    first["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "name": "train",
+        "uid": job.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
+    }]);
+    let admitted = h.create_pod(first).await.expect("admitted");
+
+    let spec = admitted.spec.unwrap();
+    let inits = spec.init_containers.unwrap();
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    let init = &inits[0];
+    assert_eq!(init.name, "zkgate-barrier");
+    assert_eq!(
+        init.image.as_deref(),
+        Some(IMAGE),
+        "the controller's own image"
+    );
+    assert_eq!(init.args.as_deref().unwrap(), ["barrier", "enter", "train"]);
+    assert_eq!(
+        env(init, "ZKGATE_ZOOKEEPER").and_then(|e| e.value.as_deref()),
+        Some(zk.as_str())
+    );
+    for (var, field) in [
+        ("ZKGATE_POD_NAME", "metadata.name"),
+        ("ZKGATE_POD_UID", "metadata.uid"),
+        ("ZKGATE_NAMESPACE", "metadata.namespace"),
+    ] {
+        let from = env(init, var)
+            .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        assert_eq!(from, Some(field), "{var}");
+    }
+    assert_eq!(
+        init.security_context
+            .as_ref()
+            .unwrap()
+            .read_only_root_filesystem,
+        Some(true)
+    );
+    assert!(
+        spec.volumes.unwrap().iter().any(|v| v.name == "zkgate-run"),
+        "the shared volume"
+    );
+
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    let made = eventually(WITHIN, "the Job's Barrier, sized by it", || async {
+        barriers
+            .get("train")
+            .await
+            .ok()
+            .filter(|b| b.status.as_ref().and_then(|s| s.required) == Some(4))
+    })
+    .await;
+    assert_eq!(made.spec.job_ref.as_deref(), Some("train"));
+    assert_eq!(made.spec.participants, None);
+    let owner = &made.owner_references()[0];
+    assert_eq!(
+        (
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            Some(owner.uid.as_str())
+        ),
+        ("Job", "train", job.uid().as_deref()),
+        "deleted with its Job by the garbage collector"
+    );
+
+    // A second pod of the Job: injected, and the Barrier left as it is.
+    let mut second = pod_of("train-1", json!({ "zkgate.io/barrier": "train" }));
+    second["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "name": "train",
+        "uid": job.uid().unwrap(), "controller": true
+    }]);
+    let second = h.create_pod(second).await.unwrap();
+    assert_eq!(second.spec.unwrap().init_containers.unwrap().len(), 1);
+
+    // Written by hand with zkgate already: left alone.
+    let mut by_hand = pod_of("by-hand", json!({ "zkgate.io/barrier": "train" }));
+    by_hand["spec"]["initContainers"] = json!([{
+        "name": "barrier", "image": "ghcr.io/zkgate/zkgate:0.1.0", "args": ["barrier", "enter", "train"]
+    }]);
+    let by_hand = h.create_pod(by_hand).await.unwrap();
+    let inits = by_hand.spec.unwrap().init_containers.unwrap();
+    assert_eq!(inits.len(), 1);
+    assert_eq!(inits[0].name, "barrier");
+
+    // A lock by label: its init container, the token visible to the worker.
+    let locked = h
+        .create_pod(pod_of(
+            "migrate",
+            json!({ "zkgate.io/lock": "db", "zkgate.io/lock-mode": "write" }),
+        ))
+        .await
+        .unwrap();
+    let spec = locked.spec.unwrap();
+    let inits = spec.init_containers.unwrap();
+    assert_eq!(inits[0].name, "zkgate-lock");
+    assert_eq!(
+        inits[0].args.as_deref().unwrap(),
+        ["lock", "acquire", "db", "--write"]
+    );
+    assert!(spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/var/run/zkgate"));
+
+    let plain = h
+        .create_pod(pod_of("plain", json!({ "app": "other" })))
+        .await
+        .unwrap();
+    assert!(plain.spec.unwrap().init_containers.is_none());
+
+    assert_eq!(
+        controller
+            .metric("zkgate_webhook_admissions_total{outcome=\"injected\"}")
+            .await,
+        Some(3.0)
+    );
+    assert_eq!(
+        controller
+            .metric("zkgate_webhook_admissions_total{outcome=\"unchanged\"}")
+            .await,
+        Some(1.0),
+        "the hand-written pod (the unlabelled one never reached the webhook)"
+    );
+    drop(controller);
+    h.done().await;
+}
+
+/// Only labelled pods reach the webhook: with it down, an unlabelled pod is
+/// admitted as it is, and a labelled one is refused (failurePolicy Fail: a
+/// gang member never starts without its barrier).
+#[tokio::test]
+async fn with_the_webhook_down_unlabelled_pods_pass_and_labelled_ones_wait() {
+    let h = Hooked::new().await;
+    let plain = h
+        .create_pod(pod_of("plain", json!({ "app": "other" })))
+        .await
+        .expect("an unlabelled pod never waits for the webhook");
+    assert!(plain.spec.unwrap().init_containers.is_none());
+    let refused = h
+        .create_pod(pod_of("member", json!({ "zkgate.io/barrier": "train" })))
+        .await
+        .expect_err("a labelled pod is not admitted without its barrier");
+    assert!(
+        refused.to_string().contains("barrier.pods.zkgate.io"),
+        "{refused}"
+    );
+    h.done().await;
+}
+
+/// A label naming no valid resource is refused, with the reason.
+#[tokio::test]
+async fn a_bad_label_is_refused_with_the_reason() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let refused = h
+        .create_pod(pod_of(
+            "member",
+            json!({ "zkgate.io/lock": "db", "zkgate.io/lock-mode": "shared" }),
+        ))
+        .await
+        .expect_err("refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("zkgate.io/lock-mode") && message.contains("read or write"),
+        "{message}"
+    );
+    let sidecar = h
+        .create_pod(json!({
+            "metadata": {
+                "name": "sidecar",
+                "labels": { "zkgate.io/barrier": "train" },
+                "annotations": { "zkgate.io/barrier-form": "sidecar" }
+            },
+            "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
+        }))
+        .await
+        .expect_err("this API server (1.20) runs no native sidecars");
+    assert!(sidecar.to_string().contains("native sidecars"), "{sidecar}");
+    assert_eq!(
+        controller
+            .metric("zkgate_webhook_admissions_total{outcome=\"refused\"}")
+            .await,
+        Some(2.0)
+    );
+    drop(controller);
+    h.done().await;
+}
+
+/// The certificate the webhook serves, verified against `ca` for 127.0.0.1.
+async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the served certificate chains to the CA and names 127.0.0.1");
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+fn pem_der(pem: &[u8]) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem)
+        .unwrap()
+        .to_vec()
+}
+
+/// Asked for by annotation, a new serving certificate is made, served
+/// without a restart, and admission goes on working (the CA stays).
+#[tokio::test]
+async fn a_rotated_certificate_is_served_and_admission_keeps_working() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let field = |s: &Secret, key: &str| s.data.as_ref().unwrap()[key].0.clone();
+    let before = secrets.get(SECRET).await.unwrap();
+    let ca = field(&before, "ca.crt");
+    assert_eq!(
+        served_certificate(h.port, &ca).await,
+        pem_der(&field(&before, "tls.crt"))
+    );
+
+    let ask = json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } });
+    secrets
+        .patch(SECRET, &PatchParams::default(), &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    let after = eventually(WITHIN, "a new serving certificate", || async {
+        let s = secrets.get(SECRET).await.ok()?;
+        (field(&s, "tls.crt") != field(&before, "tls.crt")
+            && !s.annotations().contains_key("zkgate.io/rotate"))
+        .then_some(s)
+    })
+    .await;
+    assert_eq!(field(&after, "ca.crt"), ca, "the CA (the caBundle) stays");
+    let new = pem_der(&field(&after, "tls.crt"));
+    eventually(WITHIN, "the new certificate served", || async {
+        (served_certificate(h.port, &ca).await == new).then_some(())
+    })
+    .await;
+    let admitted = h
+        .create_pod(pod_of(
+            "after-rotation",
+            json!({ "zkgate.io/barrier": "train" }),
+        ))
+        .await
+        .expect("admission works across the rotation");
+    assert_eq!(admitted.spec.unwrap().init_containers.unwrap().len(), 1);
+    drop(controller);
+    h.done().await;
+}
