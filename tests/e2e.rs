@@ -81,7 +81,7 @@ if {helm} status {RELEASE} -n {SYSTEM_NAMESPACE} >/dev/null 2>&1; then exit 0; f
 {helm} install {RELEASE} {chart} -n {SYSTEM_NAMESPACE} --wait --timeout 180s \
   --set image.repository=zkgate --set image.tag=local --set image.pullPolicy=Never \
   --set zookeeper.connect={zookeeper} --set zookeeper.auth.existingSecret=zkgate-controller-auth \
-  --set replicaCount=2 --set controller.logFormat=text >/dev/null
+  --set replicaCount=2 --set controller.logFormat=text --set webhook.enabled=true >/dev/null
 "#,
         dir = dir.display(),
         helm = helm().display(),
@@ -407,6 +407,82 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
     })
     .await;
     assert!(!reasons.iter().any(|r| r == "Failed"), "{reasons:?}");
+}
+
+/// The one-label form (`examples/gang-job-labelled`): a Job whose only
+/// change is the label. Admission (the chart's webhook, reached through its
+/// Service) gives each pod the init container; the first pod makes the
+/// Job's Barrier, sized 4 by the Job; no worker starts before the 4th
+/// registration; the Barrier goes with the Job.
+#[tokio::test]
+async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        &c.example(
+            "gang-job-labelled/job.yaml",
+            &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
+        ),
+    );
+    let session = support::session(&c.zookeeper()).await;
+    let ready = format!(
+        "{}/ready",
+        Layout::new(ROOT)
+            .unwrap()
+            .barrier(&ns.name, "train")
+            .unwrap()
+    );
+    let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
+        let stat = session.client().check_stat(&ready).await.ok()??;
+        Some(stat.ctime)
+    })
+    .await;
+    c.job_succeeded(&ns.name, "train", 4).await;
+    let pods = c.pods(&ns.name, "job-name=train").await;
+    assert_eq!(pods.len(), 4, "{}", c.describe(&ns.name).await);
+    for pod in &pods {
+        let name = pod.name_any();
+        let started = times(&c.logs(&ns.name, &name, "worker").await, "started-at-us");
+        assert_eq!(started.len(), 1, "{name}'s worker printed no start time");
+        assert!(
+            started[0] >= opened_ms * 1000,
+            "{name}'s worker started at {} us, before the 4th registration at {} ms",
+            started[0],
+            opened_ms
+        );
+        let init = c.logs(&ns.name, &name, "zkgate-barrier").await;
+        assert!(
+            init.contains("barrier open"),
+            "{name}'s injected init container: {init}"
+        );
+    }
+    let barrier = c
+        .barrier(&ns.name, "train", "the Job's Barrier to complete", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
+        })
+        .await;
+    assert_eq!(barrier.spec.job_ref.as_deref(), Some("train"));
+    assert_eq!(barrier.owner_references()[0].kind, "Job");
+    let status = barrier.status.unwrap();
+    assert_eq!(
+        (status.required, status.entered, status.left),
+        (Some(4), 4, 4)
+    );
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    jobs.delete("train", &DeleteParams::background())
+        .await
+        .unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    eventually(WITHIN, "the Barrier deleted with its Job", || async {
+        barriers
+            .get_opt("train")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }
 
 /// Pods leaving while their init containers wait at the barrier.

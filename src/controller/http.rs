@@ -20,12 +20,24 @@ pub struct Health {
     /// Why the last leadership term failed, while the controller waits to
     /// try again (see [`super::run`]).
     pub failing: Mutex<Option<String>>,
+    /// With the admission webhook: why it does not serve yet (a replica
+    /// that cannot answer admission must not receive it).
+    pub webhook: Mutex<Option<String>>,
 }
 
 impl Health {
     /// What `/readyz` answers: ready while the ZooKeeper session is
-    /// connected and no failed leadership term is waiting to be retried.
+    /// connected, no failed leadership term is waiting to be retried, and
+    /// the admission webhook (when configured) serves.
     pub fn readiness(&self) -> Result<(), String> {
+        if let Some(cause) = self
+            .webhook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(cause);
+        }
         if let Some(cause) = self
             .failing
             .lock()
@@ -39,6 +51,11 @@ impl Health {
         } else {
             Err("ZooKeeper not connected".into())
         }
+    }
+
+    /// Records why the webhook does not serve (`None`: it serves).
+    pub fn set_webhook(&self, cause: Option<String>) {
+        *self.webhook.lock().unwrap_or_else(|e| e.into_inner()) = cause;
     }
 
     /// Records a failed leadership term (`None`: a term is running).

@@ -108,6 +108,12 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         ready: Default::default(),
         failing: Default::default(),
+        webhook: std::sync::Mutex::new(
+            options
+                .webhook
+                .as_ref()
+                .map(|_| "the admission webhook does not serve yet".to_owned()),
+        ),
     });
     let listener_addr = options.metrics_addr;
     // Bind before anything else, so a bad address fails at start.
@@ -137,7 +143,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         tokio::spawn(serve_webhook(
             webhook,
             client.clone(),
-            metrics.clone(),
+            health.clone(),
             shutdown.clone(),
         ));
     }
@@ -215,7 +221,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
 async fn serve_webhook(
     options: webhook::WebhookOptions,
     client: kube::Client,
-    metrics: Arc<metrics::Metrics>,
+    health: Arc<http::Health>,
     shutdown: CancellationToken,
 ) {
     let mut retry = TermBackoff::default();
@@ -224,7 +230,7 @@ async fn serve_webhook(
         let result = webhook::run(
             options.clone(),
             client.clone(),
-            metrics.clone(),
+            health.clone(),
             shutdown.clone(),
         )
         .await;
@@ -236,6 +242,7 @@ async fn serve_webhook(
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_else(|| "it stopped".into());
+        health.set_webhook(Some(format!("the admission webhook does not serve: {why}")));
         error!(error = why, retry_in = ?wait, "the admission webhook is not serving; retrying");
         tokio::select! {
             () = tokio::time::sleep(wait) => {}

@@ -36,6 +36,7 @@ use tracing::{info, warn};
 
 use self::certs::{SelfManaged, Serving};
 use self::inject::{inject, Injection};
+use super::http::Health;
 use super::metrics::Metrics;
 use super::BARRIER_LABEL;
 use crate::api::{Barrier, BarrierSpec};
@@ -98,9 +99,10 @@ struct Webhook {
 pub async fn run(
     options: WebhookOptions,
     client: kube::Client,
-    metrics: Arc<Metrics>,
+    health: Arc<Health>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
     injection.native_sidecars = native_sidecars(&client).await;
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
@@ -136,6 +138,14 @@ pub async fn run(
         async move {
             shutdown.cancelled().await;
             handle.graceful_shutdown(Some(Duration::from_secs(5)));
+        }
+    });
+    tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            if handle.listening().await.is_some() {
+                health.set_webhook(None);
+            }
         }
     });
     info!(addr = %options.addr, "serving the admission webhook");
