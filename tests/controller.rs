@@ -1634,3 +1634,42 @@ async fn a_barrier_follows_its_jobs_count_until_it_opens() {
     assert_eq!(x(&observer).await, 2);
     drop(sessions);
 }
+
+/// A waiting participant logs its progress in the sentence the Barrier's
+/// status carries, so its log and `kubectl describe` read alike.
+#[tokio::test]
+async fn a_waiting_participant_logs_the_sentence_of_the_barriers_status() {
+    use tokio::io::AsyncBufReadExt;
+    let s = setup().await;
+    create_barrier(&s, "gang", json!({ "participants": 2 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let mut waiting = zkgate(&s, &["barrier", "enter", "gang", "--id", "w-0"])
+        .env("ZKGATE_LOG", "info")
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(waiting.stderr.take().unwrap()).lines();
+    let sentence = "1 of 2 participants entered";
+    let logged = tokio::time::timeout(WITHIN, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains(sentence) {
+                return line;
+            }
+        }
+        panic!("the participant exited without logging {sentence:?}");
+    })
+    .await
+    .expect("a progress line");
+    assert!(logged.contains("INFO"), "{logged}");
+    barrier_where(&s, "gang", "the same sentence in the status", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.message == sentence)
+        })
+    })
+    .await;
+    waiting.kill().await.unwrap();
+}

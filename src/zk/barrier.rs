@@ -528,7 +528,9 @@ impl DoubleBarrier {
                     .progress_every
                     .is_some_and(|every| last_progress.elapsed() >= every)
             {
-                info!(barrier = %self.path, entered = count, of = participants, "waiting for the barrier to open");
+                // The sentence the Barrier's status carries (its Ready
+                // condition), so a log and `kubectl describe` read alike.
+                info!(barrier = %self.path, entered = count, of = participants, "{count} of {participants} participants entered");
                 last_count = Some(count);
                 last_progress = Instant::now();
             }

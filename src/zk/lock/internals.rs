@@ -207,10 +207,10 @@ async fn queue_and_wait(
         let blocker = path::join(parent, &blocker.name);
         // Progress at a modest rate: the first time, then at most every 10 s.
         if last_progress.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
-            info!(lock = %parent, ahead = index, waiting_for = %blocker, "queued for the lock");
+            info!(lock = %parent, ahead = index, waiting_for = %blocker, "position {} in the queue for the lock", index + 1);
             last_progress = Some(Instant::now());
         } else {
-            trace!(lock = %parent, ahead = index, waiting_for = %blocker, "queued for the lock");
+            trace!(lock = %parent, ahead = index, waiting_for = %blocker, "position {} in the queue for the lock", index + 1);
         }
         // Watch only the contender we wait for: its deletion is the only
         // event that can let us through, so a release wakes one waiter.
