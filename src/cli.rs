@@ -59,6 +59,28 @@ pub enum Command {
         /// The directory.
         dir: PathBuf,
     },
+    /// Show Barriers and LockLeases and who waits for whom: one in detail
+    /// (for a Barrier, which expected pods have not registered and why;
+    /// for a LockLease, its holders and queue), or all of a namespace.
+    /// Installed as `kubectl-zkgate`, this is `kubectl zkgate status`.
+    Status {
+        /// `barrier` or `locklease`.
+        #[arg(value_enum)]
+        kind: Option<crate::plugin::Kind>,
+        /// Its name.
+        name: Option<String>,
+        /// The namespace [default: the kubeconfig's].
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+    /// Say what a pod waits for, in one paragraph (`kubectl zkgate why POD`).
+    Why {
+        /// The pod.
+        pod: String,
+        /// The namespace [default: the kubeconfig's].
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
     /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
     Probe {
         /// The ready file the sidecar writes.
@@ -230,6 +252,18 @@ impl ControllerArgs {
             tls,
         }))
     }
+}
+
+/// The plugin's errors as exit codes: a name that is not there is bad
+/// input (2); an API server that cannot be reached or answers with an
+/// error, unavailable (5).
+fn plugin_error(e: crate::plugin::PluginError) -> AgentError {
+    use crate::plugin::PluginError as P;
+    let exit = match &e {
+        P::NotFound { .. } => Exit::Usage,
+        P::Connect(_) | P::Kube(_) => Exit::Unavailable,
+    };
+    AgentError::new(exit, e.to_string())
 }
 
 fn host_name() -> Result<String, AgentError> {
@@ -615,6 +649,28 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 .await
                 .map(|()| 0)
                 .map_err(|e| AgentError::new(Exit::Internal, format!("{e:#}")))
+        }
+        Command::Status {
+            kind,
+            name,
+            namespace,
+        } => {
+            let plugin = crate::plugin::Plugin::connect(namespace)
+                .await
+                .map_err(plugin_error)?;
+            let out = plugin
+                .status(kind, name.as_deref())
+                .await
+                .map_err(plugin_error)?;
+            print!("{out}");
+            Ok(0)
+        }
+        Command::Why { pod, namespace } => {
+            let plugin = crate::plugin::Plugin::connect(namespace)
+                .await
+                .map_err(plugin_error)?;
+            print!("{}", plugin.why(&pod).await.map_err(plugin_error)?);
+            Ok(0)
         }
         Command::Crds { dir } => {
             let crds = crate::api::crds();

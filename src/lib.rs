@@ -9,6 +9,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod layout;
+pub mod plugin;
 pub mod zk;
 
 /// Makes ring the process's rustls crypto provider (idempotent). Both the

@@ -1673,3 +1673,184 @@ async fn a_waiting_participant_logs_the_sentence_of_the_barriers_status() {
     .await;
     waiting.kill().await.unwrap();
 }
+
+async fn plugin(s: &Setup, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = zkgate(s, args)
+        .args(["-n", &s.ns])
+        .env("KUBECONFIG", support::kube::kubeconfig())
+        .stdout(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `zkgate status` / `zkgate why` (`kubectl zkgate ...`): a Job-sized
+/// Barrier names the Job's pods that have not registered and why; a
+/// LockLease its holder and queue; a pod why it waits.
+#[tokio::test]
+async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
+    use k8s_openapi::api::batch::v1::Job;
+    let s = setup().await;
+    let jobs: Api<Job> = Api::namespaced(s.client.clone(), &s.ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "train" },
+        "spec": { "parallelism": 3, "template": { "spec": {
+            "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }]
+        } } }
+    }))
+    .unwrap();
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    create_barrier(&s, "train", json!({ "jobRef": "train" })).await;
+    // The Job's pods, as its controller would make them (this API server runs none).
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let labels = json!({ "job-name": "train", "zkgate.io/barrier": "train" });
+    for name in ["train-a", "train-b", "train-c"] {
+        create_pod(&pods, json!({ "name": name, "labels": labels })).await;
+    }
+    let unscheduled = json!({ "status": { "phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient cpu."
+    }] } });
+    pods.patch_status(
+        "train-c",
+        &PatchParams::default(),
+        &Patch::Merge(&unscheduled),
+    )
+    .await
+    .unwrap();
+    let path = barrier_path(&s.ns, "train");
+    let registered = {
+        let zk = s.zk.clone();
+        let path = path.clone();
+        eventually(WITHIN, "the barrier node", || async {
+            session(&zk).await.client().check_stat(&path).await.ok()?
+        })
+        .await;
+        let participant = session(&s.zk).await;
+        let options = EnterOptions {
+            data: ParticipantData {
+                pod: Some("train-a".into()),
+                ..ParticipantData::default()
+            },
+            ..EnterOptions::default()
+        };
+        let barrier = DoubleBarrier::new(&path);
+        let entering = tokio::spawn(async move {
+            let _ = barrier.enter(&participant, "train-a", &options, None).await;
+            participant
+        });
+        barrier_where(&s, "train", "one entered", |b| {
+            b.status.as_ref().is_some_and(|st| st.entered == 1)
+        })
+        .await;
+        entering
+    };
+
+    let (code, out, err) = plugin(&s, &["status", "barrier", "train"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    for wanted in [
+        "barrier/train: Waiting, 1 of 3 participants entered (Job train)",
+        "entered: train-a",
+        "not registered (2):",
+        "train-b: ",
+        "train-c: Pending, not scheduled: 0/1 nodes are available: 1 Insufficient cpu.",
+    ] {
+        assert!(out.contains(wanted), "{wanted:?} missing from:\n{out}");
+    }
+    let (_, why_b, _) = plugin(&s, &["why", "train-b"]).await;
+    assert!(
+        why_b.contains("Pod train-b has not registered at Barrier train yet")
+            && why_b.contains("Not registered yet: train-c (Pending, not scheduled"),
+        "{why_b}"
+    );
+    let (_, why_a, _) = plugin(&s, &["why", "train-a"]).await;
+    assert!(
+        why_a.contains("has registered at Barrier train and waits for the others: 1 of 3"),
+        "{why_a}"
+    );
+    let (code, _, err) = plugin(&s, &["status", "barrier", "nope"]).await;
+    assert_eq!(code, Some(2), "a name that is not there is bad input");
+    assert!(err.contains("Barrier nope not found"), "{err}");
+
+    // A lock: its holder, and a labelled pod in its queue.
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease",
+        "metadata": { "name": "db" }, "spec": { "mode": "Exclusive" }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    create_pod(
+        &pods,
+        json!({ "name": "waiter", "labels": { "zkgate.io/lock": "db" } }),
+    )
+    .await;
+    let holder = zkgate(
+        &s,
+        &[
+            "lock",
+            "acquire",
+            "db",
+            "--id",
+            "holder",
+            "--token-file",
+            "/dev/null",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(
+        holder.status.success(),
+        "{}",
+        String::from_utf8_lossy(&holder.stderr)
+    );
+    let _waiter = zkgate(
+        &s,
+        &[
+            "lock",
+            "acquire",
+            "db",
+            "--id",
+            "waiter",
+            "--token-file",
+            "/dev/null",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    eventually(
+        WITHIN,
+        "the holder and the waiter in the status",
+        || async {
+            let st = api.get("db").await.ok()?.status?;
+            (st.holders.len() == 1 && st.waiting == ["waiter"]).then_some(())
+        },
+    )
+    .await;
+    let (_, out, _) = plugin(&s, &["status", "locklease", "db"]).await;
+    assert!(
+        out.contains("locklease/db (Exclusive): held by holder, 1 waiting")
+            && out.contains("holder holder (Exclusive, token")
+            && out.contains("1. waiter"),
+        "{out}"
+    );
+    let (_, why, _) = plugin(&s, &["why", "waiter"]).await;
+    assert!(
+        why.contains(
+            "Pod waiter waits for LockLease db: position 1 of 1 in the queue, behind holder"
+        ),
+        "{why}"
+    );
+    let (_, all, _) = plugin(&s, &["status"]).await;
+    assert!(
+        all.contains("barrier/train") && all.contains("locklease/db"),
+        "{all}"
+    );
+    drop(registered);
+}

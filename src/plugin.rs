@@ -1,0 +1,486 @@
+//! `zkgate status` and `zkgate why`: who waits for whom, read from the API
+//! server alone (no ZooKeeper access needed). Installed as `kubectl-zkgate`
+//! (the same binary), they are `kubectl zkgate status|why`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::ResourceExt;
+
+use crate::api::{Barrier, BarrierPhase, LockLease};
+use crate::controller::webhook::inject::{BARRIER_CONTAINER, LOCK_CONTAINER};
+use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
+
+/// Why the plugin could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// No kubeconfig or in-cluster configuration.
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Connect(#[source] kube::Error),
+    /// The object asked about does not exist.
+    #[error("{kind} {name} not found in namespace {namespace}")]
+    NotFound {
+        /// Its kind.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The namespace looked in.
+        namespace: String,
+    },
+    /// The API server refused or failed.
+    #[error("the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Which kind `zkgate status` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// Barriers.
+    #[value(alias = "barriers", alias = "zbar")]
+    Barrier,
+    /// LockLeases.
+    #[value(alias = "lockleases", alias = "lock", alias = "zlock")]
+    Locklease,
+}
+
+/// A client and the namespace to look in (the kubeconfig's by default).
+pub struct Plugin {
+    client: kube::Client,
+    namespace: String,
+}
+
+impl Plugin {
+    /// Connects with the kubeconfig (or in-cluster configuration).
+    pub async fn connect(namespace: Option<String>) -> Result<Plugin, PluginError> {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(PluginError::Connect)?;
+        let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+        Ok(Plugin { client, namespace })
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// `status [KIND [NAME]]`: one object in detail, or every Barrier and
+    /// LockLease of the namespace in a line each.
+    pub async fn status(
+        &self,
+        kind: Option<Kind>,
+        name: Option<&str>,
+    ) -> Result<String, PluginError> {
+        let now = Timestamp::now();
+        match (kind, name) {
+            (Some(Kind::Barrier), Some(name)) => {
+                let barrier = self.barrier(name).await?;
+                let pods = self.pods_of(&barrier).await?;
+                Ok(barrier_report(&barrier, &pods, now))
+            }
+            (Some(Kind::Locklease), Some(name)) => {
+                let lock = self.lock(name).await?;
+                let pods = self.labelled(LOCK_LABEL, name).await?;
+                Ok(lock_report(&lock, &pods, now))
+            }
+            (kind, None) => {
+                let mut out = String::new();
+                if kind != Some(Kind::Locklease) {
+                    for b in self.api::<Barrier>().list(&ListParams::default()).await? {
+                        let _ = writeln!(out, "{}", barrier_line(&b));
+                    }
+                }
+                if kind != Some(Kind::Barrier) {
+                    for l in self.api::<LockLease>().list(&ListParams::default()).await? {
+                        let _ = writeln!(out, "{}", lock_line(&l));
+                    }
+                }
+                if out.is_empty() {
+                    out = format!(
+                        "no Barriers or LockLeases in namespace {}\n",
+                        self.namespace
+                    );
+                }
+                Ok(out)
+            }
+            (None, Some(name)) => {
+                // A name alone: whichever kind has it.
+                if self.api::<Barrier>().get_opt(name).await?.is_some() {
+                    Box::pin(self.status(Some(Kind::Barrier), Some(name))).await
+                } else {
+                    Box::pin(self.status(Some(Kind::Locklease), Some(name))).await
+                }
+            }
+        }
+    }
+
+    /// `why POD`: what the pod waits for, in one paragraph.
+    pub async fn why(&self, pod: &str) -> Result<String, PluginError> {
+        let found = self
+            .api::<Pod>()
+            .get_opt(pod)
+            .await?
+            .ok_or_else(|| PluginError::NotFound {
+                kind: "Pod",
+                name: pod.to_owned(),
+                namespace: self.namespace.clone(),
+            })?;
+        let now = Timestamp::now();
+        let labels = found.labels();
+        let mut out = Vec::new();
+        if let Some(name) = labels.get(BARRIER_LABEL) {
+            let barrier = self.barrier(name).await?;
+            let pods = self.pods_of(&barrier).await?;
+            out.push(why_barrier(&found, &barrier, &pods));
+        }
+        if let Some(name) = labels.get(LOCK_LABEL) {
+            let lock = self.lock(name).await?;
+            out.push(why_lock(&found, &lock, now));
+        }
+        if out.is_empty() {
+            out.push(format!(
+                "Pod {pod} carries neither {BARRIER_LABEL} nor {LOCK_LABEL}: it waits for nothing zkgate knows of."
+            ));
+        }
+        Ok(out.join("\n") + "\n")
+    }
+
+    async fn barrier(&self, name: &str) -> Result<Barrier, PluginError> {
+        self.api::<Barrier>()
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| PluginError::NotFound {
+                kind: "Barrier",
+                name: name.to_owned(),
+                namespace: self.namespace.clone(),
+            })
+    }
+
+    async fn lock(&self, name: &str) -> Result<LockLease, PluginError> {
+        self.api::<LockLease>()
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| PluginError::NotFound {
+                kind: "LockLease",
+                name: name.to_owned(),
+                namespace: self.namespace.clone(),
+            })
+    }
+
+    async fn labelled(&self, label: &str, value: &str) -> Result<Vec<Pod>, PluginError> {
+        let selector = format!("{label}={value}");
+        Ok(self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// The pods expected at `barrier`: its Job's (by the Job controller's
+    /// `job-name` label), else those labelled for it.
+    async fn pods_of(&self, barrier: &Barrier) -> Result<Vec<Pod>, PluginError> {
+        match &barrier.spec.job_ref {
+            Some(job) => self.labelled("job-name", job).await,
+            None => self.labelled(BARRIER_LABEL, &barrier.name_any()).await,
+        }
+    }
+}
+
+fn ago(then: Timestamp, now: Timestamp) -> String {
+    let secs = now.duration_since(then).as_secs().max(0) as u64;
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+fn barrier_line(b: &Barrier) -> String {
+    let st = b.status.clone().unwrap_or_default();
+    format!(
+        "barrier/{}: {}, {} of {} participants entered{}",
+        b.name_any(),
+        st.phase
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_else(|| "New".into()),
+        st.entered,
+        st.required
+            .or(b.spec.participants)
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "?".into()),
+        b.spec
+            .job_ref
+            .as_ref()
+            .map(|j| format!(" (Job {j})"))
+            .unwrap_or_default()
+    )
+}
+
+fn lock_line(l: &LockLease) -> String {
+    let st = l.status.clone().unwrap_or_default();
+    let holders: Vec<_> = st.holders.iter().map(|h| h.id.as_str()).collect();
+    format!(
+        "locklease/{} ({:?}): {}, {} waiting",
+        l.name_any(),
+        l.spec.mode,
+        if holders.is_empty() {
+            "free".to_owned()
+        } else {
+            format!("held by {}", holders.join(", "))
+        },
+        st.waiting_count
+    )
+}
+
+/// Why `pod` has not registered at its barrier yet, as far as the API
+/// server can tell.
+fn not_registered_because(pod: &Pod) -> String {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return "being deleted".into();
+    }
+    let Some(status) = &pod.status else {
+        return "no status yet".into();
+    };
+    let phase = status.phase.clone().unwrap_or_else(|| "Pending".into());
+    if phase == "Succeeded" || phase == "Failed" {
+        return format!("finished ({phase})");
+    }
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(c) = unscheduled {
+        return format!(
+            "Pending, not scheduled: {}",
+            c.message.clone().or(c.reason.clone()).unwrap_or_default()
+        );
+    }
+    let init = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == BARRIER_CONTAINER || c.name == "barrier");
+    match init.and_then(|c| c.state.as_ref()) {
+        Some(state) if state.waiting.is_some() => {
+            let w = state.waiting.as_ref().map(|w| w.reason.clone().unwrap_or_default());
+            format!("{phase}, its barrier container has not started ({})", w.unwrap_or_default())
+        }
+        Some(state) if state.running.is_some() => format!(
+            "{phase}, its barrier container runs but has not registered (can it reach ZooKeeper? see its log)"
+        ),
+        Some(_) => format!("{phase}, its barrier container ended"),
+        None if status.init_container_statuses.is_none() => {
+            format!("{phase}, its containers have not started")
+        }
+        None => format!("{phase}, with no barrier container (is the label on the pod template, and the webhook on?)"),
+    }
+}
+
+/// The pods expected at `barrier` that are not among its registered
+/// participants, with why.
+fn missing(barrier: &Barrier, pods: &[Pod]) -> Vec<(String, String)> {
+    let st = barrier.status.clone().unwrap_or_default();
+    let registered: BTreeSet<String> = st
+        .participants
+        .iter()
+        .filter(|p| !p.lost)
+        .flat_map(|p| [Some(p.id.clone()), p.pod.clone()])
+        .flatten()
+        .collect();
+    let mut out: Vec<_> = pods
+        .iter()
+        .filter(|p| !registered.contains(&p.name_any()))
+        .map(|p| (p.name_any(), not_registered_because(p)))
+        .collect();
+    out.sort();
+    out
+}
+
+fn barrier_report(barrier: &Barrier, pods: &[Pod], _now: Timestamp) -> String {
+    let st = barrier.status.clone().unwrap_or_default();
+    let mut out = barrier_line(barrier) + "\n";
+    if let Some(m) = &st.message {
+        let _ = writeln!(out, "  {m}");
+    }
+    let entered: Vec<_> = st
+        .participants
+        .iter()
+        .filter(|p| !p.lost)
+        .map(|p| p.pod.clone().unwrap_or_else(|| p.id.clone()))
+        .collect();
+    if !entered.is_empty() {
+        let _ = writeln!(out, "  entered: {}", entered.join(", "));
+    }
+    if st.unlisted > 0 {
+        let _ = writeln!(out, "  (and {} more not listed)", st.unlisted);
+    }
+    let opened = matches!(
+        st.phase,
+        Some(BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed)
+    );
+    if !opened {
+        let missing = missing(barrier, pods);
+        if !missing.is_empty() {
+            let _ = writeln!(out, "  not registered ({}):", missing.len());
+            for (pod, why) in missing {
+                let _ = writeln!(out, "    {pod}: {why}");
+            }
+        }
+    }
+    out
+}
+
+fn lock_report(lock: &LockLease, pods: &[Pod], now: Timestamp) -> String {
+    let st = lock.status.clone().unwrap_or_default();
+    let mut out = lock_line(lock) + "\n";
+    for h in &st.holders {
+        let _ = write!(
+            out,
+            "  holder {} ({}, token {}",
+            h.id, h.mode, h.fencing_token
+        );
+        if let Some(since) = &h.since {
+            let _ = write!(out, ", for {}", ago(since.0, now));
+        }
+        if let Some(until) = &h.expires_at {
+            let _ = write!(out, ", revoked in {}", ago(now, until.0));
+        }
+        let _ = writeln!(out, ")");
+    }
+    for (i, id) in st.waiting.iter().enumerate() {
+        let _ = write!(out, "  {}. {id}", i + 1);
+        if let Some(since) = pods
+            .iter()
+            .find(|p| &p.name_any() == id)
+            .and_then(waiting_since)
+        {
+            let _ = write!(out, " (waiting {})", ago(since, now));
+        }
+        let _ = writeln!(out);
+    }
+    if st.waiting_count as usize > st.waiting.len() {
+        let _ = writeln!(
+            out,
+            "  (and {} more)",
+            st.waiting_count as usize - st.waiting.len()
+        );
+    }
+    out
+}
+
+/// When a pod's lock container started waiting.
+fn waiting_since(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == LOCK_CONTAINER)?
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .as_ref()
+        .map(|t| t.0)
+}
+
+fn why_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
+    let st = barrier.status.clone().unwrap_or_default();
+    let name = pod.name_any();
+    let required = st.required.or(barrier.spec.participants);
+    let count = required
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    match st.phase {
+        Some(BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed) => format!(
+            "Pod {name} waits for nothing at Barrier {}: it opened with {} participants.",
+            barrier.name_any(),
+            st.entered
+        ),
+        Some(BarrierPhase::Failed) => format!(
+            "Pod {name} will not start: Barrier {} failed ({}).",
+            barrier.name_any(),
+            st.message.unwrap_or_default()
+        ),
+        _ => {
+            let here = st
+                .participants
+                .iter()
+                .any(|p| !p.lost && (p.pod.as_deref() == Some(&name) || p.id == name));
+            let missing = missing(barrier, pods);
+            let others: Vec<_> = missing
+                .iter()
+                .filter(|(p, _)| p != &name)
+                .map(|(p, why)| format!("{p} ({why})"))
+                .collect();
+            let mut s = if here {
+                format!(
+                    "Pod {name} has registered at Barrier {} and waits for the others: {} of {count} participants entered.",
+                    barrier.name_any(),
+                    st.entered
+                )
+            } else {
+                format!(
+                    "Pod {name} has not registered at Barrier {} yet ({}); {} of {count} participants entered.",
+                    barrier.name_any(),
+                    not_registered_because(pod),
+                    st.entered
+                )
+            };
+            if !others.is_empty() {
+                let _ = write!(s, " Not registered yet: {}.", others.join(", "));
+            }
+            s
+        }
+    }
+}
+
+fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
+    let st = lock.status.clone().unwrap_or_default();
+    let name = pod.name_any();
+    if let Some(h) = st
+        .holders
+        .iter()
+        .find(|h| h.pod.as_deref() == Some(&name) || h.id == name)
+    {
+        return format!(
+            "Pod {name} holds LockLease {} ({}, fencing token {}).",
+            lock.name_any(),
+            h.mode,
+            h.fencing_token
+        );
+    }
+    let holders: Vec<_> = st
+        .holders
+        .iter()
+        .map(|h| match &h.since {
+            Some(since) => format!("{} (for {})", h.id, ago(since.0, now)),
+            None => h.id.clone(),
+        })
+        .collect();
+    match st.waiting.iter().position(|w| w == &name) {
+        Some(i) => format!(
+            "Pod {name} waits for LockLease {}: position {} of {} in the queue, behind {}.",
+            lock.name_any(),
+            i + 1,
+            st.waiting_count,
+            if holders.is_empty() {
+                "nobody (it is being handed over)".to_owned()
+            } else {
+                holders.join(", ")
+            }
+        ),
+        None => format!(
+            "Pod {name} is not in LockLease {}'s queue ({}).",
+            lock.name_any(),
+            lock_line(lock)
+        ),
+    }
+}
