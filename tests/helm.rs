@@ -501,3 +501,60 @@ async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
         "without get/patch by name a controller with a credential must not provision"
     );
 }
+
+/// Every metric the chart's Grafana dashboard and PrometheusRule query is
+/// one the controller exports (read from a running controller's /metrics).
+#[tokio::test]
+async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
+    let rendered = template(&[
+        "--set",
+        "zookeeper.connect=zk:2181,monitoring.dashboard.enabled=true,monitoring.prometheusRule.enabled=true",
+        "--api-versions",
+        "monitoring.coreos.com/v1/PrometheusRule",
+    ]);
+    assert!(
+        rendered.contains("kind: PrometheusRule") && rendered.contains("grafana_dashboard: \"1\"")
+    );
+    let used: std::collections::BTreeSet<String> = regex_lite::Regex::new(r"zkgate_[a-z_]+")
+        .unwrap()
+        .find_iter(&rendered)
+        .map(|m| m.as_str().to_owned())
+        .filter(|m| m != "zkgate_dashboard")
+        .collect();
+    for alerting in [
+        "zkgate_barrier_oldest_waiting_created_timestamp_seconds",
+        "zkgate_lock_earliest_revocation_timestamp_seconds",
+        "zkgate_leader",
+        "zkgate_zookeeper_session_connected",
+    ] {
+        assert!(used.contains(alerting), "{alerting} not queried: {used:?}");
+    }
+
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let controller =
+        support::kube::ControllerProcess::start(&ns, &isolated_connect(), "metrics-check");
+    let body = support::eventually(Duration::from_secs(30), "/metrics", || async {
+        support::http_get(controller.metrics_port, "/metrics")
+            .await
+            .map(|(_, body)| body)
+    })
+    .await;
+    // `# TYPE name kind`: counters are sampled as name_total, histograms as
+    // name_bucket, name_sum and name_count.
+    let exported: std::collections::BTreeSet<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    for name in &used {
+        let base = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| exported.contains(b)))
+            .unwrap_or(name);
+        assert!(
+            exported.contains(base),
+            "{name} is queried by the chart but not exported:\n{body}"
+        );
+    }
+}

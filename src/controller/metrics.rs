@@ -47,6 +47,33 @@ struct Seen {
     barriers: HashMap<(String, String), (BarrierPhase, i64)>,
     locks: HashMap<(String, String), (i64, i64)>,
     opened: HashMap<(String, String), ()>,
+    /// Waiting barriers by when their node was made (seconds).
+    waiting_since: Earliest,
+    /// Held locks by their earliest revocation (seconds).
+    revocations: Earliest,
+}
+
+/// A time per resource and the earliest of them, kept in order so that a
+/// look at one resource costs O(log n) at any scale.
+#[derive(Default)]
+struct Earliest {
+    by_key: HashMap<(String, String), i64>,
+    ordered: std::collections::BTreeSet<(i64, (String, String))>,
+}
+
+impl Earliest {
+    /// Sets (or, with `None`, forgets) `key`'s time; returns the earliest
+    /// time left, 0 when none (what the gauge shows then).
+    fn set(&mut self, key: (String, String), at: Option<i64>) -> i64 {
+        if let Some(old) = self.by_key.remove(&key) {
+            self.ordered.remove(&(old, key.clone()));
+        }
+        if let Some(at) = at {
+            self.by_key.insert(key.clone(), at);
+            self.ordered.insert((at, key));
+        }
+        self.ordered.first().map_or(0, |(at, _)| *at)
+    }
 }
 
 /// The controller's metrics and the registry that serves them.
@@ -65,6 +92,8 @@ pub struct Metrics {
     term_failures: Counter,
     pod_lookups: Family<SourceLabel, Counter>,
     admissions: Family<OutcomeLabel, Counter>,
+    oldest_waiting: Gauge,
+    earliest_revocation: Gauge,
     seen: Mutex<Seen>,
 }
 
@@ -147,9 +176,43 @@ impl Default for Metrics {
             "Labelled pods the admission webhook answered, by outcome (injected, unchanged: nothing to add, refused: a bad label, failed: the namespace could not be prepared)",
             admissions.clone(),
         );
+        let oldest_waiting = Gauge::default();
+        registry.register(
+            "barrier_oldest_waiting_created_timestamp_seconds",
+            "When the oldest barrier still waiting was made (Unix seconds; 0: none waits)",
+            oldest_waiting.clone(),
+        );
+        let earliest_revocation = Gauge::default();
+        registry.register(
+            "lock_earliest_revocation_timestamp_seconds",
+            "When the first hold with a lease duration will be revoked (Unix seconds; 0: none)",
+            earliest_revocation.clone(),
+        );
+        // Every label set exists from the start, at zero: a series that
+        // appears only with its first event breaks rate() and alerts (and
+        // the dashboard test reads the names from a fresh controller).
+        for kind in ["Barrier", "LockLease"] {
+            let label = KindLabel { kind: kind.into() };
+            let _ = reconciles.get_or_create(&label);
+            let _ = errors.get_or_create(&label);
+            let _ = duration.get_or_create(&label);
+        }
+        for phase in PHASES {
+            let _ = barriers.get_or_create(&PhaseLabel {
+                phase: format!("{phase:?}"),
+            });
+        }
+        for source in ["cache", "api"] {
+            let _ = pod_lookups.get_or_create(&SourceLabel { source });
+        }
+        for outcome in ["injected", "unchanged", "refused", "failed"] {
+            let _ = admissions.get_or_create(&OutcomeLabel { outcome });
+        }
         Metrics {
             registry,
             admissions,
+            oldest_waiting,
+            earliest_revocation,
             reconciles,
             errors,
             duration,
@@ -233,6 +296,8 @@ impl Metrics {
             self.waiting_participants.set(0);
             self.lock_holders.set(0);
             self.lock_waiters.set(0);
+            self.oldest_waiting.set(0);
+            self.earliest_revocation.set(0);
         }
     }
 
@@ -322,6 +387,9 @@ impl Metrics {
             }
             seen.opened.insert(key.clone(), ());
         }
+        let since = (phase == BarrierPhase::Waiting).then_some(node.stat.ctime / 1000);
+        self.oldest_waiting
+            .set(seen.waiting_since.set(key.clone(), since));
         self.set_barrier(&mut seen, key, Some((phase, waiting)));
     }
 
@@ -332,6 +400,8 @@ impl Metrics {
         };
         let key = (namespace.to_owned(), name.to_owned());
         seen.opened.remove(&key);
+        self.oldest_waiting
+            .set(seen.waiting_since.set(key.clone(), None));
         self.set_barrier(&mut seen, key, None);
     }
 
@@ -341,11 +411,15 @@ impl Metrics {
             return;
         };
         let now = (status.holder_count as i64, status.waiting_count as i64);
-        self.set_lock(
-            &mut seen,
-            (namespace.to_owned(), name.to_owned()),
-            Some(now),
-        );
+        let key = (namespace.to_owned(), name.to_owned());
+        let revocation = status
+            .holders
+            .iter()
+            .filter_map(|h| h.expires_at.as_ref().map(|t| t.0.as_second()))
+            .min();
+        self.earliest_revocation
+            .set(seen.revocations.set(key.clone(), revocation));
+        self.set_lock(&mut seen, key, Some(now));
     }
 
     /// Forgets a deleted lock.
@@ -353,7 +427,10 @@ impl Metrics {
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
-        self.set_lock(&mut seen, (namespace.to_owned(), name.to_owned()), None);
+        let key = (namespace.to_owned(), name.to_owned());
+        self.earliest_revocation
+            .set(seen.revocations.set(key.clone(), None));
+        self.set_lock(&mut seen, key, None);
     }
 }
 
@@ -419,5 +496,16 @@ mod tests {
         metrics.set_leader(true);
         metrics.lock_seen("a", "db", &lock);
         assert_eq!(value(&metrics, "zkgate_lock_waiters "), 3.0);
+    }
+
+    #[test]
+    fn the_earliest_time_follows_sets_and_removals() {
+        let key = |n: &str| ("ns".to_owned(), n.to_owned());
+        let mut e = Earliest::default();
+        assert_eq!(e.set(key("a"), Some(30)), 30);
+        assert_eq!(e.set(key("b"), Some(10)), 10);
+        assert_eq!(e.set(key("b"), Some(50)), 30, "b moved later");
+        assert_eq!(e.set(key("a"), None), 50);
+        assert_eq!(e.set(key("b"), None), 0, "none left");
     }
 }
