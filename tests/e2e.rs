@@ -699,6 +699,50 @@ async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
     }
 }
 
+/// The one-label lock (`examples/lock-job-labelled`): admission gives each
+/// pod the init container `zkgate lock acquire`; the main containers run
+/// one at a time, each reading a larger fencing token from the file the
+/// init container wrote; the controller releases each hold when its pod
+/// finishes (or the next would never start).
+#[tokio::test]
+async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
+    let Some(c) = cluster().await else { return };
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        &c.example(
+            "lock-job-labelled/job.yaml",
+            &[(
+                "sleep 10'",
+                "echo from-us $(now-us); sleep 1; echo until-us $(now-us)'",
+            )],
+        ),
+    );
+    c.job_succeeded(&ns.name, "migrate", 3).await;
+    let mut holds = c
+        .holds(
+            &ns.name,
+            "job-name=migrate",
+            "migrate",
+            "holds db with fencing token",
+        )
+        .await;
+    assert_eq!(holds.len(), 3);
+    holds.sort();
+    for pair in holds.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            a.1 <= b.0,
+            "{} held until {} but {} from {}",
+            a.3,
+            a.1,
+            b.3,
+            b.0
+        );
+        assert!(a.2 < b.2, "tokens out of order: {holds:?}");
+    }
+}
+
 /// With ACLs on, a pod uses its namespace's credential (the Secret the
 /// controller keeps there); a pod in another namespace that names this
 /// namespace's barrier is refused (exit 5, a message naming the Secret),
