@@ -24,7 +24,7 @@ pub enum PluginError {
     #[error("{kind} {name} not found in namespace {namespace}")]
     NotFound {
         /// Its kind.
-        kind: &'static str,
+        kind: String,
         /// Its name.
         name: String,
         /// The namespace looked in.
@@ -83,12 +83,12 @@ impl Plugin {
         let now = Timestamp::now();
         match (kind, name) {
             (Some(Kind::Barrier), Some(name)) => {
-                let barrier = self.barrier(name).await?;
+                let barrier = self.get::<Barrier>(name).await?;
                 let pods = self.pods_of(&barrier).await?;
                 Ok(barrier_report(&barrier, &pods, now))
             }
             (Some(Kind::Locklease), Some(name)) => {
-                let lock = self.lock(name).await?;
+                let lock = self.get::<LockLease>(name).await?;
                 let pods = self.labelled(LOCK_LABEL, name).await?;
                 Ok(lock_report(&lock, &pods, now))
             }
@@ -125,25 +125,17 @@ impl Plugin {
 
     /// `why POD`: what the pod waits for, in one paragraph.
     pub async fn why(&self, pod: &str) -> Result<String, PluginError> {
-        let found = self
-            .api::<Pod>()
-            .get_opt(pod)
-            .await?
-            .ok_or_else(|| PluginError::NotFound {
-                kind: "Pod",
-                name: pod.to_owned(),
-                namespace: self.namespace.clone(),
-            })?;
+        let found = self.get::<Pod>(pod).await?;
         let now = Timestamp::now();
         let labels = found.labels();
         let mut out = Vec::new();
         if let Some(name) = labels.get(BARRIER_LABEL) {
-            let barrier = self.barrier(name).await?;
+            let barrier = self.get::<Barrier>(name).await?;
             let pods = self.pods_of(&barrier).await?;
             out.push(why_barrier(&found, &barrier, &pods));
         }
         if let Some(name) = labels.get(LOCK_LABEL) {
-            let lock = self.lock(name).await?;
+            let lock = self.get::<LockLease>(name).await?;
             out.push(why_lock(&found, &lock, now));
         }
         if out.is_empty() {
@@ -154,23 +146,20 @@ impl Plugin {
         Ok(out.join("\n") + "\n")
     }
 
-    async fn barrier(&self, name: &str) -> Result<Barrier, PluginError> {
-        self.api::<Barrier>()
+    /// `name` of kind `K`, or [`PluginError::NotFound`].
+    async fn get<K>(&self, name: &str) -> Result<K, PluginError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        self.api::<K>()
             .get_opt(name)
             .await?
             .ok_or_else(|| PluginError::NotFound {
-                kind: "Barrier",
-                name: name.to_owned(),
-                namespace: self.namespace.clone(),
-            })
-    }
-
-    async fn lock(&self, name: &str) -> Result<LockLease, PluginError> {
-        self.api::<LockLease>()
-            .get_opt(name)
-            .await?
-            .ok_or_else(|| PluginError::NotFound {
-                kind: "LockLease",
+                kind: K::kind(&K::DynamicType::default()).into_owned(),
                 name: name.to_owned(),
                 namespace: self.namespace.clone(),
             })

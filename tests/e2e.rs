@@ -343,6 +343,54 @@ fn times(log: &str, key: &str) -> Vec<i64> {
         .collect()
 }
 
+impl Cluster {
+    /// The gang of Job `train` in `namespace` (4 pods, each printing
+    /// `started-at-us`): waits for the Job to succeed and checks that no
+    /// worker started before the 4th registration (the barrier's `ready`
+    /// node, one multi with the check of the participants; its ctime is the
+    /// server's clock, this machine's) and that each pod's init container
+    /// `init` saw the barrier open. Returns the completed Barrier.
+    async fn gang_started_together(&self, namespace: &str, init: &str) -> Barrier {
+        let session = support::session(&self.zookeeper()).await;
+        let ready = format!(
+            "{}/ready",
+            Layout::new(ROOT)
+                .unwrap()
+                .barrier(namespace, "train")
+                .unwrap()
+        );
+        // `exists` needs no permission: the test reads no data under the ACLs.
+        let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
+            let stat = session.client().check_stat(&ready).await.ok()??;
+            Some(stat.ctime)
+        })
+        .await;
+        self.job_succeeded(namespace, "train", 4).await;
+        let pods = self.pods(namespace, "job-name=train").await;
+        assert_eq!(pods.len(), 4, "{}", self.describe(namespace).await);
+        for pod in &pods {
+            let name = pod.name_any();
+            let started = times(
+                &self.logs(namespace, &name, "worker").await,
+                "started-at-us",
+            );
+            assert_eq!(started.len(), 1, "{name}'s worker printed no start time");
+            assert!(
+                started[0] >= opened_ms * 1000,
+                "{name}'s worker started at {} us, before the 4th registration at {} ms",
+                started[0],
+                opened_ms
+            );
+            let log = self.logs(namespace, &name, init).await;
+            assert!(log.contains("barrier open"), "{name}'s {init}: {log}");
+        }
+        self.barrier(namespace, "train", "the Barrier to complete", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
+        })
+        .await
+    }
+}
+
 /// The gang-job example: 4 pods whose init containers run `zkgate barrier
 /// enter`. No worker starts before the 4th registration, which is the
 /// moment the barrier's `ready` node was made (one multi with the check of
@@ -359,45 +407,7 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
             &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
         ),
     );
-    let session = support::session(&c.zookeeper()).await;
-    let ready = format!(
-        "{}/ready",
-        Layout::new(ROOT)
-            .unwrap()
-            .barrier(&ns.name, "train")
-            .unwrap()
-    );
-    // `exists` needs no permission: the test reads no data under the ACLs.
-    let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
-        let stat = session.client().check_stat(&ready).await.ok()??;
-        Some(stat.ctime)
-    })
-    .await;
-    c.job_succeeded(&ns.name, "train", 4).await;
-
-    let pods = c.pods(&ns.name, "job-name=train").await;
-    assert_eq!(pods.len(), 4, "{}", c.describe(&ns.name).await);
-    for pod in &pods {
-        let name = pod.name_any();
-        let started = times(&c.logs(&ns.name, &name, "worker").await, "started-at-us");
-        assert_eq!(started.len(), 1, "{name}'s worker printed no start time");
-        assert!(
-            started[0] >= opened_ms * 1000,
-            "{name}'s worker started at {} us, before the 4th registration at {} ms",
-            started[0],
-            opened_ms
-        );
-        let init = c.logs(&ns.name, &name, "barrier").await;
-        assert!(
-            init.contains("barrier open"),
-            "{name}'s init container: {init}"
-        );
-    }
-    let barrier = c
-        .barrier(&ns.name, "train", "the Barrier to complete", |b| {
-            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
-        })
-        .await;
+    let barrier = c.gang_started_together(&ns.name, "barrier").await;
     let status = barrier.status.unwrap();
     assert_eq!((status.entered, status.left), (4, 4));
     let reasons = eventually(WITHIN, "the Opened and Completed events", || async {
@@ -425,43 +435,7 @@ async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
             &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
         ),
     );
-    let session = support::session(&c.zookeeper()).await;
-    let ready = format!(
-        "{}/ready",
-        Layout::new(ROOT)
-            .unwrap()
-            .barrier(&ns.name, "train")
-            .unwrap()
-    );
-    let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
-        let stat = session.client().check_stat(&ready).await.ok()??;
-        Some(stat.ctime)
-    })
-    .await;
-    c.job_succeeded(&ns.name, "train", 4).await;
-    let pods = c.pods(&ns.name, "job-name=train").await;
-    assert_eq!(pods.len(), 4, "{}", c.describe(&ns.name).await);
-    for pod in &pods {
-        let name = pod.name_any();
-        let started = times(&c.logs(&ns.name, &name, "worker").await, "started-at-us");
-        assert_eq!(started.len(), 1, "{name}'s worker printed no start time");
-        assert!(
-            started[0] >= opened_ms * 1000,
-            "{name}'s worker started at {} us, before the 4th registration at {} ms",
-            started[0],
-            opened_ms
-        );
-        let init = c.logs(&ns.name, &name, "zkgate-barrier").await;
-        assert!(
-            init.contains("barrier open"),
-            "{name}'s injected init container: {init}"
-        );
-    }
-    let barrier = c
-        .barrier(&ns.name, "train", "the Job's Barrier to complete", |b| {
-            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
-        })
-        .await;
+    let barrier = c.gang_started_together(&ns.name, "zkgate-barrier").await;
     assert_eq!(barrier.spec.job_ref.as_deref(), Some("train"));
     assert_eq!(barrier.owner_references()[0].kind, "Job");
     let status = barrier.status.unwrap();

@@ -417,13 +417,7 @@ impl Credentials {
             let secret = Secret {
                 metadata: ObjectMeta {
                     name: Some(self.secret_name.clone()),
-                    labels: Some(
-                        [(
-                            "app.kubernetes.io/managed-by".to_owned(),
-                            "zkgate".to_owned(),
-                        )]
-                        .into(),
-                    ),
+                    labels: Some(crate::controller::managed_by()),
                     ..Default::default()
                 },
                 type_: Some("Opaque".into()),

@@ -59,6 +59,16 @@ pub const BARRIER_LABEL: &str = "zkgate.io/barrier";
 /// See [`BARRIER_LABEL`].
 pub const LOCK_LABEL: &str = "zkgate.io/lock";
 
+/// The labels of the objects the controller makes (Secrets, a Job's
+/// Barrier): `app.kubernetes.io/managed-by: zkgate`.
+pub fn managed_by() -> std::collections::BTreeMap<String, String> {
+    [(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "zkgate".to_owned(),
+    )]
+    .into()
+}
+
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {

@@ -196,13 +196,7 @@ impl SelfManaged {
         Ok(Secret {
             metadata: ObjectMeta {
                 name: Some(self.secret_name.clone()),
-                labels: Some(
-                    [(
-                        "app.kubernetes.io/managed-by".to_owned(),
-                        "zkgate".to_owned(),
-                    )]
-                    .into(),
-                ),
+                labels: Some(crate::controller::managed_by()),
                 annotations: Some(
                     [
                         (NOT_AFTER_ANNOTATION.to_owned(), until.to_string()),

@@ -423,13 +423,7 @@ async fn job_barrier(
         controller: Some(false),
         block_owner_deletion: Some(false),
     }]);
-    barrier.metadata.labels = Some(
-        [(
-            "app.kubernetes.io/managed-by".to_owned(),
-            "zkgate".to_owned(),
-        )]
-        .into(),
-    );
+    barrier.metadata.labels = Some(crate::controller::managed_by());
     match api.create(&PostParams::default(), &barrier).await {
         Ok(_) => {
             info!(%namespace, barrier = %name, job = %job.name, "made the Job's Barrier");
@@ -464,13 +458,7 @@ async fn copy_tls(
         metadata: ObjectMeta {
             name: Some(tls.secret.clone()),
             resource_version: existing.and_then(|s| s.metadata.resource_version),
-            labels: Some(
-                [(
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    "zkgate".to_owned(),
-                )]
-                .into(),
-            ),
+            labels: Some(crate::controller::managed_by()),
             ..Default::default()
         },
         type_: Some("Opaque".to_owned()),
