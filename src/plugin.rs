@@ -64,11 +64,7 @@ impl Plugin {
 
     fn api<K>(&self) -> Api<K>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
+        K: crate::api::Namespaced,
     {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
@@ -149,17 +145,13 @@ impl Plugin {
     /// `name` of kind `K`, or [`PluginError::NotFound`].
     async fn get<K>(&self, name: &str) -> Result<K, PluginError>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
+        K: crate::api::Namespaced,
     {
         self.api::<K>()
             .get_opt(name)
             .await?
             .ok_or_else(|| PluginError::NotFound {
-                kind: K::kind(&K::DynamicType::default()).into_owned(),
+                kind: K::kind(&()).into_owned(),
                 name: name.to_owned(),
                 namespace: self.namespace.clone(),
             })

@@ -86,28 +86,21 @@ impl Hooked {
     /// The controller, serving the webhook with a certificate it makes for
     /// 127.0.0.1; returns once the API server trusts it (the caBundle is in).
     async fn controller(&self, zk: &str) -> ControllerProcess {
-        let addr = format!("127.0.0.1:{}", self.port);
-        let controller = ControllerProcess::start_with(
-            &kubeconfig(),
-            zk,
-            "controller-0",
-            &[
-                "--watch-namespace",
-                &self.ns,
-                "--webhook-addr",
-                &addr,
-                "--image",
-                IMAGE,
-                "--webhook-names",
-                "127.0.0.1",
-                "--webhook-secret",
-                SECRET,
-                "--webhook-secret-namespace",
-                &self.ns,
-                "--webhook-configuration",
-                &self.configuration,
-            ],
-        );
+        let controller = self
+            .controller_with(
+                zk,
+                &[
+                    "--webhook-names",
+                    "127.0.0.1",
+                    "--webhook-secret",
+                    SECRET,
+                    "--webhook-secret-namespace",
+                    &self.ns,
+                    "--webhook-configuration",
+                    &self.configuration,
+                ],
+            )
+            .await;
         let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
         eventually(WITHIN, "the caBundle published", || async {
             let config = api.get(&self.configuration).await.ok()?;
@@ -118,6 +111,23 @@ impl Hooked {
                 .then_some(())
         })
         .await;
+        controller
+    }
+
+    /// The controller serving the webhook with `certificates` (its
+    /// certificate options); returns once it listens.
+    async fn controller_with(&self, zk: &str, certificates: &[&str]) -> ControllerProcess {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let mut args = vec![
+            "--watch-namespace",
+            &self.ns,
+            "--webhook-addr",
+            &addr,
+            "--image",
+            IMAGE,
+        ];
+        args.extend_from_slice(certificates);
+        let controller = ControllerProcess::start_with(&kubeconfig(), zk, "controller-0", &args);
         eventually(WITHIN, "the webhook listening", || async {
             tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
@@ -446,6 +456,89 @@ async fn a_rotated_certificate_is_served_and_admission_keeps_working() {
         ))
         .await
         .expect("admission works across the rotation");
+    assert_eq!(admitted.spec.unwrap().init_containers.unwrap().len(), 1);
+    drop(controller);
+    h.done().await;
+}
+
+/// A CA of the test's own (standing in for cert-manager's issuer), and a
+/// way to issue it leaves for 127.0.0.1: (certificate, key) PEMs.
+fn test_ca() -> (String, impl Fn() -> (String, String)) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "test issuer");
+    let ca = params.self_signed(&key).unwrap().pem();
+    let issuer = Issuer::new(params, key);
+    let issue = move || {
+        let key = KeyPair::generate().unwrap();
+        let mut leaf = CertificateParams::default();
+        leaf.subject_alt_names = vec![SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())];
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    (ca, issue)
+}
+
+/// Writes a leaf as a mounted Secret changes: each file replaced whole.
+fn write_leaf(dir: &std::path::Path, (cert, key): &(String, String)) {
+    for (name, pem) in [("tls.key", key), ("tls.crt", cert)] {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, pem).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+}
+
+/// Certificates kept by someone else (cert-manager, its CA injector filling
+/// the caBundle): the controller serves the mounted files, and their
+/// renewal without a restart.
+#[tokio::test]
+async fn a_certificate_from_a_directory_is_served_and_its_renewal_picked_up() {
+    let h = Hooked::new().await;
+    let (ca, issue) = test_ca();
+    let api: Api<MutatingWebhookConfiguration> = Api::all(h.client.clone());
+    let mut config = api.get(&h.configuration).await.unwrap();
+    for webhook in config.webhooks.iter_mut().flatten() {
+        webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca.clone().into_bytes()));
+    }
+    api.replace(&h.configuration, &PostParams::default(), &config)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let first = issue();
+    write_leaf(dir.path(), &first);
+    let zk = isolated_connect();
+    let controller = h
+        .controller_with(&zk, &["--webhook-cert-dir", dir.path().to_str().unwrap()])
+        .await;
+    assert_eq!(
+        served_certificate(h.port, ca.as_bytes()).await,
+        pem_der(first.0.as_bytes())
+    );
+    let admitted = h
+        .create_pod(pod_of("before", json!({ "zkgate.io/barrier": "train" })))
+        .await
+        .expect("admitted with the mounted certificate");
+    assert_eq!(admitted.spec.unwrap().init_containers.unwrap().len(), 1);
+
+    let renewed = issue();
+    write_leaf(dir.path(), &renewed);
+    eventually(
+        Duration::from_secs(75),
+        "the renewed certificate served",
+        || async {
+            (served_certificate(h.port, ca.as_bytes()).await == pem_der(renewed.0.as_bytes()))
+                .then_some(())
+        },
+    )
+    .await;
+    let admitted = h
+        .create_pod(pod_of("after", json!({ "zkgate.io/barrier": "train" })))
+        .await
+        .expect("admitted with the renewed certificate");
     assert_eq!(admitted.spec.unwrap().init_containers.unwrap().len(), 1);
     drop(controller);
     h.done().await;

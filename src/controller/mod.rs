@@ -95,11 +95,7 @@ pub struct ControllerOptions {
 impl ControllerOptions {
     fn api<K>(&self, client: &kube::Client) -> Api<K>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
+        K: crate::api::Namespaced,
     {
         match &self.watch_namespace {
             Some(namespace) => Api::namespaced(client.clone(), namespace),
