@@ -250,6 +250,7 @@ impl ControllerArgs {
                 native_sidecars: false,
             },
             tls,
+            scope: self.watch_namespace.clone(),
         }))
     }
 }

@@ -543,3 +543,37 @@ async fn a_certificate_from_a_directory_is_served_and_its_renewal_picked_up() {
     drop(controller);
     h.done().await;
 }
+
+/// A controller limited to one namespace leaves the labelled pods of
+/// another as they are (nothing would reconcile their Barrier) and makes
+/// no Barrier there.
+#[tokio::test]
+async fn pods_outside_the_watched_namespace_are_left_alone() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    // Another namespace the API server also sends to this webhook.
+    let other = namespace(&h.client).await;
+    let label = json!({ "metadata": { "labels": { "zkgate-webhook-test": h.ns } } });
+    Api::<Namespace>::all(h.client.clone())
+        .patch(&other, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let pod: Pod =
+        serde_json::from_value(pod_of("elsewhere", json!({ "zkgate.io/barrier": "train" })))
+            .unwrap();
+    let admitted = Api::<Pod>::namespaced(h.client.clone(), &other)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("admitted as it is");
+    assert!(admitted.spec.unwrap().init_containers.is_none());
+    assert_eq!(
+        controller
+            .metric("zkgate_webhook_admissions_total{outcome=\"unchanged\"}")
+            .await,
+        Some(1.0),
+        "it did reach the webhook"
+    );
+    drop(controller);
+    h.done().await;
+}

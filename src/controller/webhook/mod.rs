@@ -85,12 +85,17 @@ pub struct WebhookOptions {
     pub injection: Injection,
     /// The TLS material to copy, when ZooKeeper is reached over TLS.
     pub tls: Option<TlsMaterial>,
+    /// The one namespace the controller reconciles, if it is limited to
+    /// one: pods elsewhere are left as they are (nothing would reconcile
+    /// their Barrier, so they would wait forever).
+    pub scope: Option<String>,
 }
 
 struct Webhook {
     client: kube::Client,
     injection: Injection,
     tls: Option<TlsMaterial>,
+    scope: Option<String>,
     metrics: Arc<Metrics>,
 }
 
@@ -127,6 +132,7 @@ pub async fn run(
         client,
         injection,
         tls: options.tls,
+        scope: options.scope,
         metrics,
     });
     let app = Router::new()
@@ -335,6 +341,10 @@ impl Webhook {
         // The chart's namespaceSelector already keeps kube-system out; this
         // holds on API servers without the namespace name label too.
         if namespace == "kube-system" {
+            return response;
+        }
+        if self.scope.as_ref().is_some_and(|scope| *scope != namespace) {
+            self.metrics.admitted("unchanged");
             return response;
         }
         let mutated = match inject(pod, &self.injection) {
