@@ -29,8 +29,18 @@ const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// The Jobs' counts, and the Barriers that follow them.
 pub struct Jobs {
     store: Store<Job>,
+    followers: Mutex<Followers>,
+}
+
+/// Which Barriers follow which Job, indexed both ways so that a Barrier's
+/// look and a Job's change each cost O(log n), whatever the number of
+/// Barriers.
+#[derive(Default)]
+struct Followers {
     /// (namespace, Job) → the Barriers whose `spec.jobRef` names it.
-    followers: Mutex<HashMap<(String, String), BTreeSet<String>>>,
+    of_job: HashMap<(String, String), BTreeSet<String>>,
+    /// (namespace, Barrier) → the Job it follows.
+    job_of: HashMap<(String, String), String>,
 }
 
 /// A Job stripped to what sizing reads (the cache keeps no pod template).
@@ -84,15 +94,23 @@ impl Jobs {
 
     /// `barrier` in `namespace` follows `job` (and no other Job).
     pub fn follow(&self, namespace: &str, barrier: &str, job: Option<&str>) {
-        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
-        for ((ns, _), barriers) in followers.iter_mut() {
-            if ns == namespace {
+        let mut f = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (namespace.to_owned(), barrier.to_owned());
+        if f.job_of.get(&key).map(String::as_str) == job {
+            return;
+        }
+        if let Some(old) = f.job_of.remove(&key) {
+            let job_key = (namespace.to_owned(), old);
+            if let Some(barriers) = f.of_job.get_mut(&job_key) {
                 barriers.remove(barrier);
+                if barriers.is_empty() {
+                    f.of_job.remove(&job_key);
+                }
             }
         }
-        followers.retain(|_, b| !b.is_empty());
         if let Some(job) = job {
-            followers
+            f.job_of.insert(key, job.to_owned());
+            f.of_job
                 .entry((namespace.to_owned(), job.to_owned()))
                 .or_default()
                 .insert(barrier.to_owned());
@@ -104,6 +122,7 @@ impl Jobs {
         let namespace = job.namespace().unwrap_or_default();
         let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         followers
+            .of_job
             .get(&(namespace.clone(), job.name_any()))
             .into_iter()
             .flatten()
