@@ -8,7 +8,8 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::kube::{
-    client, client_of, install_crds, namespace, ControllerProcess, PrivateApiServer,
+    barrier_waiting, client, client_of, install_crds, namespace, ControllerProcess,
+    PrivateApiServer,
 };
 use support::{eventually, ZkServer};
 use zkgate::api::{Barrier, BarrierPhase};
@@ -43,13 +44,7 @@ async fn reconciled_barrier(x: u32, id: &str) -> Reconciled {
     let zk = support::isolated_connect();
     let controller = ControllerProcess::start(&ns, &zk, id);
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": x } })).unwrap();
-    let created = barriers.create(&PostParams::default(), &b).await.unwrap();
-    eventually(Duration::from_secs(30), "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
+    let created = barrier_waiting(&barriers, "gang", x, Duration::from_secs(30)).await;
     Reconciled {
         client,
         ns,
@@ -71,14 +66,8 @@ async fn zookeeper_down_and_back_the_controller_is_unready_then_recovers_and_con
     let ns = namespace(&client).await;
     let controller = ControllerProcess::start(&ns, &zk, "controller-f");
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
-    barriers.create(&PostParams::default(), &b).await.unwrap();
     let within = Duration::from_secs(30);
-    eventually(within, "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
+    barrier_waiting(&barriers, "gang", 2, within).await;
     assert_eq!(controller.status_of("/readyz").await, Some(200));
 
     let down_at = std::time::Instant::now();
@@ -481,17 +470,8 @@ async fn the_api_server_crashing_mid_barrier_watches_resume_and_status_converges
     let zk = support::isolated_connect();
     let _controller = ControllerProcess::start_on(&api.kubeconfig(), &ns, &zk, "controller-api");
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let gang: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
-    barriers
-        .create(&PostParams::default(), &gang)
-        .await
-        .unwrap();
     let within = Duration::from_secs(60);
-    eventually(within, "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
+    barrier_waiting(&barriers, "gang", 3, within).await;
 
     let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
     let enter = |id: &'static str| {
@@ -535,16 +515,7 @@ async fn the_api_server_crashing_mid_barrier_watches_resume_and_status_converges
     assert_eq!(status.entered, 3, "{status:?}");
     // The controller's watches resumed: a Barrier made after the restart is
     // reconciled, its znode made.
-    let later: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "later" }, "spec": { "participants": 1 } })).unwrap();
-    barriers
-        .create(&PostParams::default(), &later)
-        .await
-        .unwrap();
-    eventually(within, "the new Barrier reconciled", || async {
-        (barriers.get("later").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
+    barrier_waiting(&barriers, "later", 1, within).await;
     let observer = support::session(&zk).await;
     assert!(observer
         .client()

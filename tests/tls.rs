@@ -248,7 +248,7 @@ async fn a_wrong_ca_a_missing_client_certificate_or_a_missing_ca_fail_clearly() 
 
 #[tokio::test]
 async fn the_controller_reconciles_over_tls() {
-    use kube::api::{Api, PostParams};
+    use kube::api::Api;
     use support::kube::{client, install_crds, kubeconfig, namespace, ControllerProcess};
     use zkgate::api::{Barrier, BarrierPhase};
 
@@ -278,14 +278,8 @@ async fn the_controller_reconciles_over_tls() {
         ],
     );
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    let b: Barrier = serde_json::from_value(serde_json::json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
-    barriers.create(&PostParams::default(), &b).await.unwrap();
     let within = Duration::from_secs(30);
-    support::eventually(within, "Waiting", || async {
-        (barriers.get("gang").await.ok()?.status?.phase == Some(BarrierPhase::Waiting))
-            .then_some(())
-    })
-    .await;
+    support::kube::barrier_waiting(&barriers, "gang", 2, within).await;
     let run = |id: &'static str| {
         let mut cmd = zkgate(
             &tls,

@@ -86,21 +86,23 @@ impl Hooked {
     /// The controller, serving the webhook with a certificate it makes for
     /// 127.0.0.1; returns once the API server trusts it (the caBundle is in).
     async fn controller(&self, zk: &str) -> ControllerProcess {
-        let controller = self
-            .controller_with(
-                zk,
-                &[
-                    "--webhook-names",
-                    "127.0.0.1",
-                    "--webhook-secret",
-                    SECRET,
-                    "--webhook-secret-namespace",
-                    &self.ns,
-                    "--webhook-configuration",
-                    &self.configuration,
-                ],
-            )
-            .await;
+        self.controller_and(zk, &[]).await
+    }
+
+    /// [`Hooked::controller`] with more options (`extra`).
+    async fn controller_and(&self, zk: &str, extra: &[&str]) -> ControllerProcess {
+        let mut args = vec![
+            "--webhook-names",
+            "127.0.0.1",
+            "--webhook-secret",
+            SECRET,
+            "--webhook-secret-namespace",
+            &self.ns,
+            "--webhook-configuration",
+            &self.configuration,
+        ];
+        args.extend_from_slice(extra);
+        let controller = self.controller_with(zk, &args).await;
         let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
         eventually(WITHIN, "the caBundle published", || async {
             let config = api.get(&self.configuration).await.ok()?;
@@ -573,6 +575,180 @@ async fn pods_outside_the_watched_namespace_are_left_alone() {
             .await,
         Some(1.0),
         "it did reach the webhook"
+    );
+    drop(controller);
+    h.done().await;
+}
+
+/// Runs `container` of the admitted `pod` as the kubelet would, with the
+/// zkgate binary for its image: its volumes materialised in a temporary
+/// directory (a Secret's keys as files, an emptyDir empty), its variables
+/// resolved from the pod (downward API) and Secrets, nothing else in its
+/// environment. Returns the exit code and standard error.
+async fn run_as_the_kubelet(
+    client: &kube::Client,
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> (i32, String) {
+    let ns = pod.namespace().unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let root = tempfile::tempdir().unwrap();
+    let volumes = pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .clone()
+        .unwrap_or_default();
+    let mut mounts = Vec::new();
+    for mount in container.volume_mounts.iter().flatten() {
+        let dir = root.path().join(&mount.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
+        if let Some(source) = &volume.secret {
+            let secret = secrets
+                .get(source.secret_name.as_deref().unwrap())
+                .await
+                .expect("the Secret the volume names");
+            for (key, value) in secret.data.unwrap_or_default() {
+                std::fs::write(dir.join(key), value.0).unwrap();
+            }
+        }
+        mounts.push((mount.mount_path.clone(), dir));
+    }
+    let in_container = |value: &str| {
+        mounts
+            .iter()
+            .find_map(|(path, dir)| {
+                let rest = value.strip_prefix(path.as_str())?;
+                Some(format!("{}{rest}", dir.display()))
+            })
+            .unwrap_or_else(|| value.to_owned())
+    };
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    cmd.env_clear()
+        .args(container.args.iter().flatten())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for var in container.env.iter().flatten() {
+        let value = match (&var.value, &var.value_from) {
+            (Some(v), _) => in_container(v),
+            (None, Some(from)) if from.field_ref.is_some() => {
+                match from.field_ref.as_ref().unwrap().field_path.as_str() {
+                    "metadata.name" => pod.name_any(),
+                    "metadata.namespace" => ns.clone(),
+                    "metadata.uid" => pod.uid().unwrap(),
+                    other => panic!("unexpected field {other}"),
+                }
+            }
+            (None, Some(from)) if from.secret_key_ref.is_some() => {
+                let key = from.secret_key_ref.as_ref().unwrap();
+                let secret = secrets.get(&key.name).await.unwrap();
+                String::from_utf8(secret.data.unwrap()[&key.key].0.clone()).unwrap()
+            }
+            other => panic!("unexpected variable {}: {other:?}", var.name),
+        };
+        cmd.env(&var.name, value);
+    }
+    let out = tokio::time::timeout(WITHIN, cmd.output())
+        .await
+        .expect("the container finished")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Over a ZooKeeper reached by TLS with client certificates, a labelled
+/// pod gets the controller's CA and client certificate through a Secret of
+/// its namespace (made, and corrected when it drifts), and its injected
+/// container, run with only what the pod gives it, passes the barrier.
+#[tokio::test]
+async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
+    use support::tls::TlsZooKeeper;
+    let tls = tokio::task::spawn_blocking(TlsZooKeeper::start)
+        .await
+        .unwrap();
+    let zk = format!("{}/webhook-tls", tls.address);
+    let h = Hooked::new().await;
+    let (ca, cert, key) = (
+        tls.path("ca.crt"),
+        tls.path("client.crt"),
+        tls.path("client.key"),
+    );
+    let controller = h
+        .controller_and(
+            &zk,
+            &[
+                "--tls-ca",
+                ca.to_str().unwrap(),
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                key.to_str().unwrap(),
+            ],
+        )
+        .await;
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    support::kube::barrier_waiting(&barriers, "solo", 1, WITHIN).await;
+
+    let pod = h
+        .create_pod(pod_of("solo-0", json!({ "zkgate.io/barrier": "solo" })))
+        .await
+        .expect("admitted");
+    let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+    for (var, file) in [
+        ("ZKGATE_TLS_CA", "ca.crt"),
+        ("ZKGATE_TLS_CERT", "tls.crt"),
+        ("ZKGATE_TLS_KEY", "tls.key"),
+    ] {
+        assert_eq!(
+            env(init, var).and_then(|e| e.value.clone()),
+            Some(format!("/etc/zkgate/zookeeper-tls/{file}")),
+            "{var}"
+        );
+    }
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let copied = secrets.get("zkgate-zookeeper-tls").await.expect("the copy");
+    let data = copied.data.clone().unwrap();
+    for (name, file) in [("ca.crt", &ca), ("tls.crt", &cert), ("tls.key", &key)] {
+        assert_eq!(data[name].0, std::fs::read(file).unwrap(), "{name}");
+    }
+
+    let (code, err) = run_as_the_kubelet(&h.client, &pod, init).await;
+    assert_eq!(code, 0, "the injected container passes the barrier: {err}");
+    eventually(
+        WITHIN,
+        "the Barrier open with its one participant",
+        || async {
+            let status = barriers.get("solo").await.ok()?.status?;
+            (status.entered == 1 && status.phase == Some(zkgate::api::BarrierPhase::Open))
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A copy that drifted (edited by hand, or the controller's CA rotated)
+    // is corrected at the next admission in the namespace.
+    let mut drifted = copied;
+    drifted.data.as_mut().unwrap().insert(
+        "ca.crt".to_owned(),
+        k8s_openapi::ByteString(b"not a certificate".to_vec()),
+    );
+    drifted.metadata.managed_fields = None;
+    secrets
+        .replace("zkgate-zookeeper-tls", &PostParams::default(), &drifted)
+        .await
+        .unwrap();
+    h.create_pod(pod_of("solo-1", json!({ "zkgate.io/barrier": "solo" })))
+        .await
+        .expect("admitted");
+    let corrected = secrets.get("zkgate-zookeeper-tls").await.unwrap();
+    assert_eq!(
+        corrected.data.unwrap()["ca.crt"].0,
+        std::fs::read(&ca).unwrap(),
+        "corrected before the pod was admitted"
     );
     drop(controller);
     h.done().await;

@@ -76,6 +76,32 @@ pub async fn namespace(client: &Client) -> String {
     name
 }
 
+/// Creates the Barrier `name` of `participants` through `barriers` and
+/// waits (up to `within`) until a controller has made its znodes (phase
+/// `Waiting`): from then on participants can register.
+pub async fn barrier_waiting(
+    barriers: &Api<zkgate::api::Barrier>,
+    name: &str,
+    participants: u32,
+    within: Duration,
+) -> zkgate::api::Barrier {
+    let barrier = serde_json::from_value(serde_json::json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": name }, "spec": { "participants": participants }
+    }))
+    .expect("a Barrier");
+    let created = barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .expect("create the Barrier");
+    super::eventually(within, &format!("Barrier {name} Waiting"), || async {
+        let phase = barriers.get(name).await.ok()?.status?.phase;
+        (phase == Some(zkgate::api::BarrierPhase::Waiting)).then_some(())
+    })
+    .await;
+    created
+}
+
 /// A `zkgate controller` process reconciling one namespace.
 pub struct ControllerProcess {
     pub child: Child,
