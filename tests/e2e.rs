@@ -194,6 +194,36 @@ impl Cluster {
         holds
     }
 
+    /// Waits until the Job `job`'s `pods` pods succeeded, then asserts
+    /// that their holds of lock `db` (its container of the Job's name
+    /// printing them) never overlapped and that the fencing tokens rose in
+    /// the order of the holds.
+    async fn took_turns(&self, namespace: &str, job: &str, pods: i32) {
+        self.job_succeeded(namespace, job, pods).await;
+        let mut holds = self
+            .holds(
+                namespace,
+                &format!("job-name={job}"),
+                job,
+                "holds db with fencing token",
+            )
+            .await;
+        assert_eq!(holds.len(), pods as usize);
+        holds.sort();
+        for pair in holds.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            assert!(
+                a.1 <= b.0,
+                "{} held until {} but {} from {}",
+                a.3,
+                a.1,
+                b.3,
+                b.0
+            );
+            assert!(a.2 < b.2, "tokens out of order: {holds:?}");
+        }
+    }
+
     async fn pods(&self, namespace: &str, selector: &str) -> Vec<Pod> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         pods.list(&ListParams::default().labels(selector))
@@ -648,29 +678,7 @@ async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
             ],
         ),
     );
-    c.job_succeeded(&ns.name, "migrate", 3).await;
-    let mut holds = c
-        .holds(
-            &ns.name,
-            "job-name=migrate",
-            "migrate",
-            "holds db with fencing token",
-        )
-        .await;
-    assert_eq!(holds.len(), 3);
-    holds.sort();
-    for pair in holds.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            a.1 <= b.0,
-            "{} held until {} but {} from {}",
-            a.3,
-            a.1,
-            b.3,
-            b.0
-        );
-        assert!(a.2 < b.2, "tokens out of order: {holds:?}");
-    }
+    c.took_turns(&ns.name, "migrate", 3).await;
 }
 
 /// The one-label lock (`examples/lock-job-labelled`): admission gives each
@@ -692,29 +700,7 @@ async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
             )],
         ),
     );
-    c.job_succeeded(&ns.name, "migrate", 3).await;
-    let mut holds = c
-        .holds(
-            &ns.name,
-            "job-name=migrate",
-            "migrate",
-            "holds db with fencing token",
-        )
-        .await;
-    assert_eq!(holds.len(), 3);
-    holds.sort();
-    for pair in holds.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            a.1 <= b.0,
-            "{} held until {} but {} from {}",
-            a.3,
-            a.1,
-            b.3,
-            b.0
-        );
-        assert!(a.2 < b.2, "tokens out of order: {holds:?}");
-    }
+    c.took_turns(&ns.name, "migrate", 3).await;
 }
 
 /// With ACLs on, a pod uses its namespace's credential (the Secret the

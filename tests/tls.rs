@@ -257,26 +257,11 @@ async fn the_controller_reconciles_over_tls() {
     let client = client().await;
     install_crds(&client).await;
     let ns = namespace(&client).await;
-    let (ca, cert, key) = (
-        tls.path("ca.crt"),
-        tls.path("client.crt"),
-        tls.path("client.key"),
-    );
-    let controller = ControllerProcess::start_with(
-        &kubeconfig(),
-        &connect,
-        "controller-tls",
-        &[
-            "--watch-namespace",
-            &ns,
-            "--tls-ca",
-            ca.to_str().unwrap(),
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec!["--watch-namespace".to_owned(), ns.clone()];
+    args.extend(tls.controller_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let controller =
+        ControllerProcess::start_with(&kubeconfig(), &connect, "controller-tls", &args);
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let within = Duration::from_secs(30);
     support::kube::barrier_waiting(&barriers, "gang", 2, within).await;

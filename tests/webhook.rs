@@ -677,19 +677,9 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
         tls.path("client.crt"),
         tls.path("client.key"),
     );
-    let controller = h
-        .controller_and(
-            &zk,
-            &[
-                "--tls-ca",
-                ca.to_str().unwrap(),
-                "--tls-cert",
-                cert.to_str().unwrap(),
-                "--tls-key",
-                key.to_str().unwrap(),
-            ],
-        )
-        .await;
+    let args = tls.controller_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let controller = h.controller_and(&zk, &args).await;
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
     support::kube::barrier_waiting(&barriers, "solo", 1, WITHIN).await;
 

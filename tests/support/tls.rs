@@ -52,6 +52,21 @@ impl TlsZooKeeper {
         self.dir.path().join("tls").join(name)
     }
 
+    /// The options giving a `zkgate controller` this server's CA and the
+    /// client certificate.
+    pub fn controller_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for (option, file) in [
+            ("--tls-ca", "ca.crt"),
+            ("--tls-cert", "client.crt"),
+            ("--tls-key", "client.key"),
+        ] {
+            args.push(option.to_owned());
+            args.push(self.path(file).to_string_lossy().into_owned());
+        }
+        args
+    }
+
     /// What a client presents: the right CA and the client certificate.
     pub fn client(&self) -> TlsSettings {
         client_settings(&self.dir.path().join("tls"), "ca.crt")
