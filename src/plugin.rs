@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::webhook::inject::{BARRIER_CONTAINER, LOCK_CONTAINER};
+use crate::controller::webhook::inject::BARRIER_CONTAINER;
 use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
 
 /// Why the plugin could not answer.
@@ -85,8 +85,7 @@ impl Plugin {
             }
             (Some(Kind::Locklease), Some(name)) => {
                 let lock = self.get::<LockLease>(name).await?;
-                let pods = self.labelled(LOCK_LABEL, name).await?;
-                Ok(lock_report(&lock, &pods, now))
+                Ok(lock_report(&lock, now))
             }
             (kind, None) => {
                 let mut out = String::new();
@@ -317,7 +316,7 @@ fn barrier_report(barrier: &Barrier, pods: &[Pod], _now: Timestamp) -> String {
     out
 }
 
-fn lock_report(lock: &LockLease, pods: &[Pod], now: Timestamp) -> String {
+fn lock_report(lock: &LockLease, now: Timestamp) -> String {
     let st = lock.status.clone().unwrap_or_default();
     let mut out = lock_line(lock) + "\n";
     for h in &st.holders {
@@ -334,14 +333,10 @@ fn lock_report(lock: &LockLease, pods: &[Pod], now: Timestamp) -> String {
         }
         let _ = writeln!(out, ")");
     }
-    for (i, id) in st.waiting.iter().enumerate() {
-        let _ = write!(out, "  {}. {id}", i + 1);
-        if let Some(since) = pods
-            .iter()
-            .find(|p| &p.name_any() == id)
-            .and_then(waiting_since)
-        {
-            let _ = write!(out, " (waiting {})", ago(since, now));
+    for (i, w) in st.waiting.iter().enumerate() {
+        let _ = write!(out, "  {}. {}", i + 1, w.id);
+        if let Some(since) = &w.since {
+            let _ = write!(out, " (waiting {})", ago(since.0, now));
         }
         let _ = writeln!(out);
     }
@@ -353,23 +348,6 @@ fn lock_report(lock: &LockLease, pods: &[Pod], now: Timestamp) -> String {
         );
     }
     out
-}
-
-/// When a pod's lock container started waiting.
-fn waiting_since(pod: &Pod) -> Option<Timestamp> {
-    pod.status
-        .as_ref()?
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .find(|c| c.name == LOCK_CONTAINER)?
-        .state
-        .as_ref()?
-        .running
-        .as_ref()?
-        .started_at
-        .as_ref()
-        .map(|t| t.0)
 }
 
 fn why_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
@@ -446,7 +424,7 @@ fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
             None => h.id.clone(),
         })
         .collect();
-    match st.waiting.iter().position(|w| w == &name) {
+    match st.waiting.iter().position(|w| w.id == name) {
         Some(i) => format!(
             "Pod {name} waits for LockLease {}: position {} of {} in the queue, behind {}.",
             lock.name_any(),

@@ -9,7 +9,7 @@ pub use barrier::{
 };
 pub use locklease::{
     HoldMode, HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockNodeData,
-    LockPhase,
+    LockPhase, WaiterStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

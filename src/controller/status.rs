@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
     BarrierPhase, BarrierSpec, BarrierStatus, HoldMode, HolderStatus, LockLeaseSpec,
-    LockLeaseStatus, LockPhase, OnParticipantLoss, ParticipantStatus,
+    LockLeaseStatus, LockPhase, OnParticipantLoss, ParticipantStatus, WaiterStatus,
 };
 use crate::zk::contender::{self, ContenderKind};
 use crate::zk::tree::{ChildNode, Snapshot};
@@ -662,7 +662,7 @@ fn queue_held(children: &[ChildNode]) -> Held<'_> {
             continue;
         };
         if contender::blocker(&queue, i).is_some() {
-            waiting.push(holder_id(child));
+            waiting.push(waiter(child));
             continue;
         }
         holdings.push(Holding {
@@ -708,7 +708,7 @@ fn semaphore_held<'a>(leases: &'a [ChildNode], locks: &'a [ChildNode]) -> Held<'
     let waiting = contender::queue(&names)
         .iter()
         .filter_map(|c| locks.iter().find(|n| n.name == c.name))
-        .map(holder_id)
+        .map(waiter)
         .collect();
     let in_use = holdings.iter().map(|h| h.nodes.len() as u32).sum();
     Held {
@@ -730,7 +730,7 @@ struct Holding<'a> {
 /// Who holds and who waits, as the status rules see it.
 struct Held<'a> {
     holdings: Vec<Holding<'a>>,
-    waiting: Vec<String>,
+    waiting: Vec<WaiterStatus>,
     /// The nodes whose pods are tracked (persistent holds).
     children: &'a [ChildNode],
     permits_in_use: Option<u32>,
@@ -740,6 +740,17 @@ struct Held<'a> {
 fn holder_id(child: &ChildNode) -> String {
     let who = ParticipantData::parse(&child.data);
     who.id.or(who.pod).unwrap_or_else(|| child.name.clone())
+}
+
+/// A waiter as the status shows it: who, and since when (its node's ctime).
+fn waiter(child: &ChildNode) -> WaiterStatus {
+    WaiterStatus {
+        id: holder_id(child),
+        pod: ParticipantData::parse(&child.data).pod,
+        since: Timestamp::from_millisecond(child.stat.ctime)
+            .ok()
+            .map(MicroTime),
+    }
 }
 
 /// The status rules shared by locks and semaphores: lease expiry and
@@ -889,6 +900,10 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
 
 #[cfg(test)]
 mod tests {
+    /// The waiters' ids, in queue order.
+    fn ids(waiting: &[WaiterStatus]) -> Vec<&str> {
+        waiting.iter().map(|w| w.id.as_str()).collect()
+    }
 
     #[test]
     fn written_lists_are_capped_and_lost_participants_do_not_pile_up() {
@@ -914,13 +929,18 @@ mod tests {
         assert_eq!(written.capped(), written, "capping twice changes nothing");
 
         let lock = LockLeaseStatus {
-            waiting: (0..250).map(|i| format!("w{i}")).collect(),
+            waiting: (0..250)
+                .map(|i| WaiterStatus {
+                    id: format!("w{i}"),
+                    ..Default::default()
+                })
+                .collect(),
             waiting_count: 250,
             ..Default::default()
         };
         let written = lock.capped();
         assert_eq!((written.waiting.len(), written.waiting_count), (100, 250));
-        assert_eq!(written.waiting[0], "w0");
+        assert_eq!(written.waiting[0].id, "w0");
 
         // A Job's retries: 30 lost before the opening; the 10 most recent stay.
         let spec = spec(5, None, OnParticipantLoss::Wait);
@@ -1289,7 +1309,7 @@ mod tests {
             ["r1", "r2"]
         );
         assert_eq!(
-            out.status.waiting,
+            ids(&out.status.waiting),
             ["w", "r3"],
             "queue order; a later reader waits behind the writer"
         );
@@ -1346,7 +1366,7 @@ mod tests {
             [("a", 2), ("b", 1)]
         );
         assert_eq!(
-            st.waiting,
+            ids(&st.waiting),
             ["first", "second"],
             "in the order they will be served"
         );
