@@ -28,53 +28,58 @@ impl Reconciled for Barrier {
         acls: &NamespaceAcls,
         ctx: &Context,
     ) -> Result<Action, Error> {
-        apply(self, namespace, acls, ctx).await
+        let barrier = self;
+        let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
+        let path = ctx.layout.barrier(namespace, &barrier.name_any())?;
+        let size = match size(barrier, namespace, ctx).await {
+            Ok(n) => n,
+            Err(problem) => match current_size(ctx, &path).await? {
+                // Made before: it keeps its count (and says why it cannot follow).
+                Some(n) => {
+                    return apply_sized(barrier, namespace, acls, ctx, n, Some(problem)).await;
+                }
+                None => {
+                    let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
+                    let outcome = status::barrier_unsized(
+                        &previous,
+                        &problem,
+                        barrier.metadata.generation,
+                        &path,
+                        Timestamp::now(),
+                    );
+                    publish(barrier, namespace, &outcome.status, &outcome.notes, ctx).await?;
+                    // The Job's arrival triggers a look; this is the fallback.
+                    return Ok(Action::requeue(Duration::from_secs(30)));
+                }
+            },
+        };
+        apply_sized(barrier, namespace, acls, ctx, size, None).await
     }
 
     async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-        cleanup(self, namespace, ctx).await
+        let barrier = self;
+        let name = barrier.name_any();
+        let path = ctx.layout.barrier(namespace, &name)?;
+        let zk = &*ctx.zk;
+        // Waiters learn first that the barrier is gone (they exit 4), then the
+        // subtree goes.
+        match DoubleBarrier::new(&path).fail(zk, "Deleted").await {
+            Ok(_)
+            | Err(crate::zk::ZkError::Zk {
+                source: zookeeper_client::Error::NoNode,
+                ..
+            }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tree::delete_tree(zk, &path).await?;
+        ctx.metrics.barrier_gone(namespace, &name);
+        ctx.jobs.follow(namespace, &name, None);
+        if let Some(uid) = barrier.uid() {
+            ctx.barrier_status.forget(&uid);
+        }
+        info!(barrier = %name, %path, "deleted the barrier's znodes");
+        Ok(Action::await_change())
     }
-}
-
-async fn apply(
-    barrier: &Barrier,
-    namespace: &str,
-    acls: &NamespaceAcls,
-    ctx: &Context,
-) -> Result<Action, Error> {
-    let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
-    let path = ctx.layout.barrier(namespace, &barrier.name_any())?;
-    let size = match size(barrier, namespace, ctx).await {
-        Ok(n) => n,
-        Err(problem) => match current_size(ctx, &path).await? {
-            // Made before: it keeps its count (and says why it cannot follow).
-            Some(n) => {
-                return apply_sized(barrier, namespace, acls, ctx, n, Some(problem)).await;
-            }
-            None => {
-                let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
-                let outcome = status::barrier_unsized(
-                    &previous,
-                    &problem,
-                    barrier.metadata.generation,
-                    &path,
-                    Timestamp::now(),
-                );
-                publish(
-                    barrier,
-                    namespace,
-                    &uid,
-                    &outcome.status,
-                    &outcome.notes,
-                    ctx,
-                )
-                .await?;
-                // The Job's arrival triggers a look; this is the fallback.
-                return Ok(Action::requeue(Duration::from_secs(30)));
-            }
-        },
-    };
-    apply_sized(barrier, namespace, acls, ctx, size, None).await
 }
 
 /// How many participants open `barrier`: `spec.participants`, else its
@@ -221,41 +226,9 @@ async fn apply_sized(
             return Ok(Action::requeue(Duration::ZERO));
         }
     }
-    publish(
-        barrier,
-        namespace,
-        &uid,
-        &outcome.status,
-        &outcome.notes,
-        ctx,
-    )
-    .await?;
+    publish(barrier, namespace, &outcome.status, &outcome.notes, ctx).await?;
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
-}
-
-async fn cleanup(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-    let name = barrier.name_any();
-    let path = ctx.layout.barrier(namespace, &name)?;
-    let zk = &*ctx.zk;
-    // Waiters learn first that the barrier is gone (they exit 4), then the
-    // subtree goes.
-    match DoubleBarrier::new(&path).fail(zk, "Deleted").await {
-        Ok(_)
-        | Err(crate::zk::ZkError::Zk {
-            source: zookeeper_client::Error::NoNode,
-            ..
-        }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    tree::delete_tree(zk, &path).await?;
-    ctx.metrics.barrier_gone(namespace, &name);
-    ctx.jobs.follow(namespace, &name, None);
-    if let Some(uid) = barrier.uid() {
-        ctx.barrier_status.forget(&uid);
-    }
-    info!(barrier = %name, %path, "deleted the barrier's znodes");
-    Ok(Action::await_change())
 }

@@ -516,17 +516,7 @@ async fn load(
                 // The controller's own ACL: nobody else may read it.
                 let options = zk::CreateMode::Persistent.with_acls(zk.node_acls());
                 if let Some((parent, _)) = node.rsplit_once('/') {
-                    match zk
-                        .retry("create", parent, || client.mkdir(parent, &options))
-                        .await
-                    {
-                        Ok(())
-                        | Err(ZkError::Zk {
-                            source: zk::Error::NodeExists,
-                            ..
-                        }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    zk.mkdir_all(parent, &options).await?;
                 }
                 match zk
                     .retry("create", node, || client.create(node, &data, &options))
@@ -582,21 +572,10 @@ async fn protect(
     acls: &NamespaceAcls,
     rotation: Option<Moving<'_>>,
 ) -> Result<(), Error> {
-    let client = zk.client();
     let dirs = layout.namespace_dirs(namespace)?;
     let options = zk::CreateMode::Persistent.with_acls((&acls.dirs[..]).into());
     for dir in &dirs {
-        match zk
-            .retry("create", dir, || client.mkdir(dir, &options))
-            .await
-        {
-            Ok(())
-            | Err(ZkError::Zk {
-                source: zk::Error::NodeExists,
-                ..
-            }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        zk.mkdir_all(dir, &options).await?;
         acl_change::ensure(zk, dir, &acls.dirs).await?;
     }
     for parent in &dirs[1..] {

@@ -31,11 +31,159 @@ impl Reconciled for LockLease {
         acls: &NamespaceAcls,
         ctx: &Context,
     ) -> Result<Action, Error> {
-        apply(self, namespace, acls, ctx).await
+        let lock = self;
+        let name = lock.name_any();
+        let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
+        let path = ctx.layout.lock(namespace, &name)?;
+        let zk = &*ctx.zk;
+        let wanted = LockNodeData {
+            uid: uid.clone(),
+            mode: lock.spec.mode,
+        };
+
+        let bytes = serde_json::to_vec(&wanted)?;
+        let owner = |data: &[u8]| {
+            serde_json::from_slice::<LockNodeData>(data)
+                .map(|d| Some(d.uid))
+                .map_err(|e| e.to_string())
+        };
+        let create = || async {
+            let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
+            let made = |at: &str| {
+                let at = at.to_owned();
+                move |e| ZkError::Zk {
+                    op: "create",
+                    path: at,
+                    source: e,
+                }
+            };
+            if let Some((parent, _)) = path.rsplit_once('/') {
+                match zk.client().mkdir(parent, &dir).await {
+                    Ok(()) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(made(parent)(e).into()),
+                }
+            }
+            match zk.client().create(&path, &bytes, &dir).await {
+                Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+                Err(e) => Err(made(&path)(e).into()),
+            }
+        };
+        let node = own_node(lock, ctx, &path, &uid, bytes.clone(), owner, create).await?;
+        let Some(mut node) = node else {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        };
+
+        // The mode can change while nobody holds or waits; not under their feet.
+        let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
+        let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
+        let mut spec_problem = None;
+        if current.mode != lock.spec.mode {
+            // Looked at only when the mode changes: a semaphore's holders and
+            // waiters are one level down, and only their names matter.
+            let mut in_use = node
+                .children
+                .iter()
+                .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
+            if current.mode == LockMode::Semaphore {
+                for dir in &semaphore_dirs {
+                    match zk.client().list_children(dir).await {
+                        Ok(names) => in_use |= !names.is_empty(),
+                        Err(zk::Error::NoNode) => {}
+                        Err(e) => {
+                            return Err(ZkError::Zk {
+                                op: "list",
+                                path: dir.clone(),
+                                source: e,
+                            }
+                            .into())
+                        }
+                    }
+                }
+            }
+            if in_use {
+                spec_problem = Some(format!(
+                    "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
+                    current.mode, lock.spec.mode, current.mode
+                ));
+            } else {
+                if current.mode == LockMode::Semaphore {
+                    // A semaphore's own nodes mean nothing to a lock.
+                    for dir in semaphore_dirs
+                        .iter()
+                        .chain([&path::join(&path, crate::zk::COUNT)])
+                    {
+                        tree::delete_tree(zk, dir).await?;
+                    }
+                }
+                let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
+                zk.client()
+                    .set_data(&path, &bytes, Some(node.stat.version))
+                    .await
+                    .map_err(|e| ZkError::Zk {
+                        op: "write",
+                        path: path.clone(),
+                        source: e,
+                    })?;
+                node.data = bytes;
+            }
+        }
+        let mode = serde_json::from_slice::<LockNodeData>(&node.data)
+            .map(|d| d.mode)
+            .unwrap_or_default();
+        if mode == LockMode::Semaphore {
+            return apply_semaphore(lock, namespace, ctx, &path, &acls.resources, spec_problem)
+                .await;
+        }
+
+        // Holds taken by init containers outlive them: release those whose pod
+        // has finished or is gone.
+        let holds: Vec<_> = node
+            .children
+            .iter()
+            .filter(|c| {
+                c.stat.ephemeral_owner == 0
+                    && crate::zk::contender::Contender::parse(&c.name).is_some()
+            })
+            .collect();
+        let persistent = !holds.is_empty();
+        let removed = release_ended(ctx, namespace, &path, holds, ended).await?;
+        node.children.retain(|c| !removed.contains(&c.name));
+
+        let nodes = status::LockNodes::Queue(&node.children);
+        let outcome = settle(lock, ctx, &path, nodes, spec_problem.as_deref()).await?;
+        publish(lock, namespace, ctx, &outcome, persistent).await
     }
 
     async fn cleanup(&self, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-        cleanup(self, namespace, ctx).await
+        let lock = self;
+        let name = lock.name_any();
+        let path = ctx.layout.lock(namespace, &name)?;
+        let zk = &*ctx.zk;
+        // Contenders go last-in-queue first: each waiter's own node is gone
+        // before the node it watches, so when it wakes it finds itself removed
+        // (exit 4) instead of finding itself first in line. The holder goes last.
+        let names = match zk.client().list_children(&path).await {
+            Ok(names) => names,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => {
+                return Err(ZkError::Zk {
+                    op: "list",
+                    path: path.clone(),
+                    source: e,
+                }
+                .into())
+            }
+        };
+        for contender in crate::zk::contender::queue(&names).iter().rev() {
+            tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
+        }
+        tree::delete_tree(zk, &path).await?;
+        ctx.metrics.lock_gone(namespace, &name);
+        if let Some(uid) = lock.uid() {
+            ctx.lock_status.forget(&uid);
+        }
+        info!(lock = %name, %path, "deleted the lock's znodes");
+        Ok(Action::await_change())
     }
 }
 
@@ -44,132 +192,6 @@ impl Reconciled for LockLease {
 /// out its grace period, so its hold stays.
 fn ended(fate: PodFate) -> bool {
     matches!(fate, PodFate::Finished | PodFate::Gone)
-}
-
-async fn apply(
-    lock: &LockLease,
-    namespace: &str,
-    acls: &NamespaceAcls,
-    ctx: &Context,
-) -> Result<Action, Error> {
-    let name = lock.name_any();
-    let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
-    let path = ctx.layout.lock(namespace, &name)?;
-    let zk = &*ctx.zk;
-    let wanted = LockNodeData {
-        uid: uid.clone(),
-        mode: lock.spec.mode,
-    };
-
-    let bytes = serde_json::to_vec(&wanted)?;
-    let owner = |data: &[u8]| {
-        serde_json::from_slice::<LockNodeData>(data)
-            .map(|d| Some(d.uid))
-            .map_err(|e| e.to_string())
-    };
-    let create = || async {
-        let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
-        let made = |at: &str| {
-            let at = at.to_owned();
-            move |e| ZkError::Zk {
-                op: "create",
-                path: at,
-                source: e,
-            }
-        };
-        if let Some((parent, _)) = path.rsplit_once('/') {
-            match zk.client().mkdir(parent, &dir).await {
-                Ok(()) | Err(zk::Error::NodeExists) => {}
-                Err(e) => return Err(made(parent)(e).into()),
-            }
-        }
-        match zk.client().create(&path, &bytes, &dir).await {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(e) => Err(made(&path)(e).into()),
-        }
-    };
-    let node = own_node(lock, ctx, &path, &uid, bytes.clone(), owner, create).await?;
-    let Some(mut node) = node else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    };
-
-    // The mode can change while nobody holds or waits; not under their feet.
-    let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
-    let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
-    let mut spec_problem = None;
-    if current.mode != lock.spec.mode {
-        // Looked at only when the mode changes: a semaphore's holders and
-        // waiters are one level down, and only their names matter.
-        let mut in_use = node
-            .children
-            .iter()
-            .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
-        if current.mode == LockMode::Semaphore {
-            for dir in &semaphore_dirs {
-                match zk.client().list_children(dir).await {
-                    Ok(names) => in_use |= !names.is_empty(),
-                    Err(zk::Error::NoNode) => {}
-                    Err(e) => {
-                        return Err(ZkError::Zk {
-                            op: "list",
-                            path: dir.clone(),
-                            source: e,
-                        }
-                        .into())
-                    }
-                }
-            }
-        }
-        if in_use {
-            spec_problem = Some(format!(
-                "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
-                current.mode, lock.spec.mode, current.mode
-            ));
-        } else {
-            if current.mode == LockMode::Semaphore {
-                // A semaphore's own nodes mean nothing to a lock.
-                for dir in semaphore_dirs
-                    .iter()
-                    .chain([&path::join(&path, crate::zk::COUNT)])
-                {
-                    tree::delete_tree(zk, dir).await?;
-                }
-            }
-            let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
-            zk.client()
-                .set_data(&path, &bytes, Some(node.stat.version))
-                .await
-                .map_err(|e| ZkError::Zk {
-                    op: "write",
-                    path: path.clone(),
-                    source: e,
-                })?;
-            node.data = bytes;
-        }
-    }
-    let mode = serde_json::from_slice::<LockNodeData>(&node.data)
-        .map(|d| d.mode)
-        .unwrap_or_default();
-    if mode == LockMode::Semaphore {
-        return apply_semaphore(lock, namespace, ctx, &path, &acls.resources, spec_problem).await;
-    }
-
-    // Holds taken by init containers outlive them: release those whose pod
-    // has finished or is gone.
-    let holds: Vec<_> = node
-        .children
-        .iter()
-        .filter(|c| {
-            c.stat.ephemeral_owner == 0 && crate::zk::contender::Contender::parse(&c.name).is_some()
-        })
-        .collect();
-    let persistent = !holds.is_empty();
-    let removed = release_ended(ctx, namespace, &path, holds, ended).await?;
-    node.children.retain(|c| !removed.contains(&c.name));
-
-    let nodes = status::LockNodes::Queue(&node.children);
-    let outcome = settle(lock, ctx, &path, nodes, spec_problem.as_deref()).await?;
-    publish(lock, namespace, ctx, &uid, &outcome, persistent).await
 }
 
 /// A Semaphore: keeps its layout (`locks`, `leases`, and `count` holding
@@ -185,7 +207,6 @@ async fn apply_semaphore(
     spec_problem: Option<String>,
 ) -> Result<Action, Error> {
     let name = lock.name_any();
-    let uid = lock.uid().ok_or(Error::Incomplete("uid"))?;
     let zk = &*ctx.zk;
     let dir = zk::CreateMode::Persistent.with_acls(acls.into());
     let write_err = |op: &'static str, at: &str| {
@@ -246,7 +267,7 @@ async fn apply_semaphore(
         locks: &locks,
     };
     let outcome = settle(lock, ctx, path, nodes, spec_problem.as_deref()).await?;
-    publish(lock, namespace, ctx, &uid, &outcome, persistent).await
+    publish(lock, namespace, ctx, &outcome, persistent).await
 }
 
 /// The lock's status with the holds past their lease revoked: computed in
@@ -283,44 +304,12 @@ async fn publish(
     lock: &LockLease,
     namespace: &str,
     ctx: &Context,
-    uid: &str,
     outcome: &status::LockOutcome,
     persistent: bool,
 ) -> Result<Action, Error> {
-    super::reconciler::publish(lock, namespace, uid, &outcome.status, &outcome.notes, ctx).await?;
+    super::reconciler::publish(lock, namespace, &outcome.status, &outcome.notes, ctx).await?;
     ctx.metrics
         .lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
-}
-
-async fn cleanup(lock: &LockLease, namespace: &str, ctx: &Context) -> Result<Action, Error> {
-    let name = lock.name_any();
-    let path = ctx.layout.lock(namespace, &name)?;
-    let zk = &*ctx.zk;
-    // Contenders go last-in-queue first: each waiter's own node is gone
-    // before the node it watches, so when it wakes it finds itself removed
-    // (exit 4) instead of finding itself first in line. The holder goes last.
-    let names = match zk.client().list_children(&path).await {
-        Ok(names) => names,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(e) => {
-            return Err(ZkError::Zk {
-                op: "list",
-                path: path.clone(),
-                source: e,
-            }
-            .into())
-        }
-    };
-    for contender in crate::zk::contender::queue(&names).iter().rev() {
-        tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
-    }
-    tree::delete_tree(zk, &path).await?;
-    ctx.metrics.lock_gone(namespace, &name);
-    if let Some(uid) = lock.uid() {
-        ctx.lock_status.forget(&uid);
-    }
-    info!(lock = %name, %path, "deleted the lock's znodes");
-    Ok(Action::await_change())
 }

@@ -131,11 +131,11 @@ pub fn key<K: Reconciled>(object: &K) -> String {
 pub async fn publish<K: Reconciled>(
     object: &K,
     namespace: &str,
-    uid: &str,
     status: &K::Status,
     notes: &[Note],
     ctx: &Context,
 ) -> Result<(), Error> {
+    let uid = object.uid().ok_or(Error::Incomplete("uid"))?;
     // Compared as it will read back: the API keeps times to the second, and
     // a status that differs from its read-back only below the second would
     // be written again on every look (twice the writes per change, which
@@ -145,7 +145,7 @@ pub async fn publish<K: Reconciled>(
         ctx.confirm_leading().await?;
         write_status(object, namespace, &written, ctx).await?;
     }
-    K::memory(ctx).remember(uid, status);
+    K::memory(ctx).remember(&uid, status);
     for note in notes {
         ctx.record(object, note).await;
     }

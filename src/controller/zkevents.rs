@@ -28,17 +28,7 @@ pub async fn follow(session: &Session, layout: &Layout, triggers: Triggers) -> R
     let root = layout.namespaces_root();
     let client = session.client();
     let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
-    match session
-        .retry("create", &root, || client.mkdir(&root, &dir))
-        .await
-    {
-        Ok(())
-        | Err(ZkError::Zk {
-            source: zk::Error::NodeExists,
-            ..
-        }) => {}
-        Err(e) => return Err(e),
-    }
+    session.mkdir_all(&root, &dir).await?;
     let mut watcher = session
         .retry("watch", &root, || {
             client.watch(&root, zk::AddWatchMode::PersistentRecursive)

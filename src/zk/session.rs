@@ -468,6 +468,28 @@ impl Session {
             }
         }
     }
+
+    /// Makes `path` and any missing parent with `options` (retried like
+    /// [`Session::retry`]); a node that is already there is success, so
+    /// replicas and restarts may race to make it.
+    pub(crate) async fn mkdir_all(
+        &self,
+        path: &str,
+        options: &zk::CreateOptions<'_>,
+    ) -> Result<()> {
+        let client = self.client();
+        match self
+            .retry("create", path, || client.mkdir(path, options))
+            .await
+        {
+            Ok(())
+            | Err(ZkError::Zk {
+                source: zk::Error::NodeExists,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// The client's TLS options (see [`crate::install_crypto_provider`] for why
