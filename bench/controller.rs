@@ -11,7 +11,13 @@
 //! - API requests per ZooKeeper change: the API server's request counter
 //!   (`apiserver_request_total`) across the measured phases, in which only
 //!   the controller sends requests;
-//! - the controller's peak RSS and CPU.
+//! - the controller's peak RSS and CPU;
+//! - the sync after a restart: the controller stopped and started again
+//!   (every resource already has its finalizer, status and znodes), the
+//!   time until it has looked at every resource (its `zkgate_barriers` and
+//!   `zkgate_lock_leases` gauges count them all) and the API writes it took;
+//! - what one status write costs the API server, by server-side apply, merge
+//!   patch and replace, side by side.
 //!
 //! Prints one JSON line.
 //!   cargo bench --bench controller -- KUBECONFIG ZOOKEEPER ZKGATE_BINARY BARRIERS LOCKS GANG
@@ -29,6 +35,10 @@ use serde_json::json;
 use zkgate::api::{Barrier, LockLease};
 use zkgate::zk::{ConnectString, Session, SessionOptions};
 use zookeeper_client as zk;
+
+// The integration tests' helpers (a free port, a plain HTTP GET).
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     if v.is_empty() {
@@ -205,24 +215,28 @@ async fn main() {
     let sync_l = watch_until(lock_api.clone(), synced.clone(), |l: &LockLease| {
         l.status.is_some()
     });
+    let metrics_port = support::zookeeper::free_port();
+    let start_controller = || {
+        tokio::process::Command::new(binary)
+            .args([
+                "controller",
+                "--watch-namespace",
+                &ns,
+                "--zookeeper",
+                &connect,
+                "--id",
+                "bench",
+                "--metrics-addr",
+                &format!("127.0.0.1:{metrics_port}"),
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("ZKGATE_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
     let started = Instant::now();
-    let mut controller = tokio::process::Command::new(binary)
-        .args([
-            "controller",
-            "--watch-namespace",
-            &ns,
-            "--zookeeper",
-            &connect,
-            "--id",
-            "bench",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", kubeconfig)
-        .env("ZKGATE_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut controller = start_controller();
     let pid = controller.id().unwrap();
     let everything = barriers + 1 + locks;
     wait_for(&synced, everything, Duration::from_secs(600)).await;
@@ -372,6 +386,45 @@ async fn main() {
         w.abort();
     }
     let _ = controller.kill().await;
+    let _ = controller.wait().await;
+
+    // A restart: everything is there already; until the new controller has
+    // looked at every resource (its gauges count them).
+    let (restart_before, restart_by_before) = api_requests(&client).await;
+    let restarted = Instant::now();
+    let mut controller = start_controller();
+    let mut restart_sync = None;
+    while restarted.elapsed() < Duration::from_secs(600) {
+        let seen = |family: &str, body: &str| -> f64 {
+            body.lines()
+                .filter(|l| l.starts_with(&format!("{family}{{")))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum()
+        };
+        if let Some((_, body)) = support::http_get(metrics_port, "/metrics").await {
+            if seen("zkgate_barriers", &body) as usize == barriers + 1
+                && seen("zkgate_lock_leases", &body) as usize == locks
+            {
+                restart_sync = Some(restarted.elapsed().as_secs_f64());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (restart_after, restart_by_after) = api_requests(&client).await;
+    let writes_of = |by: &HashMap<String, f64>| -> f64 {
+        by.iter()
+            .filter(|(k, _)| {
+                ["PATCH", "APPLY", "PUT", "POST", "DELETE"]
+                    .iter()
+                    .any(|v| k.starts_with(v))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let restart_writes = writes_of(&restart_by_after) - writes_of(&restart_by_before);
+    let _ = controller.kill().await;
+    let writes = status_write_costs(&client, (barriers * 3).clamp(150, 1500)).await;
     let mut by: Vec<(String, f64)> = by_after
         .into_iter()
         .map(|(k, v)| (k.clone(), v - by_before.get(&k).copied().unwrap_or(0.0)))
@@ -389,6 +442,109 @@ async fn main() {
             "api_requests_per_change": (requests_after - requests_before) / changes as f64,
             "api_requests_by": by.into_iter().take(8).collect::<Vec<_>>(),
             "peak_rss_mib": rss_kib as f64 / 1024.0, "cpu_seconds": cpu_seconds,
+            "restart_sync_seconds": restart_sync, "restart_api_requests": restart_after - restart_before,
+            "restart_api_writes": restart_writes,
+            "status_writes": writes,
         })
     );
+}
+
+/// What a status write costs the API server, by the way it is written:
+/// server-side apply (what the controller does), a JSON merge patch, and a
+/// replace of the status subresource (conditioned on the resourceVersion
+/// the writer has cached). `n` Barriers of their own namespace, 64 writes in
+/// flight, the three ways interleaved over three rounds (this machine's
+/// speed drifts); writes a second, median of the rounds, and each way's
+/// ratio to apply.
+async fn status_write_costs(client: &Client, n: usize) -> serde_json::Value {
+    let ns = format!("writes-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": ns } })).unwrap(),
+        )
+        .await
+        .unwrap();
+    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..n)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("w{i}") }, "spec": { "participants": 3 } })).unwrap();
+                api.create(&PostParams::default(), &b).await.unwrap();
+            }
+        })
+        .await;
+    // A status of the size the controller writes for a barrier of 3.
+    let status = |entered: u32| {
+        json!({
+            "phase": "Waiting", "entered": entered, "left": 0, "required": 3,
+            "participants": [{ "id": "p0", "pod": "p0", "enteredAt": "2026-11-30T10:00:00Z" }],
+            "conditions": [{ "type": "Open", "status": "False", "reason": "Waiting",
+                "message": format!("{entered} of 3 participants entered"),
+                "lastTransitionTime": "2026-11-30T10:00:00Z", "observedGeneration": 1 }],
+            "observedGeneration": 1, "znode": "/zkgate/namespaces/x/barriers/w"
+        })
+    };
+    let ways = ["apply", "merge", "replace"];
+    let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut entered = 0;
+    for _round in 0..3 {
+        for way in ways {
+            entered += 1;
+            // The objects as a writer's cache holds them (for replace).
+            let cached: HashMap<String, Barrier> = api
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|b| (b.name_any(), b))
+                .collect();
+            let started = Instant::now();
+            futures::stream::iter(cached.into_values())
+                .for_each_concurrent(64, |mut b| {
+                    let (api, st) = (api.clone(), status(entered));
+                    async move {
+                        let name = b.name_any();
+                        match way {
+                            "apply" => {
+                                let p = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "status": st });
+                                api.patch_status(&name, &PatchParams::apply("zkgate").force(), &Patch::Apply(&p))
+                                    .await
+                                    .unwrap();
+                            }
+                            "merge" => {
+                                let p = json!({ "status": st });
+                                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&p))
+                                    .await
+                                    .unwrap();
+                            }
+                            _ => {
+                                b.status = Some(serde_json::from_value(st).unwrap());
+                                api.replace_status(&name, &PostParams::default(), &b)
+                                    .await
+                                    .unwrap();
+                            }
+                        }
+                    }
+                })
+                .await;
+            rates
+                .entry(way)
+                .or_default()
+                .push(n as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    let median = |way: &str| {
+        let mut r = rates[way].clone();
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    };
+    json!({
+        "objects": n,
+        "per_second": { "apply": median("apply"), "merge": median("merge"), "replace": median("replace") },
+        "merge_over_apply": median("merge") / median("apply"),
+        "replace_over_apply": median("replace") / median("apply"),
+    })
 }

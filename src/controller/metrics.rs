@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::api::{BarrierPhase, BarrierStatus, LockLeaseStatus};
+use crate::api::{BarrierPhase, BarrierStatus, LockLeaseStatus, LockPhase};
 use crate::zk::tree::Snapshot;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -83,6 +83,7 @@ pub struct Metrics {
     errors: Family<KindLabel, Counter>,
     duration: Family<KindLabel, Histogram, fn() -> Histogram>,
     barriers: Family<PhaseLabel, Gauge>,
+    lock_leases: Family<PhaseLabel, Gauge>,
     waiting_participants: Gauge,
     lock_holders: Gauge,
     lock_waiters: Gauge,
@@ -110,6 +111,7 @@ impl Default for Metrics {
             reconcile_buckets as fn() -> Histogram,
         );
         let barriers = Family::<PhaseLabel, Gauge>::default();
+        let lock_leases = Family::<PhaseLabel, Gauge>::default();
         let waiting_participants = Gauge::default();
         let lock_holders = Gauge::default();
         let lock_waiters = Gauge::default();
@@ -130,6 +132,11 @@ impl Default for Metrics {
             duration.clone(),
         );
         registry.register("barriers", "Barriers by phase", barriers.clone());
+        registry.register(
+            "lock_leases",
+            "LockLeases by phase (Free, Held)",
+            lock_leases.clone(),
+        );
         registry.register(
             "barrier_participants_waiting",
             "Participants registered in barriers that have not opened",
@@ -202,6 +209,11 @@ impl Default for Metrics {
                 phase: format!("{phase:?}"),
             });
         }
+        for phase in ["Free", "Held"] {
+            let _ = lock_leases.get_or_create(&PhaseLabel {
+                phase: phase.into(),
+            });
+        }
         for source in ["cache", "api"] {
             let _ = pod_lookups.get_or_create(&SourceLabel { source });
         }
@@ -217,6 +229,7 @@ impl Default for Metrics {
             errors,
             duration,
             barriers,
+            lock_leases,
             waiting_participants,
             lock_holders,
             lock_waiters,
@@ -293,6 +306,9 @@ impl Metrics {
             for phase in PHASES {
                 self.phase_gauge(phase).set(0);
             }
+            for held in [false, true] {
+                self.lock_phase_gauge(held).set(0);
+            }
             self.waiting_participants.set(0);
             self.lock_holders.set(0);
             self.lock_waiters.set(0);
@@ -303,6 +319,19 @@ impl Metrics {
 
     fn phase_gauge(&self, phase: BarrierPhase) -> Gauge {
         self.barriers
+            .get_or_create(&PhaseLabel {
+                phase: format!("{phase:?}"),
+            })
+            .clone()
+    }
+
+    fn lock_phase_gauge(&self, held: bool) -> Gauge {
+        let phase = if held {
+            LockPhase::Held
+        } else {
+            LockPhase::Free
+        };
+        self.lock_leases
             .get_or_create(&PhaseLabel {
                 phase: format!("{phase:?}"),
             })
@@ -338,10 +367,12 @@ impl Metrics {
             None => seen.locks.remove(&key),
         };
         if let Some((holders, waiters)) = before {
+            self.lock_phase_gauge(holders > 0).dec();
             self.lock_holders.dec_by(holders);
             self.lock_waiters.dec_by(waiters);
         }
         if let Some((holders, waiters)) = now {
+            self.lock_phase_gauge(holders > 0).inc();
             self.lock_holders.inc_by(holders);
             self.lock_waiters.inc_by(waiters);
         }
@@ -484,6 +515,11 @@ mod tests {
         assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Open\"} "), 1.0);
         assert_eq!(value(&metrics, "zkgate_barrier_participants_waiting "), 1.0);
         assert_eq!(value(&metrics, "zkgate_lock_waiters "), 3.0);
+        assert_eq!(value(&metrics, "zkgate_lock_leases{phase=\"Held\"} "), 1.0);
+        metrics.lock_seen("a", "free", &LockLeaseStatus::default());
+        metrics.lock_seen("a", "db", &lock);
+        assert_eq!(value(&metrics, "zkgate_lock_leases{phase=\"Held\"} "), 1.0);
+        assert_eq!(value(&metrics, "zkgate_lock_leases{phase=\"Free\"} "), 1.0);
         metrics.barrier_gone("a", "y");
         assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Waiting\"} "), 0.0);
         assert_eq!(value(&metrics, "zkgate_barrier_participants_waiting "), 0.0);
@@ -492,6 +528,7 @@ mod tests {
         assert_eq!(value(&metrics, "zkgate_barriers{phase=\"Open\"} "), 0.0);
         assert_eq!(value(&metrics, "zkgate_lock_holders "), 0.0);
         assert_eq!(value(&metrics, "zkgate_lock_waiters "), 0.0);
+        assert_eq!(value(&metrics, "zkgate_lock_leases{phase=\"Free\"} "), 0.0);
         // A later term starts from nothing, not from negative counts.
         metrics.set_leader(true);
         metrics.lock_seen("a", "db", &lock);
