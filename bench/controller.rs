@@ -385,7 +385,10 @@ async fn main() {
     for w in watches {
         w.abort();
     }
-    let _ = controller.kill().await;
+    // Stopped as Kubernetes stops a pod (SIGTERM): it gives up leadership
+    // as it goes, so the new one need not wait out the old session.
+    // SAFETY: kill(2) on the child's pid, which has not been reaped yet.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let _ = controller.wait().await;
 
     // A restart: everything is there already; until the new controller has

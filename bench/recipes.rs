@@ -315,12 +315,44 @@ async fn main() {
                 done = done.max(d);
             }
             let release_ms = ms(released - last_enter);
+            // The floor under any release on this machine: the same N
+            // sessions each watch a node that one of them then makes; from
+            // the create call until every session was notified (no request
+            // after the notification, no barrier logic).
+            let mut watching = Vec::new();
+            for s in &all {
+                let (stat, watcher) = s
+                    .client()
+                    .check_and_watch_stat("/floor")
+                    .await
+                    .expect("watch");
+                assert!(stat.is_none());
+                watching.push(tokio::spawn(async move {
+                    watcher.changed().await;
+                    Instant::now()
+                }));
+            }
+            let made = Instant::now();
+            all[0]
+                .client()
+                .create(
+                    "/floor",
+                    b"",
+                    &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                )
+                .await
+                .expect("create");
+            let mut notified = made;
+            for w in watching {
+                notified = notified.max(w.await.expect("task"));
+            }
+            let floor_ms = ms(notified - made);
             println!(
                 "{}",
                 serde_json::json!({
                     "impl": "zkgate", "scenario": format!("barrier-{count}"), "ops": count,
                     "seconds": (done - started).as_secs_f64(), "ops_per_sec": count as f64 / (done - started).as_secs_f64(),
-                    "release_ms": release_ms, "round_ms": ms(done - started),
+                    "release_ms": release_ms, "round_ms": ms(done - started), "watch_floor_ms": floor_ms,
                     "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
                 })
             );
