@@ -267,6 +267,9 @@ async fn main() {
             // N participants, each its own session. N-1 enter and register;
             // then the last one enters. Release: from that last enter() call
             // until every enter() returned. Round: enter and leave of all.
+            // Each leaves once all have passed, as a gang's pods leave after
+            // their work: one that left at once would load the server with
+            // its leave while later ones are still being released.
             let count = n;
             let mut all = Vec::new();
             for _ in 0..count {
@@ -279,7 +282,9 @@ async fn main() {
             };
             barrier.create(&all[0], &data).await.expect("barrier node");
             let started = Instant::now();
+            let all_passed = Arc::new(tokio::sync::Barrier::new(count));
             let enter = |s: Arc<Session>, i: usize| {
+                let all_passed = all_passed.clone();
                 tokio::spawn(async move {
                     let b = zkgate::zk::DoubleBarrier::new("/barrier");
                     let opts = zkgate::zk::EnterOptions::default();
@@ -287,6 +292,7 @@ async fn main() {
                         .await
                         .expect("enter");
                     let released = Instant::now();
+                    all_passed.wait().await;
                     b.leave(&s, &format!("p{i:05}"), None).await.expect("leave");
                     (released, Instant::now())
                 })

@@ -424,7 +424,11 @@ fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
             None => h.id.clone(),
         })
         .collect();
-    match st.waiting.iter().position(|w| w.id == name) {
+    match st
+        .waiting
+        .iter()
+        .position(|w| w.id == name || w.pod.as_deref() == Some(name.as_str()))
+    {
         Some(i) => format!(
             "Pod {name} waits for LockLease {}: position {} of {} in the queue, behind {}.",
             lock.name_any(),

@@ -1546,8 +1546,12 @@ async fn each_change_costs_one_status_write() {
         entered(i + 1).await;
     }
     let written = settled().await - before;
+    // The first status, one write per change, and at most one repeat: under
+    // load the watch can hand the controller its object before its own last
+    // write shows, and the status then looks changed. Two writes a change
+    // (the bug this guards against) would be 2 × CHANGES.
     assert!(
-        written <= f64::from(CHANGES) + 1.0,
+        written <= f64::from(CHANGES) + 2.0,
         "{written} status writes for the first status and {CHANGES} changes"
     );
 }
