@@ -334,3 +334,53 @@ async fn enter_waits_for_the_barrier_node_to_be_created() {
         .expect("entered once the node appeared");
     assert_eq!(entered.participants, 1);
 }
+
+/// A fail (or a change of x) makes and deletes `ready` in the transaction
+/// that rewrites the barrier's data; a waiter takes a `ready` made with no
+/// barrier change before it for an opening, without reading. Many waiters
+/// on one session get both notifications in one batch, so each sees both
+/// at once: every one must stop failed, none pass.
+#[tokio::test]
+async fn a_fail_never_reads_as_an_opening_even_with_both_notifications_at_once() {
+    let connect = isolated_connect();
+    let owner = session(&connect).await;
+    let barrier = DoubleBarrier::new(BARRIER);
+    barrier
+        .create(
+            &owner,
+            &BarrierData {
+                participants: 100,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    let shared = Arc::new(session(&connect).await);
+    let waiters: Vec<_> = (0..40)
+        .map(|i| {
+            let s = shared.clone();
+            tokio::spawn(async move {
+                DoubleBarrier::new(BARRIER)
+                    .enter(
+                        &s,
+                        &format!("w{i:02}"),
+                        &EnterOptions::default(),
+                        within(30),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(10), "40 registered", || async {
+        (children(&owner, BARRIER).await.len() == 40).then_some(())
+    })
+    .await;
+    assert!(barrier.fail(&owner, "TimedOut").await.unwrap());
+    for (i, w) in waiters.into_iter().enumerate() {
+        let outcome = w.await.unwrap();
+        assert!(
+            matches!(&outcome, Err(ZkError::BarrierFailed { .. })),
+            "waiter {i}: {outcome:?}"
+        );
+    }
+}

@@ -541,29 +541,29 @@ impl DoubleBarrier {
                 }
             };
             tokio::select! {
+                // The barrier's watch first: see below.
+                biased;
+                event = barrier_watch.changed() => check_event(&event)?,
                 event = ready_watch.changed() => {
                     check_event(&event)?;
                     if event.event_type == zk::EventType::NodeCreated {
-                        // `ready` was made: opened, unless it was the
-                        // transient `ready` with which a fail or a change of
-                        // x asserts the barrier had not opened (made and
-                        // deleted in one transaction). One small read tells;
-                        // a full round (the barrier's data and N children)
-                        // by each of N waiters is what bounded the release
-                        // of a large barrier.
+                        // `ready` was made. A fail or a change of x also
+                        // makes `ready` (and deletes it, in the transaction
+                        // that asserts the barrier had not opened), but
+                        // always after rewriting the barrier's data in that
+                        // same transaction (`update_unopened`). Both watches
+                        // were set in one round, the barrier's first, so the
+                        // server sent that data change's notification before
+                        // this one, and the client hands notifications over
+                        // in the order they came: had the barrier changed,
+                        // its watch would have fired and been taken above.
+                        // So this is an opening, known without a read (a
+                        // read by each of N waiters is what bounded the
+                        // release of a large barrier).
                         session.stats().record_wakeup();
-                        match client.check_stat(&ready).await {
-                            Ok(Some(_)) => return Ok(entered),
-                            Ok(None) => continue,
-                            Err(e) if is_connection_loss(&e) => {
-                                session.await_connected().await?;
-                                continue;
-                            }
-                            Err(e) => return Err(ZkError::from_client("check", &ready, e)),
-                        }
+                        return Ok(entered);
                     }
                 }
-                event = barrier_watch.changed() => check_event(&event)?,
                 () = progress => continue,
             }
             session.stats().record_wakeup();
@@ -842,7 +842,9 @@ impl DoubleBarrier {
     /// also asserts `ready` is absent (it creates and deletes `ready`, which
     /// fails if it exists). The data write moves the node's version, so a
     /// participant's opening based on the old data fails its version check:
-    /// either the opening or this change lands, never both.
+    /// either the opening or this change lands, never both. The data write
+    /// must stay first in the transaction: a waiter takes a `ready` made
+    /// with no barrier change notified before it for an opening.
     async fn update_unopened(
         &self,
         session: &Session,
