@@ -44,7 +44,9 @@ fn report(
 
 async fn session(connect: &str) -> Session {
     let connect: ConnectString = connect.parse().expect("connect string");
-    let mut options = SessionOptions::new(connect);
+    // Long enough that one process driving 5,000 sessions (scenario 6)
+    // keeps them all through its bursts; no scenario waits on an expiry.
+    let mut options = SessionOptions::new(connect).session_timeout(Duration::from_secs(30));
     if options.connect.uses_tls() {
         // The -tls scenarios: certificates as scripts/zookeeper makes them.
         let dir = std::path::PathBuf::from(
