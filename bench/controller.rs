@@ -172,15 +172,7 @@ async fn main() {
         .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let ns = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } })).unwrap(),
-        )
-        .await
-        .unwrap();
+    let ns = support::kube::namespace(&client).await;
 
     // Every resource first, then the controller: its first full sync.
     let barrier_api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
@@ -460,15 +452,7 @@ async fn main() {
 /// speed drifts); writes a second, median of the rounds, and each way's
 /// ratio to apply.
 async fn status_write_costs(client: &Client, n: usize) -> serde_json::Value {
-    let ns = format!("writes-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } })).unwrap(),
-        )
-        .await
-        .unwrap();
+    let ns = support::kube::namespace(client).await;
     let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     futures::stream::iter(0..n)
         .for_each_concurrent(16, |i| {
