@@ -333,9 +333,14 @@ fn lock_report(lock: &LockLease, now: Timestamp) -> String {
         }
         let _ = writeln!(out, ")");
     }
-    for (i, w) in st.waiting.iter().enumerate() {
-        let _ = write!(out, "  {}. {}", i + 1, w.id);
-        if let Some(since) = &w.since {
+    for (i, id) in st.waiting.iter().enumerate() {
+        let _ = write!(out, "  {}. {id}", i + 1);
+        let since = st
+            .waiters
+            .iter()
+            .find(|w| &w.id == id)
+            .and_then(|w| w.since.as_ref());
+        if let Some(since) = since {
             let _ = write!(out, " (waiting {})", ago(since.0, now));
         }
         let _ = writeln!(out);
@@ -425,7 +430,7 @@ fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
         })
         .collect();
     match st
-        .waiting
+        .waiters
         .iter()
         .position(|w| w.id == name || w.pod.as_deref() == Some(name.as_str()))
     {

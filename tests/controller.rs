@@ -696,10 +696,10 @@ async fn waiters_are_listed_in_queue_order() {
     }
     let st = api.get("q").await.unwrap().status.unwrap();
     assert_eq!(st.holders[0].id, "first");
-    assert_eq!(waiter_ids(&st), ["second", "third"]);
+    assert_eq!(st.waiting, ["second", "third"]);
     // Each waiter's wait starts when its node was made, in queue order.
     let since: Vec<_> = st
-        .waiting
+        .waiters
         .iter()
         .map(|w| w.since.clone().expect("since when it waits").0)
         .collect();
@@ -709,11 +709,6 @@ async fn waiters_are_listed_in_queue_order() {
         "{since:?} {:?}",
         st.holders
     );
-}
-
-/// A LockLease's waiters' ids, in queue order.
-fn waiter_ids(st: &zkgate::api::LockLeaseStatus) -> Vec<&str> {
-    st.waiting.iter().map(|w| w.id.as_str()).collect()
 }
 
 /// Issue 12, item 14: the status read back is not the controller's
@@ -786,7 +781,7 @@ async fn a_stale_or_edited_status_neither_restarts_a_lease_nor_repeats_events() 
     .unwrap();
     let rewritten = eventually(WITHIN, "the hold and the waiter in the status", || async {
         let st = api.get("db").await.ok()?.status?;
-        (waiter_ids(&st) == ["waiter"]).then_some(st.holders.first().cloned()?)
+        (st.waiting == ["waiter"]).then_some(st.holders.first().cloned()?)
     })
     .await;
     assert_eq!(
@@ -1246,7 +1241,7 @@ async fn a_semaphore_lease_lists_holders_follows_its_permits_and_revokes() {
     let late = run("late", "1", "0");
     let st = eventually(WITHIN, "3 in use of 3 and one waiting", || async {
         let st = api.get("pool").await.ok()?.status?;
-        (st.permits_in_use == Some(3) && waiter_ids(&st) == ["late"]).then_some(st)
+        (st.permits_in_use == Some(3) && st.waiting == ["late"]).then_some(st)
     })
     .await;
     assert_eq!(st.holder_count, 2);
@@ -1850,7 +1845,7 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
         "the holder and the waiter in the status",
         || async {
             let st = api.get("db").await.ok()?.status?;
-            (st.holders.len() == 1 && waiter_ids(&st) == ["waiter"]).then_some(())
+            (st.holders.len() == 1 && st.waiting == ["waiter"]).then_some(())
         },
     )
     .await;

@@ -427,6 +427,7 @@ async fn controller_reconciles_with_chart_rbac(
     let path = format!("/zkgate/namespaces/{ns}/barriers/g");
     let deadline = tokio::time::Instant::now()
         + Duration::from_secs(if remove_rule.is_some() { 8 } else { 30 });
+    let mut entered = false;
     loop {
         let phase = barriers
             .get("g")
@@ -434,7 +435,10 @@ async fn controller_reconciles_with_chart_rbac(
             .ok()
             .and_then(|b| b.status)
             .and_then(|s| s.phase);
-        if phase == Some(zkgate::api::BarrierPhase::Waiting) {
+        // Once: the status may still say Waiting for a moment after the
+        // participant opened the barrier.
+        if phase == Some(zkgate::api::BarrierPhase::Waiting) && !entered {
+            entered = true;
             let mut options = zkgate::zk::SessionOptions::new(zk.parse().unwrap());
             if with_auth {
                 // The namespace's credential, as its pods would read it.

@@ -129,14 +129,14 @@ pub struct LockLeaseStatus {
     /// A Semaphore's permits held, by all holders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits_in_use: Option<u32>,
-    /// The waiters, in queue order (at most the first 100; `waitingCount`
-    /// counts them all).
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "waiters"
-    )]
-    pub waiting: Vec<WaiterStatus>,
+    /// The ids of the waiters, in queue order (at most the first 100;
+    /// `waitingCount` counts them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<String>,
+    /// The same waiters with their pods and since when each waits, in
+    /// queue order (at most the first 100).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiters: Vec<WaiterStatus>,
     /// How many wait.
     #[serde(default)]
     pub waiting_count: u32,
@@ -190,29 +190,6 @@ pub struct WaiterStatus {
     pub since: Option<MicroTime>,
 }
 
-/// Reads `status.waiting` as this version writes it (objects) or as
-/// controllers before it wrote it (the waiters' ids), so that a status not
-/// yet rewritten after an upgrade still reads.
-fn waiters<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<WaiterStatus>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Written {
-        Id(String),
-        Waiter(WaiterStatus),
-    }
-    let written: Vec<Written> = Deserialize::deserialize(d)?;
-    Ok(written
-        .into_iter()
-        .map(|w| match w {
-            Written::Id(id) => WaiterStatus {
-                id,
-                ..Default::default()
-            },
-            Written::Waiter(w) => w,
-        })
-        .collect())
-}
-
 /// How a holder holds a lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub enum HoldMode {
@@ -244,30 +221,4 @@ fn one() -> u32 {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_queue_written_by_an_older_controller_still_reads() {
-        let old: LockLeaseStatus =
-            serde_json::from_value(serde_json::json!({ "waiting": ["a", "b"], "waitingCount": 2 }))
-                .unwrap();
-        let new: LockLeaseStatus = serde_json::from_value(serde_json::json!({
-            "waiting": [{ "id": "a", "pod": "a", "since": "2026-11-30T10:00:00.000000Z" }],
-            "waitingCount": 1
-        }))
-        .unwrap();
-        let ids =
-            |st: &LockLeaseStatus| st.waiting.iter().map(|w| w.id.clone()).collect::<Vec<_>>();
-        assert_eq!(ids(&old), ["a", "b"]);
-        assert_eq!(old.waiting[0].since, None);
-        assert_eq!(ids(&new), ["a"]);
-        assert_eq!(new.waiting[0].pod.as_deref(), Some("a"));
-        assert!(new.waiting[0].since.is_some());
-        let written = serde_json::to_value(&new).unwrap();
-        assert_eq!(written["waiting"][0]["id"], "a");
-    }
 }

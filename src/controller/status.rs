@@ -210,6 +210,7 @@ impl Capped for LockLeaseStatus {
         let mut written = self.clone();
         written.holders.truncate(LIST_LIMIT);
         written.waiting.truncate(LIST_LIMIT);
+        written.waiters.truncate(LIST_LIMIT);
         written
     }
 }
@@ -875,7 +876,8 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
                 .map(|_| holders.iter().map(|h| h.permits).sum()),
             waiting_count: waiting.len() as u32,
             holders,
-            waiting,
+            waiting: waiting.iter().map(|w| w.id.clone()).collect(),
+            waiters: waiting,
             conditions: vec![
                 condition(
                     "Held",
@@ -901,8 +903,8 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
 #[cfg(test)]
 mod tests {
     /// The waiters' ids, in queue order.
-    fn ids(waiting: &[WaiterStatus]) -> Vec<&str> {
-        waiting.iter().map(|w| w.id.as_str()).collect()
+    fn ids(waiters: &[WaiterStatus]) -> Vec<&str> {
+        waiters.iter().map(|w| w.id.as_str()).collect()
     }
 
     #[test]
@@ -929,7 +931,8 @@ mod tests {
         assert_eq!(written.capped(), written, "capping twice changes nothing");
 
         let lock = LockLeaseStatus {
-            waiting: (0..250)
+            waiting: (0..250).map(|i| format!("w{i}")).collect(),
+            waiters: (0..250)
                 .map(|i| WaiterStatus {
                     id: format!("w{i}"),
                     ..Default::default()
@@ -940,7 +943,8 @@ mod tests {
         };
         let written = lock.capped();
         assert_eq!((written.waiting.len(), written.waiting_count), (100, 250));
-        assert_eq!(written.waiting[0].id, "w0");
+        assert_eq!(written.waiting[0], "w0");
+        assert_eq!(written.waiters.len(), 100);
 
         // A Job's retries: 30 lost before the opening; the 10 most recent stay.
         let spec = spec(5, None, OnParticipantLoss::Wait);
@@ -1309,10 +1313,11 @@ mod tests {
             ["r1", "r2"]
         );
         assert_eq!(
-            ids(&out.status.waiting),
+            out.status.waiting,
             ["w", "r3"],
             "queue order; a later reader waits behind the writer"
         );
+        assert_eq!(ids(&out.status.waiters), ["w", "r3"]);
         assert!(out.revoke.is_empty());
         assert_eq!(
             out.requeue,
@@ -1366,7 +1371,7 @@ mod tests {
             [("a", 2), ("b", 1)]
         );
         assert_eq!(
-            ids(&st.waiting),
+            st.waiting,
             ["first", "second"],
             "in the order they will be served"
         );
