@@ -98,6 +98,56 @@ async fn nobody_passes_before_the_last_registration_and_leave_waits_for_all() {
     assert!(children(&observer, BARRIER).await.is_empty());
 }
 
+/// Dropping a watch that has not fired sends the server a removal; every
+/// waiter of a barrier released at once would send one into the release
+/// (what made a 1,000-participant barrier release twice as slowly as the
+/// server can notify). After a release, both sides still hold their
+/// un-fired watch of the barrier node: nothing was sent for it.
+#[tokio::test]
+async fn a_release_sends_no_watch_removals() {
+    let connect = isolated_connect();
+    let chroot = connect
+        .parse::<zkgate::zk::ConnectString>()
+        .unwrap()
+        .chroot()
+        .unwrap()
+        .to_owned();
+    let barrier = format!("{chroot}{BARRIER}");
+    let waiter = Arc::new(session(&connect).await);
+    let opener = session(&connect).await;
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            DoubleBarrier::new(BARRIER)
+                .enter(&waiter, "p0", &options(2), within(30))
+                .await
+        }
+    });
+    eventually(Duration::from_secs(10), "the waiter watching", || async {
+        support::watchers_of(&barrier)
+            .contains(&waiter.id())
+            .then_some(())
+    })
+    .await;
+    DoubleBarrier::new(BARRIER)
+        .enter(&opener, "p1", &options(2), within(30))
+        .await
+        .expect("the last one opens");
+    waiting.await.unwrap().expect("the waiter passes");
+    // Whatever either session sent on its way out of enter() reached the
+    // server before these round trips come back.
+    waiter.client().check_stat(BARRIER).await.unwrap();
+    opener.client().check_stat(BARRIER).await.unwrap();
+    let watching = support::watchers_of(&barrier);
+    assert!(
+        watching.contains(&waiter.id()) && watching.contains(&opener.id()),
+        "a watch was removed in the release: the barrier node is watched by {watching:x?}, \
+         the waiter is {:x}, the opener {:x}",
+        waiter.id(),
+        opener.id()
+    );
+}
+
 #[tokio::test]
 async fn a_deadline_leaves_no_registration_behind() {
     let connect = isolated_connect();

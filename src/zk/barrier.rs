@@ -482,6 +482,8 @@ impl DoubleBarrier {
                 confirmed_at: sent,
             };
             if ready_stat.is_some() {
+                session.retire_watch(barrier_watch.changed());
+                session.retire_watch(ready_watch.changed());
                 return Ok(entered);
             }
             if let Some(reason) = failed {
@@ -514,6 +516,8 @@ impl DoubleBarrier {
                 let opening = Instant::now();
                 match self.open(session, version).await? {
                     Opening::Opened => {
+                        session.retire_watch(barrier_watch.changed());
+                        session.retire_watch(ready_watch.changed());
                         info!(barrier = %self.path, participants, "barrier opened");
                         return Ok(Entered {
                             confirmed_at: opening,
@@ -540,10 +544,11 @@ impl DoubleBarrier {
                     None => std::future::pending().await,
                 }
             };
+            let mut barrier_changed = Box::pin(barrier_watch.changed());
             tokio::select! {
                 // The barrier's watch first: see below.
                 biased;
-                event = barrier_watch.changed() => check_event(&event)?,
+                event = &mut barrier_changed => check_event(&event)?,
                 event = ready_watch.changed() => {
                     check_event(&event)?;
                     if event.event_type == zk::EventType::NodeCreated {
@@ -559,8 +564,10 @@ impl DoubleBarrier {
                         // its watch would have fired and been taken above.
                         // So this is an opening, known without a read (a
                         // read by each of N waiters is what bounded the
-                        // release of a large barrier).
+                        // release of a large barrier). Nor a removal of
+                        // the barrier's watch, sent by every waiter at once.
                         session.stats().record_wakeup();
+                        session.retire_watch(barrier_changed);
                         return Ok(entered);
                     }
                 }

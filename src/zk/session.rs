@@ -349,6 +349,30 @@ impl Session {
         }
     }
 
+    /// Lets go of a one-shot watch (the future of a watcher's `changed`)
+    /// that is no longer wanted, without a request now.
+    ///
+    /// Dropping a watch that has not fired makes the client ask the server
+    /// to remove it. When many sessions stop wanting a watch at once (every
+    /// waiter of a barrier, released together), those removals reach the
+    /// server while it is still sending the release's notifications, and
+    /// slow them: a 1,000-participant barrier took twice as long to release.
+    /// The watch is kept instead until it fires or one session timeout has
+    /// passed, and dropped then. Needs a tokio runtime (as every recipe
+    /// does); dropped at once if the runtime is shutting down.
+    pub fn retire_watch<F>(&self, watch: F)
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send,
+    {
+        let linger = self.timeout();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(linger, watch).await;
+            });
+        }
+    }
+
     /// The session's counters.
     pub fn stats(&self) -> &SessionStats {
         &self.stats

@@ -138,6 +138,28 @@ pub fn watches_under(prefix: &str) -> usize {
     count
 }
 
+/// The sessions (ids) the shared server holds a watch for on exactly
+/// `path` (server-side, chroot included), from the `wchp` command.
+pub fn watchers_of(path: &str) -> Vec<i64> {
+    let server = shared_zookeeper();
+    let port: u16 = server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let dump = zookeeper::four_letter(port, "wchp").unwrap_or_default();
+    let mut sessions = Vec::new();
+    let mut here = false;
+    for line in dump.lines() {
+        if line.starts_with('/') {
+            here = line == path;
+        } else if let Some(hex) = line.trim().strip_prefix("0x").filter(|_| here) {
+            sessions.extend(u64::from_str_radix(hex, 16).ok().map(|id| id as i64));
+        }
+    }
+    sessions
+}
+
 /// `GET path` on a loopback port: the status line and the body, or `None`
 /// when nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
