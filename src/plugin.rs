@@ -335,10 +335,12 @@ fn lock_report(lock: &LockLease, now: Timestamp) -> String {
     }
     for (i, id) in st.waiting.iter().enumerate() {
         let _ = write!(out, "  {}. {id}", i + 1);
+        // `waiters` is the same queue in the same order (empty in a status
+        // written by a controller older than it).
         let since = st
             .waiters
-            .iter()
-            .find(|w| &w.id == id)
+            .get(i)
+            .filter(|w| &w.id == id)
             .and_then(|w| w.since.as_ref());
         if let Some(since) = since {
             let _ = write!(out, " (waiting {})", ago(since.0, now));

@@ -196,16 +196,7 @@ async fn a_restarted_participant_is_counted_once() {
     let observer = session(&connect).await;
     // An init container registered, then was killed before the barrier
     // opened: what it leaves is its persistent node naming its pod uid.
-    barrier
-        .create(
-            &observer,
-            &BarrierData {
-                participants: 2,
-                ..BarrierData::default()
-            },
-        )
-        .await
-        .unwrap();
+    support::barrier_made(&observer, BARRIER, 2).await;
     let data = serde_json::to_vec(&opts.data).unwrap();
     observer
         .client()
@@ -320,17 +311,7 @@ async fn a_failed_or_deleted_barrier_stops_its_waiters() {
     );
 
     // Deleted while waiting.
-    let other = DoubleBarrier::new("/b2");
-    other
-        .create(
-            &owner,
-            &BarrierData {
-                participants: 2,
-                ..BarrierData::default()
-            },
-        )
-        .await
-        .unwrap();
+    support::barrier_made(&owner, "/b2", 2).await;
     let waiter = tokio::spawn({
         let connect = connect.clone();
         async move {
@@ -368,16 +349,7 @@ async fn enter_waits_for_the_barrier_node_to_be_created() {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished());
-    DoubleBarrier::new(BARRIER)
-        .create(
-            &owner,
-            &BarrierData {
-                participants: 1,
-                ..BarrierData::default()
-            },
-        )
-        .await
-        .unwrap();
+    support::barrier_made(&owner, BARRIER, 1).await;
     let entered = waiter
         .await
         .unwrap()
@@ -394,17 +366,7 @@ async fn enter_waits_for_the_barrier_node_to_be_created() {
 async fn a_fail_never_reads_as_an_opening_even_with_both_notifications_at_once() {
     let connect = isolated_connect();
     let owner = session(&connect).await;
-    let barrier = DoubleBarrier::new(BARRIER);
-    barrier
-        .create(
-            &owner,
-            &BarrierData {
-                participants: 100,
-                ..BarrierData::default()
-            },
-        )
-        .await
-        .unwrap();
+    let barrier = support::barrier_made(&owner, BARRIER, 100).await;
     let shared = Arc::new(session(&connect).await);
     let waiters: Vec<_> = (0..40)
         .map(|i| {

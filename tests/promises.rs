@@ -41,21 +41,6 @@ async fn routes() -> (String, String, Proxy) {
     )
 }
 
-async fn barrier_of(s: &zkgate::zk::Session, participants: u32) -> DoubleBarrier {
-    let barrier = DoubleBarrier::new(BARRIER);
-    barrier
-        .create(
-            s,
-            &BarrierData {
-                participants,
-                ..BarrierData::default()
-            },
-        )
-        .await
-        .unwrap();
-    barrier
-}
-
 /// Enters `id` from a task that keeps its session (and so its ephemeral
 /// registration) until the result is taken.
 fn spawn_enter(
@@ -260,7 +245,7 @@ async fn an_error_after_the_registration_was_sent_leaves_no_node() {
 async fn a_participant_with_a_stale_view_cannot_open_a_failed_barrier() {
     let (direct, through_proxy, proxy) = routes().await;
     let admin = session(&direct).await;
-    let barrier = barrier_of(&admin, 2).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
 
@@ -295,7 +280,7 @@ async fn a_participant_with_a_stale_view_cannot_open_a_failed_barrier() {
 async fn an_opened_barrier_cannot_be_marked_failed() {
     let (direct, _, _proxy) = routes().await;
     let s = session(&direct).await;
-    let barrier = barrier_of(&s, 1).await;
+    let barrier = support::barrier_made(&s, BARRIER, 1).await;
     barrier
         .enter(&s, "a", &ephemeral(None), None)
         .await
@@ -313,7 +298,7 @@ async fn an_opened_barrier_cannot_be_marked_failed() {
 async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
     let (direct, through_proxy, proxy) = routes().await;
     let admin = session(&direct).await;
-    let barrier = barrier_of(&admin, 2).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(10)).await;
     let c = session(&direct).await;
@@ -368,7 +353,7 @@ async fn a_raised_participant_count_is_not_skipped_by_a_stale_view() {
 async fn a_deadline_racing_the_opening_create_settles_its_outcome() {
     let (direct, through_proxy, proxy) = routes().await;
     let admin = session(&direct).await;
-    let barrier = barrier_of(&admin, 2).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
     let a = session(&direct).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
     let first = spawn_enter(&barrier, a, "a", None, None);
@@ -393,7 +378,7 @@ async fn a_deadline_racing_the_opening_create_settles_its_outcome() {
 async fn a_restart_of_the_same_pod_waits_for_its_old_registration_to_go() {
     let (direct, through_proxy, proxy) = routes().await;
     let admin = session(&direct).await;
-    let barrier = barrier_of(&admin, 2).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
     let old = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
     let old_wait = spawn_enter(&barrier, old, "w", Some("uid-1"), None);
     registered(&admin, &["w"]).await;
@@ -889,7 +874,7 @@ async fn sigterm_to_a_waiting_pid_1_removes_its_registration_and_exits() {
 async fn a_registration_lost_with_the_connection_is_made_on_the_next_round() {
     let (direct, through_proxy, proxy) = routes().await;
     let admin = session(&direct).await;
-    let barrier = barrier_of(&admin, 2).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
     let b = session_with_timeout(&through_proxy, Duration::from_secs(4)).await;
     // b's first round dies with its connection before reaching the server.
     proxy.freeze_at(&[op::GET_DATA], BARRIER, false);

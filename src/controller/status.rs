@@ -738,16 +738,19 @@ struct Held<'a> {
 }
 
 /// The id a holder or waiter goes by: its id, else its pod, else its node.
-fn holder_id(child: &ChildNode) -> String {
-    let who = ParticipantData::parse(&child.data);
-    who.id.or(who.pod).unwrap_or_else(|| child.name.clone())
+fn shown_id(who: &ParticipantData, child: &ChildNode) -> String {
+    who.id
+        .clone()
+        .or_else(|| who.pod.clone())
+        .unwrap_or_else(|| child.name.clone())
 }
 
 /// A waiter as the status shows it: who, and since when (its node's ctime).
 fn waiter(child: &ChildNode) -> WaiterStatus {
+    let who = ParticipantData::parse(&child.data);
     WaiterStatus {
-        id: holder_id(child),
-        pod: ParticipantData::parse(&child.data).pod,
+        id: shown_id(&who, child),
+        pod: who.pod,
         since: Timestamp::from_millisecond(child.stat.ctime)
             .ok()
             .map(MicroTime),
@@ -778,7 +781,7 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
     for holding in &seen.holdings {
         let child = holding.child;
         let who = ParticipantData::parse(&child.data);
-        let id = holder_id(child);
+        let id = shown_id(&who, child);
         // ZooKeeper does not record when a waiter became the holder (its
         // ctime is when it queued): the hold starts when the controller first
         // saw this token holding, remembered in the status across restarts.

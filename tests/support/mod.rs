@@ -116,6 +116,27 @@ pub async fn children(session: &Session, path: &str) -> Vec<String> {
     c
 }
 
+/// Makes a barrier node at `path` for `participants`, owned by no resource
+/// (as a test needs it: no controller is running).
+pub async fn barrier_made(
+    session: &Session,
+    path: &str,
+    participants: u32,
+) -> zkgate::zk::DoubleBarrier {
+    let barrier = zkgate::zk::DoubleBarrier::new(path);
+    barrier
+        .create(
+            session,
+            &zkgate::zk::BarrierData {
+                participants,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("barrier node");
+    barrier
+}
+
 /// How many watches the shared server holds on paths starting with
 /// `prefix` (server-side paths, chroot included), from the `wchp` command.
 pub fn watches_under(prefix: &str) -> usize {
