@@ -148,6 +148,44 @@ async fn a_release_sends_no_watch_removals() {
     );
 }
 
+/// A waiter's registration removed by someone else (the controller, for a
+/// pod that ended) is reported at the waiter's next look, not counted.
+#[tokio::test]
+async fn a_waiter_whose_registration_was_removed_is_told() {
+    let connect = isolated_connect();
+    let admin = session(&connect).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 3).await;
+    let waiter = Arc::new(session(&connect).await);
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            DoubleBarrier::new(BARRIER)
+                .enter(&waiter, "p0", &EnterOptions::default(), within(30))
+                .await
+        }
+    });
+    eventually(Duration::from_secs(10), "p0 registered", || async {
+        (children(&admin, BARRIER).await == ["p0"]).then_some(())
+    })
+    .await;
+    admin
+        .client()
+        .delete(&format!("{BARRIER}/p0"), None)
+        .await
+        .unwrap();
+    // Raising x rewrites the barrier node: every waiter looks again.
+    assert!(barrier.set_participants(&admin, 2).await.unwrap());
+    let outcome = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter looked again")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(ZkError::NodeRemoved { .. })),
+        "{outcome:?}"
+    );
+    assert!(children(&admin, BARRIER).await.is_empty());
+}
+
 #[tokio::test]
 async fn a_deadline_leaves_no_registration_behind() {
     let connect = isolated_connect();
