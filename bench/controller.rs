@@ -16,6 +16,9 @@
 //!   (every resource already has its finalizer, status and znodes), the
 //!   time until it has looked at every resource (its `zkgate_barriers` and
 //!   `zkgate_lock_leases` gauges count them all) and the API writes it took;
+//! - the API server's floor under these figures: the same writes (a
+//!   finalizer and a first status for as many new objects; status writes
+//!   at the same pace) by a writer that does nothing else;
 //! - what one status write costs the API server, by server-side apply, merge
 //!   patch and replace, side by side.
 //!
@@ -419,6 +422,7 @@ async fn main() {
     };
     let restart_writes = writes_of(&restart_by_after) - writes_of(&restart_by_before);
     let _ = controller.kill().await;
+    let floor = api_floor(&client, everything, (barriers * 3).min(10_000)).await;
     let writes = status_write_costs(&client, (barriers * 3).clamp(150, 1500)).await;
     let mut by: Vec<(String, f64)> = by_after
         .into_iter()
@@ -440,8 +444,117 @@ async fn main() {
             "restart_sync_seconds": restart_sync, "restart_api_requests": restart_after - restart_before,
             "restart_api_writes": restart_writes,
             "status_writes": writes,
+            "api_floor": floor,
+            "first_sync_over_floor": first_sync / floor["first_sync_seconds"].as_f64().unwrap_or(f64::NAN),
         })
     );
+}
+
+/// A status of the size the controller writes for a barrier of 3.
+fn barrier_status(entered: u32) -> serde_json::Value {
+    json!({
+        "phase": "Waiting", "entered": entered, "left": 0, "required": 3,
+        "participants": [{ "id": "p0", "pod": "p0", "enteredAt": "2026-11-30T10:00:00Z" }],
+        "conditions": [{ "type": "Open", "status": "False", "reason": "Waiting",
+            "message": format!("{entered} of 3 participants entered"),
+            "lastTransitionTime": "2026-11-30T10:00:00Z", "observedGeneration": 1 }],
+        "observedGeneration": 1, "znode": "/zkgate/namespaces/x/barriers/w"
+    })
+}
+
+/// The API server's floor under the controller's figures: the writes the
+/// controller must make, made by a writer that does nothing else (no
+/// ZooKeeper, no reconcile), on the same server, watched the same way.
+/// - First sync: `n` new Barriers each given a finalizer and a first status
+///   (the two writes a new resource needs), 64 objects in flight as the
+///   controller's reconciles; from the first write to the watch seeing a
+///   status on every one.
+/// - Status latency: `changes` status writes at the controller phase's
+///   pace (200 a second, each to a different object), each timed from when
+///   it was due to the watch seeing it.
+async fn api_floor(client: &Client, n: usize, changes: usize) -> serde_json::Value {
+    let ns = support::kube::namespace(client).await;
+    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..n)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("f{i}") }, "spec": { "participants": 3 } })).unwrap();
+                api.create(&PostParams::default(), &b).await.unwrap();
+            }
+        })
+        .await;
+    let apply = |api: Api<Barrier>, name: String, entered: u32| async move {
+        let p = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "status": barrier_status(entered) });
+        api.patch_status(
+            &name,
+            &PatchParams::apply("zkgate").force(),
+            &Patch::Apply(&p),
+        )
+        .await
+        .unwrap();
+    };
+
+    let synced: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let sync = watch_until(api.clone(), synced.clone(), |b: &Barrier| {
+        b.status.is_some()
+    });
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .for_each_concurrent(64, |i| {
+            let api = api.clone();
+            async move {
+                let name = format!("f{i}");
+                let p = json!({ "metadata": { "finalizers": [zkgate::controller::FINALIZER] } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+                    .await
+                    .unwrap();
+                apply(api, name, 0).await;
+            }
+        })
+        .await;
+    wait_for(&synced, n, Duration::from_secs(600)).await;
+    let first_sync = synced
+        .lock()
+        .unwrap()
+        .values()
+        .max()
+        .map(|last| last.saturating_duration_since(started).as_secs_f64())
+        .unwrap_or(f64::NAN);
+    sync.abort();
+
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch = watch_until(api.clone(), seen.clone(), |b: &Barrier| {
+        b.status.as_ref().is_some_and(|s| s.entered == 1)
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut due = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let mut writes = Vec::new();
+    for i in 0..changes.min(n) {
+        tick.tick().await;
+        let name = format!("f{i}");
+        due.insert(name.clone(), Instant::now());
+        writes.push(tokio::spawn(apply(api.clone(), name, 1)));
+    }
+    for w in writes {
+        w.await.unwrap();
+    }
+    wait_for(&seen, due.len(), Duration::from_secs(120)).await;
+    watch.abort();
+    let latencies: Vec<f64> = {
+        let seen = seen.lock().unwrap();
+        due.iter()
+            .filter_map(|(name, at)| {
+                Some(seen.get(name)?.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+            })
+            .collect()
+    };
+    json!({
+        "objects": n, "first_sync_seconds": first_sync,
+        "changes": due.len(), "missing": due.len() - latencies.len(),
+        "status_p50_ms": pct(latencies.clone(), 0.5), "status_p99_ms": pct(latencies, 0.99),
+    })
 }
 
 /// What a status write costs the API server, by the way it is written:
@@ -463,17 +576,7 @@ async fn status_write_costs(client: &Client, n: usize) -> serde_json::Value {
             }
         })
         .await;
-    // A status of the size the controller writes for a barrier of 3.
-    let status = |entered: u32| {
-        json!({
-            "phase": "Waiting", "entered": entered, "left": 0, "required": 3,
-            "participants": [{ "id": "p0", "pod": "p0", "enteredAt": "2026-11-30T10:00:00Z" }],
-            "conditions": [{ "type": "Open", "status": "False", "reason": "Waiting",
-                "message": format!("{entered} of 3 participants entered"),
-                "lastTransitionTime": "2026-11-30T10:00:00Z", "observedGeneration": 1 }],
-            "observedGeneration": 1, "znode": "/zkgate/namespaces/x/barriers/w"
-        })
-    };
+    let status = barrier_status;
     let ways = ["apply", "merge", "replace"];
     let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut entered = 0;
