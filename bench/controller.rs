@@ -450,6 +450,22 @@ async fn main() {
     );
 }
 
+/// `n` Barriers (x=3) named `<prefix><i>`, in a namespace of their own.
+async fn barriers_of_their_own(client: &Client, n: usize, prefix: &str) -> Api<Barrier> {
+    let ns = support::kube::namespace(client).await;
+    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..n)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("{prefix}{i}") }, "spec": { "participants": 3 } })).unwrap();
+                api.create(&PostParams::default(), &b).await.unwrap();
+            }
+        })
+        .await;
+    api
+}
+
 /// A status of the size the controller writes for a barrier of 3.
 fn barrier_status(entered: u32) -> serde_json::Value {
     json!({
@@ -473,17 +489,7 @@ fn barrier_status(entered: u32) -> serde_json::Value {
 ///   pace (200 a second, each to a different object), each timed from when
 ///   it was due to the watch seeing it.
 async fn api_floor(client: &Client, n: usize, changes: usize) -> serde_json::Value {
-    let ns = support::kube::namespace(client).await;
-    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    futures::stream::iter(0..n)
-        .for_each_concurrent(16, |i| {
-            let api = api.clone();
-            async move {
-                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("f{i}") }, "spec": { "participants": 3 } })).unwrap();
-                api.create(&PostParams::default(), &b).await.unwrap();
-            }
-        })
-        .await;
+    let api = barriers_of_their_own(client, n, "f").await;
     let apply = |api: Api<Barrier>, name: String, entered: u32| async move {
         let p = json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "status": barrier_status(entered) });
         api.patch_status(
@@ -565,18 +571,7 @@ async fn api_floor(client: &Client, n: usize, changes: usize) -> serde_json::Val
 /// speed drifts); writes a second, median of the rounds, and each way's
 /// ratio to apply.
 async fn status_write_costs(client: &Client, n: usize) -> serde_json::Value {
-    let ns = support::kube::namespace(client).await;
-    let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    futures::stream::iter(0..n)
-        .for_each_concurrent(16, |i| {
-            let api = api.clone();
-            async move {
-                let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": format!("w{i}") }, "spec": { "participants": 3 } })).unwrap();
-                api.create(&PostParams::default(), &b).await.unwrap();
-            }
-        })
-        .await;
-    let status = barrier_status;
+    let api = barriers_of_their_own(client, n, "w").await;
     let ways = ["apply", "merge", "replace"];
     let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut entered = 0;
@@ -594,7 +589,7 @@ async fn status_write_costs(client: &Client, n: usize) -> serde_json::Value {
             let started = Instant::now();
             futures::stream::iter(cached.into_values())
                 .for_each_concurrent(64, |mut b| {
-                    let (api, st) = (api.clone(), status(entered));
+                    let (api, st) = (api.clone(), barrier_status(entered));
                     async move {
                         let name = b.name_any();
                         match way {

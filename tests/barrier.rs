@@ -106,12 +106,7 @@ async fn nobody_passes_before_the_last_registration_and_leave_waits_for_all() {
 #[tokio::test]
 async fn a_release_sends_no_watch_removals() {
     let connect = isolated_connect();
-    let chroot = connect
-        .parse::<zkgate::zk::ConnectString>()
-        .unwrap()
-        .chroot()
-        .unwrap()
-        .to_owned();
+    let chroot = support::chroot_of(&connect);
     let barrier = format!("{chroot}{BARRIER}");
     let waiter = Arc::new(session(&connect).await);
     let opener = session(&connect).await;

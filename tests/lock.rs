@@ -86,12 +86,7 @@ async fn a_release_wakes_only_the_next_waiter() {
         }));
     }
     // Queued is not enough: wait until every waiter has set its watch.
-    let chroot = connect
-        .parse::<zkgate::zk::ConnectString>()
-        .unwrap()
-        .chroot()
-        .unwrap()
-        .to_owned();
+    let chroot = support::chroot_of(&connect);
     eventually(Duration::from_secs(10), "10 waiters watching", || async {
         (children(&holder, LOCK).await.len() == 11
             && support::watches_under(&format!("{chroot}{LOCK}/")) == 10)

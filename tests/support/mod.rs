@@ -137,9 +137,9 @@ pub async fn barrier_made(
     barrier
 }
 
-/// How many watches the shared server holds on paths starting with
-/// `prefix` (server-side paths, chroot included), from the `wchp` command.
-pub fn watches_under(prefix: &str) -> usize {
+/// Every watch the shared server holds, as (path, session id) pairs
+/// (server-side paths, chroot included), from the `wchp` command.
+fn server_watches() -> Vec<(String, i64)> {
     let server = shared_zookeeper();
     let port: u16 = server
         .rsplit(':')
@@ -147,38 +147,47 @@ pub fn watches_under(prefix: &str) -> usize {
         .and_then(|p| p.parse().ok())
         .expect("port");
     let dump = zookeeper::four_letter(port, "wchp").unwrap_or_default();
-    let mut count = 0;
-    let mut counting = false;
+    let mut watches = Vec::new();
+    let mut path = "";
     for line in dump.lines() {
         if line.starts_with('/') {
-            counting = line.starts_with(prefix);
-        } else if counting && line.trim().starts_with("0x") {
-            count += 1;
+            path = line;
+        } else if let Some(hex) = line.trim().strip_prefix("0x") {
+            if let Ok(id) = u64::from_str_radix(hex, 16) {
+                watches.push((path.to_owned(), id as i64));
+            }
         }
     }
-    count
+    watches
+}
+
+/// How many watches the shared server holds on paths starting with
+/// `prefix` (server-side paths, chroot included).
+pub fn watches_under(prefix: &str) -> usize {
+    server_watches()
+        .iter()
+        .filter(|(path, _)| path.starts_with(prefix))
+        .count()
 }
 
 /// The sessions (ids) the shared server holds a watch for on exactly
-/// `path` (server-side, chroot included), from the `wchp` command.
+/// `path` (server-side, chroot included).
 pub fn watchers_of(path: &str) -> Vec<i64> {
-    let server = shared_zookeeper();
-    let port: u16 = server
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    let dump = zookeeper::four_letter(port, "wchp").unwrap_or_default();
-    let mut sessions = Vec::new();
-    let mut here = false;
-    for line in dump.lines() {
-        if line.starts_with('/') {
-            here = line == path;
-        } else if let Some(hex) = line.trim().strip_prefix("0x").filter(|_| here) {
-            sessions.extend(u64::from_str_radix(hex, 16).ok().map(|id| id as i64));
-        }
-    }
-    sessions
+    server_watches()
+        .into_iter()
+        .filter(|(p, _)| p == path)
+        .map(|(_, id)| id)
+        .collect()
+}
+
+/// The chroot of a connect string made by [`isolated_connect`].
+pub fn chroot_of(connect: &str) -> String {
+    connect
+        .parse::<ConnectString>()
+        .expect("connect string")
+        .chroot()
+        .expect("a chroot")
+        .to_owned()
 }
 
 /// `GET path` on a loopback port: the status line and the body, or `None`
