@@ -358,8 +358,8 @@ impl Session {
     /// server while it is still sending the release's notifications, and
     /// slow them: a 1,000-participant barrier took twice as long to release.
     /// The watch is kept instead until it fires or one session timeout has
-    /// passed, and dropped then. Needs a tokio runtime (as every recipe
-    /// does); dropped at once if the runtime is shutting down.
+    /// passed, and dropped then. Outside a tokio runtime (every recipe runs
+    /// in one) it is dropped at once.
     pub fn retire_watch<F>(&self, watch: F)
     where
         F: std::future::Future + Send + 'static,
