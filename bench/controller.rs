@@ -143,6 +143,23 @@ async fn wait_for(seen: &Mutex<HashMap<String, Instant>>, count: usize, within: 
     }
 }
 
+/// Waits (at most 10 minutes) until `count` objects have synced; the
+/// seconds from `started` to the last of them.
+async fn synced_after(
+    synced: &Mutex<HashMap<String, Instant>>,
+    count: usize,
+    started: Instant,
+) -> f64 {
+    wait_for(synced, count, Duration::from_secs(600)).await;
+    synced
+        .lock()
+        .unwrap()
+        .values()
+        .max()
+        .map(|last| last.saturating_duration_since(started).as_secs_f64())
+        .unwrap_or(f64::NAN)
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args()
@@ -234,14 +251,7 @@ async fn main() {
     let mut controller = start_controller();
     let pid = controller.id().unwrap();
     let everything = barriers + 1 + locks;
-    wait_for(&synced, everything, Duration::from_secs(600)).await;
-    let first_sync = synced
-        .lock()
-        .unwrap()
-        .values()
-        .max()
-        .map(|last| last.saturating_duration_since(started).as_secs_f64())
-        .unwrap_or(f64::NAN);
+    let first_sync = synced_after(&synced, everything, started).await;
     let unsynced = everything - synced.lock().unwrap().len();
     sync_b.abort();
     sync_l.abort();
@@ -519,14 +529,7 @@ async fn api_floor(client: &Client, n: usize, changes: usize) -> serde_json::Val
             }
         })
         .await;
-    wait_for(&synced, n, Duration::from_secs(600)).await;
-    let first_sync = synced
-        .lock()
-        .unwrap()
-        .values()
-        .max()
-        .map(|last| last.saturating_duration_since(started).as_secs_f64())
-        .unwrap_or(f64::NAN);
+    let first_sync = synced_after(&synced, n, started).await;
     sync.abort();
 
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
