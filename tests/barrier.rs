@@ -168,7 +168,8 @@ async fn a_waiter_whose_registration_was_removed_is_told() {
         .delete(&format!("{BARRIER}/p0"), None)
         .await
         .unwrap();
-    // Raising x rewrites the barrier node: every waiter looks again.
+    // Changing x (to 2: still more than the 0 registered) rewrites the
+    // barrier node: every waiter looks again.
     assert!(barrier.set_participants(&admin, 2).await.unwrap());
     let outcome = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
