@@ -228,7 +228,7 @@ async fn killing_the_leader_while_20_participants_enter_opens_only_with_all_and_
         .await
         .expect("create the barrier");
     // Participants leave only once all 20 have passed `enter`, so a passed
-    // participant can check that all 20 registrations are there.
+    // participant can check that `ready` came after all 20 registrations.
     let passed = Arc::new(tokio::sync::Barrier::new(X as usize));
     let participant = |n: u32| {
         let (connect, passed) = (connect.clone(), passed.clone());
@@ -241,12 +241,10 @@ async fn killing_the_leader_while_20_participants_enter_opens_only_with_all_and_
                 .await
                 .expect("enter");
             assert_eq!(entered.participants, X);
-            let (registered, _) = barrier
-                .participants(&s)
-                .await
-                .expect("list")
-                .expect("barrier");
-            assert_eq!(registered.len(), X as usize, "opened with {registered:?}");
+            // By ZooKeeper's order: `ready` made after all 20 registrations
+            // (all still there: nobody leaves before all passed).
+            let ids: Vec<String> = (0..X).map(|n| format!("p{n:02}")).collect();
+            support::order::assert_opened_after_all(&s, "/gang", &ids).await;
             passed.wait().await;
             barrier.leave(&s, &id, within(120)).await.expect("leave");
             let (left, _) = barrier
@@ -325,4 +323,25 @@ fn the_checker_lets_readers_share_in_any_token_order() {
     first.released();
     log.held("/rw", Share::Exclusive, 10, "w").released();
     log.assert_invariants();
+}
+
+/// The order check of the barrier tests (here, in soak.rs and e2e.rs)
+/// catches a `ready` made before the last registration, which a listing
+/// taken once everyone passed cannot tell from a correct opening.
+#[tokio::test]
+#[should_panic(expected = "the barrier opened without them")]
+async fn the_order_check_catches_a_barrier_opened_before_its_last_registration() {
+    let s = support::session(&support::isolated_connect()).await;
+    let path = "/early";
+    support::barrier_made(&s, path, 2).await;
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for node in ["p0", "ready", "p1"] {
+        s.client()
+            .create(&format!("{path}/{node}"), b"", &persistent)
+            .await
+            .unwrap();
+    }
+    assert_eq!(children(&s, path).await, ["p0", "p1", "ready"]);
+    support::order::assert_opened_after_all(&s, path, &["p0".into(), "p1".into()]).await;
 }

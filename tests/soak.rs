@@ -96,7 +96,8 @@ async fn lock_worker(connect: String, n: usize, seed: u64, until: Instant, log: 
 }
 
 /// One barrier round: `x` participants enter `/barriers/r<round>`, each
-/// checks all `x` are registered once it passes, then all leave.
+/// checks by ZooKeeper's order that the barrier opened after all `x`
+/// registrations once it passes, then all leave.
 async fn barrier_round(sessions: &[Arc<Session>], round: usize, x: usize) {
     let path = format!("/barriers/r{round}");
     let data = BarrierData {
@@ -121,12 +122,11 @@ async fn barrier_round(sessions: &[Arc<Session>], round: usize, x: usize) {
                     .enter(&s, &id, &EnterOptions::default(), deadline)
                     .await
                     .unwrap_or_else(|e| panic!("{path} {id}: enter: {e}"));
-                let (registered, _) = barrier
-                    .participants(&s)
-                    .await
-                    .expect("list")
-                    .expect("barrier");
-                assert_eq!(registered.len(), x, "{path} opened with {registered:?}");
+                // Nobody leaves before all passed: every registration is
+                // still there, and ZooKeeper's order says whether `ready`
+                // came after all of them.
+                let ids: Vec<String> = (0..x).map(|n| format!("p{n}")).collect();
+                support::order::assert_opened_after_all(&s, &path, &ids).await;
                 passed.wait().await;
                 barrier
                     .leave(&s, &id, deadline)

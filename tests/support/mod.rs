@@ -5,6 +5,7 @@
 
 pub mod checker;
 pub mod kube;
+pub mod order;
 pub mod proxy;
 pub mod tls;
 pub mod zookeeper;
