@@ -4,9 +4,11 @@
 //! the locally built image, the controller in its own pods with the chart's
 //! ServiceAccount, and the examples' Jobs run as a user runs them.
 //!
-//! `scripts/test` brings the cluster up and sets `ZKGATE_TEST_CLUSTER` to its
-//! directory when this machine can run it (`scripts/cluster available`);
-//! without it these tests say so and pass vacuously.
+//! Every test here is `#[ignore]`d, so that without a cluster they show as
+//! skipped, never as passed. `scripts/test` brings the cluster up where this
+//! machine can run it (`scripts/cluster available`), sets
+//! `ZKGATE_TEST_CLUSTER` to its directory and runs them with
+//! `--run-ignored all`; run by hand without `ZKGATE_TEST_CLUSTER` they fail.
 
 mod support;
 
@@ -39,18 +41,20 @@ struct Cluster {
 }
 
 /// The cluster of this run, the chart installed on it (once per run, with
-/// ZooKeeper ACLs on); `None` (the test passes vacuously) without one.
-async fn cluster() -> Option<Cluster> {
+/// ZooKeeper ACLs on). Without one the test fails: these tests run only
+/// when asked for (`--run-ignored`), and asked for they must not pass
+/// without a cluster.
+async fn cluster() -> Cluster {
     let dir = match std::env::var("ZKGATE_TEST_CLUSTER") {
         Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            eprintln!("no local cluster (ZKGATE_TEST_CLUSTER): scripts/test starts one where `scripts/cluster available` says it can");
-            return None;
-        }
+        _ => panic!(
+            "no local cluster (ZKGATE_TEST_CLUSTER unset): scripts/test starts one where \
+             `scripts/cluster available` says it can; without one these tests are skipped (ignored)"
+        ),
     };
     install_chart(&dir);
     let client = client_of(&dir.join("kubeconfig")).await;
-    Some(Cluster { dir, client })
+    Cluster { dir, client }
 }
 
 fn kube_bin(name: &str) -> PathBuf {
@@ -375,26 +379,45 @@ fn times(log: &str, key: &str) -> Vec<i64> {
 
 impl Cluster {
     /// The gang of Job `train` in `namespace` (4 pods, each printing
-    /// `started-at-us`): waits for the Job to succeed and checks that no
-    /// worker started before the 4th registration (the barrier's `ready`
-    /// node, one multi with the check of the participants; its ctime is the
-    /// server's clock, this machine's) and that each pod's init container
-    /// `init` saw the barrier open. Returns the completed Barrier.
+    /// `started-at-us`): waits for the Job to succeed and checks that the
+    /// barrier's `ready` node was made after all 4 pods' registrations, by
+    /// ZooKeeper's order (czxids, read while the registrations are there:
+    /// the workers run 2 s), that no worker started before `ready` was made
+    /// (its ctime is the server's clock, this machine's) and that each pod's
+    /// init container `init` saw the barrier open. Returns the completed
+    /// Barrier.
     async fn gang_started_together(&self, namespace: &str, init: &str) -> Barrier {
         let session = support::session(&self.zookeeper()).await;
-        let ready = format!(
-            "{}/ready",
-            Layout::new(ROOT)
-                .unwrap()
-                .barrier(namespace, "train")
-                .unwrap()
-        );
+        let barrier = Layout::new(ROOT)
+            .unwrap()
+            .barrier(namespace, "train")
+            .unwrap();
+        let ready = format!("{barrier}/ready");
         // `exists` needs no permission: the test reads no data under the ACLs.
-        let opened_ms = eventually(WITHIN, "the barrier's ready node", || async {
-            let stat = session.client().check_stat(&ready).await.ok()??;
-            Some(stat.ctime)
-        })
+        let (opened_ms, (ready_czxid, registrations)) = eventually(
+            WITHIN,
+            "the barrier's ready node and the 4 pods' registrations",
+            || async {
+                let stat = session.client().check_stat(&ready).await.ok()??;
+                let pods: Vec<String> = self
+                    .pods(namespace, "job-name=train")
+                    .await
+                    .iter()
+                    .map(|p| p.name_any())
+                    .collect();
+                if pods.len() != 4 {
+                    return None;
+                }
+                let order = support::order::czxids(&session, &barrier, &pods)
+                    .await
+                    .ok()?;
+                Some((stat.ctime, order))
+            },
+        )
         .await;
+        if let Err(e) = support::order::opened_after_all(ready_czxid, &registrations) {
+            panic!("{barrier}: {e}");
+        }
         self.job_succeeded(namespace, "train", 4).await;
         let pods = self.pods(namespace, "job-name=train").await;
         assert_eq!(pods.len(), 4, "{}", self.describe(namespace).await);
@@ -426,8 +449,9 @@ impl Cluster {
 /// moment the barrier's `ready` node was made (one multi with the check of
 /// the participants): its ctime, the server's clock, is this machine's.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(&ns.name, &c.example("gang-job/barrier.yaml", &[]));
     c.apply(
@@ -455,8 +479,9 @@ async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered(
 /// Job's Barrier, sized 4 by the Job; no worker starts before the 4th
 /// registration; the Barrier goes with the Job.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(
         &ns.name,
@@ -500,8 +525,9 @@ async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
 /// zkgate, as the kubelet's StopContainer sends it): zkgate removes its
 /// registration itself and exits 143.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with_them() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(
         &ns.name,
@@ -659,8 +685,9 @@ spec:
 /// ZooKeeper named by a host name. The holds never overlap and the fencing
 /// tokens increase in the order of the holds.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(&ns.name, &c.example("lock-job/locklease.yaml", &[]));
     // ZooKeeper by a host name (from the pod's /etc/hosts): the static
@@ -687,8 +714,9 @@ async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
 /// init container wrote; the controller releases each hold when its pod
 /// finishes (or the next would never start).
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(
         &ns.name,
@@ -708,8 +736,9 @@ async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
 /// namespace's barrier is refused (exit 5, a message naming the Secret),
 /// and the barrier never counts it.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let owner = c.namespace().await;
     let other = c.namespace().await;
     let barrier = "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: guarded}\nspec: {participants: 2}\n";
@@ -757,8 +786,9 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
 /// RBAC): deleting the leader hands over to the standby, and status keeps
 /// converging.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn deleting_the_leading_controller_pod_hands_over() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let leaders = eventually(WITHIN, "one leading controller pod", || async {
         let all = c.controllers().await;
         let leaders: Vec<_> = all.iter().filter(|p| p.2).cloned().collect();
@@ -794,8 +824,9 @@ async fn deleting_the_leading_controller_pod_hands_over() {
 /// the same entrypoint, user and binary path, on distroless/static's files,
 /// and the binary in it is static (it ran in busybox and in this image above).
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn the_local_image_is_the_dockerfiles() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/oci-image"))
         .arg("--inspect")
         .arg(c.dir.join("images/zkgate.tar"))
@@ -849,8 +880,9 @@ async fn the_local_image_is_the_dockerfiles() {
 /// LockLease. The writer's hold overlaps no reader's, and its fencing token
 /// orders it against each of them.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(&ns.name, &c.example("rw-lock/locklease.yaml", &[]));
     c.apply(
@@ -899,8 +931,9 @@ async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
 /// The semaphore example: 6 pods on a Semaphore of 2 permits. Never more
 /// than 2 commands run at once, and at some moment 2 do.
 #[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn the_semaphore_example_runs_at_most_two_pods_at_once() {
-    let Some(c) = cluster().await else { return };
+    let c = cluster().await;
     let ns = c.namespace().await;
     c.apply(&ns.name, &c.example("semaphore/locklease.yaml", &[]));
     c.apply(
