@@ -5,19 +5,23 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
 import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.RetryNTimes;
+import org.apache.zookeeper.Watcher;
 
 public class CuratorBench {
+    // A 30 s session timeout, as bench/recipes.rs and kazoo_bench.py ask for.
     static CuratorFramework client(String connect) throws Exception {
-        CuratorFramework c = CuratorFrameworkFactory.newClient(connect, 10000, 10000, new RetryNTimes(3, 100));
+        CuratorFramework c = CuratorFrameworkFactory.newClient(connect, 30000, 10000, new RetryNTimes(3, 100));
         c.start();
         c.blockUntilConnected();
         return c;
@@ -151,42 +155,69 @@ public class CuratorBench {
                 break;
             }
             case "barrier": {
+                // Line by line what bench/recipes.rs does: N participants, each
+                // its own session; the barrier node made first; N-1 enter and
+                // register, then the last one enters (the clock of the release
+                // starts at its enter() call); each leaves once all have passed
+                // (a latch), as a gang's pods leave after their work; then the
+                // watch floor on the same sessions.
                 int count = n;
                 List<CuratorFramework> clients = new ArrayList<>();
                 for (int i = 0; i < count; i++) clients.add(client(connect));
+                clients.get(0).create().forPath("/barrier");
                 long start = System.nanoTime();
+                CountDownLatch allPassed = new CountDownLatch(count);
                 long[] released = new long[count];
                 long[] done = new long[count];
+                Throwable[] failed = new Throwable[1];
                 List<Thread> threads = new ArrayList<>();
                 for (int i = 0; i < count; i++) {
                     final int k = i;
                     threads.add(new Thread(() -> {
                         try {
-                            org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier b =
-                                new org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier(clients.get(k), "/barrier", count);
+                            DistributedDoubleBarrier b = new DistributedDoubleBarrier(clients.get(k), "/barrier", count);
                             b.enter();
                             released[k] = System.nanoTime();
+                            allPassed.countDown();
+                            allPassed.await();
                             b.leave();
                             done[k] = System.nanoTime();
-                        } catch (Exception e) {
-                            throw new RuntimeException(e);
+                        } catch (Throwable e) {
+                            failed[0] = e;
+                            while (allPassed.getCount() > 0) allPassed.countDown();
                         }
                     }));
                 }
                 for (int i = 0; i < count - 1; i++) threads.get(i).start();
-                while (true) {
-                    org.apache.zookeeper.data.Stat st = clients.get(0).checkExists().forPath("/barrier");
-                    if (st != null && st.getNumChildren() >= count - 1) break;
-                    Thread.sleep(2);
-                }
+                CuratorFramework observer = clients.get(count - 1);
+                while (observer.getChildren().forPath("/barrier").size() < count - 1) Thread.sleep(2);
                 long lastEnter = System.nanoTime();
                 threads.get(count - 1).start();
                 for (Thread th : threads) th.join();
-                long rel = 0, end = 0;
+                if (failed[0] != null) throw new RuntimeException(failed[0]);
+                long rel = lastEnter, end = lastEnter;
                 for (int i = 0; i < count; i++) { rel = Math.max(rel, released[i]); end = Math.max(end, done[i]); }
+                // The floor under any release: every session watches a node
+                // that one of them then makes; from the create call until
+                // every session was notified.
+                long[] notified = new long[count];
+                CountDownLatch allNotified = new CountDownLatch(count);
+                for (int i = 0; i < count; i++) {
+                    final int k = i;
+                    org.apache.zookeeper.data.Stat st = clients.get(i).checkExists().usingWatcher((Watcher) e -> {
+                        notified[k] = System.nanoTime();
+                        allNotified.countDown();
+                    }).forPath("/floor");
+                    if (st != null) throw new IllegalStateException("/floor exists");
+                }
+                long made = System.nanoTime();
+                clients.get(0).create().forPath("/floor");
+                allNotified.await();
+                long floor = made;
+                for (long t : notified) floor = Math.max(floor, t);
                 double seconds = (end - start) / 1e9;
-                System.out.printf("{\"impl\":\"curator\",\"scenario\":\"barrier-%d\",\"ops\":%d,\"seconds\":%f,\"ops_per_sec\":%f,\"release_ms\":%f,\"round_ms\":%f,\"p50_ms\":0,\"p99_ms\":0,\"handoff_p50_ms\":0,\"handoff_p99_ms\":0}%n",
-                    count, count, seconds, count / seconds, (rel - lastEnter) / 1e6, (end - start) / 1e6);
+                System.out.printf("{\"impl\":\"curator\",\"scenario\":\"barrier-%d\",\"ops\":%d,\"seconds\":%f,\"ops_per_sec\":%f,\"release_ms\":%f,\"round_ms\":%f,\"watch_floor_ms\":%f,\"p50_ms\":0,\"p99_ms\":0,\"handoff_p50_ms\":0,\"handoff_p99_ms\":0}%n",
+                    count, count, seconds, count / seconds, (rel - lastEnter) / 1e6, (end - start) / 1e6, (floor - made) / 1e6);
                 for (CuratorFramework c : clients) c.close();
                 break;
             }

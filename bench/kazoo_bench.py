@@ -13,13 +13,14 @@ from kazoo.client import KazooClient
 
 
 def client(connect):
+    # A 30 s session timeout, as bench/recipes.rs and CuratorBench.java ask for.
     tls = os.environ.get("ZKGATE_BENCH_TLS_DIR")
     if tls:  # the -tls scenarios
-        c = KazooClient(hosts=connect, timeout=10, use_ssl=True, verify_certs=True,
+        c = KazooClient(hosts=connect, timeout=30, use_ssl=True, verify_certs=True,
                         ca=os.path.join(tls, "ca.crt"), certfile=os.path.join(tls, "client.crt"),
                         keyfile=os.path.join(tls, "client.key"))
     else:
-        c = KazooClient(hosts=connect, timeout=10)
+        c = KazooClient(hosts=connect, timeout=30)
     c.start()
     return c
 
@@ -51,6 +52,10 @@ def main():
         c = client(connect)
         lat = []
         lock = c.Lock("/lock")
+        if scenario == "lock":
+            # One unmeasured cycle first, as the others do (it makes the lock's node).
+            lock.acquire()
+            lock.release()
         start = time.perf_counter()
         for _ in range(n):
             t = time.perf_counter()
@@ -133,34 +138,68 @@ def semaphore(connect, n, sessions):
 
 
 def barrier(connect, count):
+    """Line by line what bench/recipes.rs does: N participants, each its own
+    session; the barrier node made first; N-1 enter and register, then the
+    last one enters (the release's clock starts at its enter() call); each
+    leaves once all have passed, as a gang's pods leave after their work;
+    then the watch floor on the same sessions."""
     clients = [client(connect) for _ in range(count)]
-    released, done = [0.0] * count, [0.0] * count
+    clients[0].create("/barrier")
+    start = time.perf_counter()
+    all_passed = threading.Barrier(count)
+    released, done, failed = [0.0] * count, [0.0] * count, []
 
     def participant(i):
-        b = clients[i].DoubleBarrier("/barrier", count)
-        b.enter()
-        released[i] = time.perf_counter()
-        b.leave()
-        done[i] = time.perf_counter()
+        try:
+            b = clients[i].DoubleBarrier("/barrier", count)
+            b.enter()
+            released[i] = time.perf_counter()
+            all_passed.wait()
+            b.leave()
+            done[i] = time.perf_counter()
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            failed.append(e)
+            all_passed.abort()
 
     threads = [threading.Thread(target=participant, args=(i,)) for i in range(count)]
-    start = time.perf_counter()
     for t in threads[:-1]:
         t.start()
-    while True:
-        stat = clients[0].exists("/barrier")
-        if stat is not None and stat.numChildren >= count - 1:
-            break
+    observer = clients[count - 1]
+    while len(observer.get_children("/barrier")) < count - 1:
         time.sleep(0.002)
     last_enter = time.perf_counter()
     threads[-1].start()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
+    # The floor under any release: every session watches a node that one of
+    # them then makes; from the create call until every session was notified.
+    notified, lock, all_notified = [0.0] * count, threading.Lock(), threading.Event()
+    pending = [count]
+
+    def watcher(i):
+        def fired(_event):
+            notified[i] = time.perf_counter()
+            with lock:
+                pending[0] -= 1
+                if pending[0] == 0:
+                    all_notified.set()
+        return fired
+
+    for i, c in enumerate(clients):
+        if c.exists("/floor", watch=watcher(i)) is not None:
+            raise SystemExit("/floor exists")
+    made = time.perf_counter()
+    clients[0].create("/floor")
+    if not all_notified.wait(60):
+        raise SystemExit("not every session was notified of /floor")
     seconds = max(done) - start
     print(json.dumps({
         "impl": "kazoo", "scenario": "barrier-%d" % count, "ops": count, "seconds": seconds,
         "ops_per_sec": count / seconds, "release_ms": (max(released) - last_enter) * 1000,
-        "round_ms": seconds * 1000, "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
+        "round_ms": seconds * 1000, "watch_floor_ms": (max(notified) - made) * 1000,
+        "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
     }))
     for c in clients:
         c.stop()
