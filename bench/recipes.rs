@@ -4,7 +4,9 @@
 //! Scenarios: raw (create+delete, one session), lock (acquire+release, one
 //! session), contended (SESSIONS sessions x N on one lock), rw (8 readers +
 //! 2 writers x N), many (64 locks x 4 sessions x N), semaphore (SESSIONS
-//! sessions x N on a semaphore of 3 permits, one permit at a time).
+//! sessions x N on a semaphore of 3 permits, one permit at a time),
+//! barrier (N participants), idle (a read and a loopback round trip, back
+//! to back and after 250 ms idle, N of each).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +65,15 @@ async fn session(connect: &str) -> Session {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// One byte to the echo server and back, in milliseconds.
+async fn tcp_round_trip(tcp: &mut tokio::net::TcpStream) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = Instant::now();
+    tcp.write_all(b"x").await.expect("write");
+    tcp.read_exact(&mut [0u8; 1]).await.expect("read");
+    ms(t.elapsed())
 }
 
 #[tokio::main]
@@ -365,8 +376,60 @@ async fn main() {
                 })
             );
         }
+        "idle" => {
+            // What an idle pause costs on this machine: a ZooKeeper read
+            // (exists) and a plain loopback TCP round trip, each timed back
+            // to back and after 250 ms of idleness; N of each, medians.
+            let s = session(&connect).await;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("listen");
+            let addr = listener.local_addr().expect("address");
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let (mut peer, _) = listener.accept().await.expect("accept");
+                let mut byte = [0u8; 1];
+                while peer.read_exact(&mut byte).await.is_ok() {
+                    if peer.write_all(&byte).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            tcp.set_nodelay(true).expect("nodelay");
+            let zk_trip = || async {
+                let t = Instant::now();
+                s.client().check_stat("/").await.expect("exists");
+                ms(t.elapsed())
+            };
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                percentile(&v, 0.5)
+            };
+            let (mut zk_busy, mut zk_idle, mut tcp_busy, mut tcp_idle) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let started = Instant::now();
+            for _ in 0..n {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                zk_idle.push(zk_trip().await);
+                zk_busy.push(zk_trip().await);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                tcp_idle.push(tcp_round_trip(&mut tcp).await);
+                tcp_busy.push(tcp_round_trip(&mut tcp).await);
+            }
+            let elapsed = started.elapsed();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "impl": "zkgate", "scenario": "idle", "ops": n * 4,
+                    "seconds": elapsed.as_secs_f64(), "ops_per_sec": (n * 4) as f64 / elapsed.as_secs_f64(),
+                    "zk_idle_ms": median(zk_idle), "zk_busy_ms": median(zk_busy),
+                    "tcp_idle_ms": median(tcp_idle), "tcp_busy_ms": median(tcp_busy),
+                })
+            );
+        }
         other => {
-            eprintln!("unknown scenario {other}: raw, lock, contended, rw, many, barrier");
+            eprintln!("unknown scenario {other}: raw, lock, contended, rw, many, barrier, idle");
             std::process::exit(2);
         }
     }
