@@ -86,12 +86,17 @@ impl<'s> LockHold<'s> {
     /// connection drops, [`HoldState::Lost`] when our node is deleted by
     /// someone else (revoked) or the session has (or may have) expired.
     /// Every monitor of one hold shares what the others confirmed.
+    ///
+    /// Each check is a transaction (a `check` of our node in a multi),
+    /// which only a quorum behind the leader can answer: see
+    /// [`Confirmation::Quorum`].
     pub fn monitor(&self) -> HoldMonitor<'s> {
         HoldMonitor::following(
             self.session,
             self.path.clone(),
             !self.persistent,
             self.confirmed.clone(),
+            Confirmation::Quorum,
         )
     }
 
@@ -163,6 +168,21 @@ impl Confirmed {
         if to > *at {
             *at = to;
         }
+    }
+}
+
+/// Until when a [`HoldMonitor`] trusts its hold; see [`HoldMonitor::trust`].
+#[derive(Clone, Debug)]
+pub struct Trust {
+    confirmed: Confirmed,
+    window: Duration,
+}
+
+impl Trust {
+    /// The latest confirmation's send time plus the session timeout less
+    /// the monitor's reserve.
+    pub fn until(&self) -> Instant {
+        self.confirmed.get() + self.window
     }
 }
 
@@ -322,12 +342,35 @@ fn loss_for(state: SessionState, ephemeral: bool) -> Option<LossReason> {
     }
 }
 
+/// How a monitor has the server confirm that its node is still there.
+///
+/// Any server answers a plain read from its own copy of the tree, and a
+/// follower cut from its leader keeps doing so until it notices
+/// (`syncLimit` × `tickTime`), while the leader, no longer hearing our
+/// session, may expire it and grant the lock to someone else. So a check
+/// must be one the leader orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Confirmation {
+    /// A `check` of the node in a multi: a transaction, committed by a
+    /// quorum, so neither a follower cut from its leader nor a leader cut
+    /// from its quorum can answer it. One logged transaction per check:
+    /// what a lock or semaphore hold uses (few holders, mutual exclusion
+    /// at stake).
+    Quorum,
+    /// A `sync` followed by the read, sent together: the server answers
+    /// the read only once the leader has answered the sync, so a follower
+    /// cut from its leader cannot. Nothing is logged, so it suits many
+    /// watchers (a gang's barrier registrations); a leader cut from its
+    /// quorum still answers until it steps down (`syncLimit` × `tickTime`).
+    LeaderSync,
+}
+
 type NodeEvent<'s> = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send + 's>>;
+/// A check's reply: whether our node is there, and the watch set with it.
 type ProbeReply<'s> = Pin<
     Box<
-        dyn Future<
-                Output = std::result::Result<(Option<zk::Stat>, Option<NodeEvent<'s>>), zk::Error>,
-            > + Send
+        dyn Future<Output = std::result::Result<(bool, Option<NodeEvent<'s>>), zk::Error>>
+            + Send
             + 's,
     >,
 >;
@@ -344,10 +387,13 @@ struct Probe<'s> {
 /// Guarantee: for an ephemeral node, [`HoldState::Lost`] with
 /// [`LossReason::PresumedExpired`] is reported no later than the session
 /// timeout *T* less the reserve after the send time of the last request the
-/// server answered with our node in place. The server cannot expire the
-/// session sooner than *T* after it last heard from us, which is after that
-/// send time, so whatever the holder stops within the reserve is stopped
-/// before anyone else can be granted the lock. The monitor checks its node
+/// leader ordered with our node in place (see [`Confirmation`]). The
+/// leader cannot expire the session sooner than *T* after it last heard
+/// from us, which is after that send time, so whatever the holder stops
+/// within the reserve is stopped before anyone else can be granted the
+/// lock. (The leader learns of a session's activity at a follower by the
+/// follower's next ping, within a tick: the default reserve, a fifth of
+/// *T*, covers it, since *T* is at least two ticks.) The monitor checks its node
 /// every *T*/10 while it runs, so a healthy connection keeps the hold
 /// confirmed; every wait, including the check after a reconnect, runs under
 /// that deadline, and nothing but a reply showing our node reports
@@ -361,6 +407,7 @@ pub struct HoldMonitor<'s> {
     probe: Option<Probe<'s>>,
     next_probe: Instant,
     confirmed: Confirmed,
+    confirmation: Confirmation,
     reserve: Duration,
     state: HoldState,
 }
@@ -380,8 +427,16 @@ impl<'s> HoldMonitor<'s> {
     /// registration. `ephemeral` says whether the node dies with the
     /// session; `confirmed_at` is the send time of the last request the
     /// server answered with the node in place (see [`crate::zk::Entered`]).
+    /// Checks are [`Confirmation::LeaderSync`]; a lock's own monitor
+    /// ([`LockHold::monitor`]) uses [`Confirmation::Quorum`].
     pub fn new(session: &'s Session, path: String, ephemeral: bool, confirmed_at: Instant) -> Self {
-        Self::following(session, path, ephemeral, Confirmed::at(confirmed_at))
+        Self::following(
+            session,
+            path,
+            ephemeral,
+            Confirmed::at(confirmed_at),
+            Confirmation::LeaderSync,
+        )
     }
 
     fn following(
@@ -389,6 +444,7 @@ impl<'s> HoldMonitor<'s> {
         path: String,
         ephemeral: bool,
         confirmed: Confirmed,
+        confirmation: Confirmation,
     ) -> Self {
         let states = session.watch_state();
         let state = if states.current() == SessionState::Connected {
@@ -405,6 +461,7 @@ impl<'s> HoldMonitor<'s> {
             probe: None,
             next_probe: Instant::now(),
             confirmed,
+            confirmation,
             reserve: session.timeout() / 5,
             state,
         }
@@ -427,11 +484,19 @@ impl<'s> HoldMonitor<'s> {
 
     /// Until when the hold can be trusted (ephemeral nodes only).
     fn trusted_until(&self) -> Option<Instant> {
-        self.ephemeral.then(|| {
-            (self.confirmed.get() + self.session.timeout())
-                .checked_sub(self.reserve)
-                .unwrap_or_else(Instant::now)
-        })
+        self.ephemeral.then(|| self.trust().until())
+    }
+
+    /// A handle that tells, from anywhere and at any time, until when this
+    /// monitor trusts the hold: the deadline at which it reports
+    /// [`LossReason::PresumedExpired`] unless the server confirms the hold
+    /// again. For a process that cannot reach ZooKeeper itself (a
+    /// container beside a lock sidecar), to stop its work by then.
+    pub fn trust(&self) -> Trust {
+        Trust {
+            confirmed: self.confirmed.clone(),
+            window: self.session.timeout().saturating_sub(self.reserve),
+        }
     }
 
     fn heartbeat(&self) -> Duration {
@@ -452,21 +517,59 @@ impl<'s> HoldMonitor<'s> {
         state
     }
 
-    /// Sends a check of our node (with a watch when none is set).
+    /// Sends a check of our node that the leader orders (see
+    /// [`Confirmation`]), and a watch of it when none is set. The check's
+    /// send time is what a reply confirms.
     fn send_probe(&mut self) {
         let client = self.session.client();
         let sent = Instant::now();
-        let reply: ProbeReply<'s> = if self.node_event.is_none() {
-            let request = client.check_and_watch_stat(&self.path);
-            Box::pin(async move {
-                let (stat, watcher) = request.await?;
-                let event: NodeEvent<'s> = Box::pin(watcher.changed());
-                Ok((stat, Some(event)))
-            })
-        } else {
-            let request = client.check_stat(&self.path);
-            Box::pin(async move { Ok((request.await?, None)) })
+        let path = self.path.clone();
+        let confirmed: Pin<
+            Box<dyn Future<Output = std::result::Result<bool, zk::Error>> + Send + 's>,
+        > = match self.confirmation {
+            Confirmation::Quorum => {
+                let mut writer = client.new_multi_writer();
+                match writer.add_check_version(&path, -1) {
+                    Ok(()) => {
+                        let commit = writer.commit();
+                        Box::pin(async move {
+                            match commit.await {
+                                Ok(_) => Ok(true),
+                                Err(zk::MultiWriteError::OperationFailed {
+                                    source: zk::Error::NoNode,
+                                    ..
+                                }) => Ok(false),
+                                Err(e) => Err(zk::Error::from(e)),
+                            }
+                        })
+                    }
+                    Err(e) => Box::pin(std::future::ready(Err(e))),
+                }
+            }
+            Confirmation::LeaderSync => {
+                let sync = client.sync(&path);
+                let read = client.check_stat(&path);
+                Box::pin(async move {
+                    sync.await?;
+                    Ok(read.await?.is_some())
+                })
+            }
         };
+        let watch = self
+            .node_event
+            .is_none()
+            .then(|| client.check_and_watch_stat(&path));
+        let reply: ProbeReply<'s> = Box::pin(async move {
+            let present = confirmed.await?;
+            let event = match watch {
+                Some(watch) => {
+                    let (_, watcher) = watch.await?;
+                    Some(Box::pin(watcher.changed()) as NodeEvent<'s>)
+                }
+                None => None,
+            };
+            Ok((present, event))
+        });
         self.probe = Some(Probe { sent, reply });
     }
 
@@ -558,13 +661,13 @@ impl<'s> HoldMonitor<'s> {
     async fn on_probe(
         &mut self,
         sent: Instant,
-        result: std::result::Result<(Option<zk::Stat>, Option<NodeEvent<'s>>), zk::Error>,
+        result: std::result::Result<(bool, Option<NodeEvent<'s>>), zk::Error>,
     ) {
         match result {
-            Ok((None, _)) => {
+            Ok((false, _)) => {
                 self.set(HoldState::Lost(LossReason::Revoked));
             }
-            Ok((Some(_), event)) => {
+            Ok((true, event)) => {
                 self.confirmed.advance(sent);
                 if event.is_some() {
                     self.node_event = event;

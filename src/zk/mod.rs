@@ -39,7 +39,7 @@ pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, Participant
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::ContenderKind;
 pub use error::{within, ErrorKind, Result, ZkError};
-pub use hold::{HoldMonitor, HoldState, LockHold, LossReason, Registration};
+pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
 pub use semaphore::{
     decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LEASE_MARKER, LOCKS,

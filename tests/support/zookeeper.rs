@@ -57,7 +57,7 @@ impl ZkServer {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let dir = tmp.path().to_owned();
-        let config = write_config(&dir, port, &[], 0);
+        let config = write_config(&dir, port, &[], 0, &EnsembleConfig::default());
         let mut server = ZkServer {
             port,
             dir,
@@ -146,6 +146,11 @@ impl ZkServer {
         four_letter(self.port, "srvr").is_some_and(|s| s.contains("Mode: leader"))
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server at once (SIGKILL).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -167,16 +172,42 @@ impl Drop for ZkServer {
     }
 }
 
-fn write_config(dir: &std::path::Path, port: u16, peers: &[(u16, u16)], myid: usize) -> PathBuf {
+/// How an ensemble's servers are tuned: the tick, and how many ticks a
+/// follower may go without its leader before it notices
+/// (`syncLimit` × `tickTime`: the window in which a follower cut from its
+/// leader still answers reads from its own copy).
+#[derive(Clone, Copy, Debug)]
+pub struct EnsembleConfig {
+    pub tick: Duration,
+    pub sync_limit: u32,
+}
+
+impl Default for EnsembleConfig {
+    fn default() -> Self {
+        EnsembleConfig {
+            tick: Duration::from_millis(500),
+            sync_limit: 5,
+        }
+    }
+}
+
+fn write_config(
+    dir: &std::path::Path,
+    port: u16,
+    peers: &[(u16, u16)],
+    myid: usize,
+    tuning: &EnsembleConfig,
+) -> PathBuf {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).expect("data dir");
     let mut cfg = format!(
-        "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+        "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
          4lw.commands.whitelist=*\nextendedTypesEnabled=true\nmaxClientCnxns=0\nmaxSessionTimeout=60000\n",
+        tuning.tick.as_millis(),
         data.display()
     );
     if !peers.is_empty() {
-        cfg.push_str("initLimit=10\nsyncLimit=5\n");
+        cfg.push_str(&format!("initLimit=20\nsyncLimit={}\n", tuning.sync_limit));
         for (i, (quorum, election)) in peers.iter().enumerate() {
             cfg.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1));
         }
@@ -211,6 +242,9 @@ pub fn process_server() -> &'static str {
 /// A 3-node ensemble on loopback.
 pub struct Ensemble {
     pub servers: Vec<ZkServer>,
+    /// Each server's quorum and election ports, by index.
+    pub peers: Vec<(u16, u16)>,
+    pub config: EnsembleConfig,
     _tmp: tempfile::TempDir,
 }
 
@@ -220,9 +254,14 @@ impl Ensemble {
     /// a server binds it (a server then exits: "Address already in use"):
     /// that start is retried on new ports.
     pub fn start() -> Ensemble {
+        Self::start_with(EnsembleConfig::default())
+    }
+
+    /// [`Ensemble::start`] with the servers tuned as `config` says.
+    pub fn start_with(config: EnsembleConfig) -> Ensemble {
         let mut failures = Vec::new();
         for _ in 0..3 {
-            match Self::try_start() {
+            match Self::try_start(config) {
                 Ok(ensemble) => return ensemble,
                 Err(log) => failures.push(log),
             }
@@ -233,7 +272,7 @@ impl Ensemble {
         );
     }
 
-    fn try_start() -> Result<Ensemble, String> {
+    fn try_start(tuning: EnsembleConfig) -> Result<Ensemble, String> {
         let tmp = tempfile::tempdir().expect("temp dir");
         let peers: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let mut servers: Vec<ZkServer> = (0..3)
@@ -241,7 +280,7 @@ impl Ensemble {
                 let dir = tmp.path().join(format!("zk{}", i + 1));
                 std::fs::create_dir_all(&dir).expect("dir");
                 let port = free_port();
-                let config = write_config(&dir, port, &peers, i + 1);
+                let config = write_config(&dir, port, &peers, i + 1, &tuning);
                 ZkServer {
                     port,
                     dir,
@@ -258,7 +297,12 @@ impl Ensemble {
         for s in &servers {
             s.serving(Duration::from_secs(60))?;
         }
-        Ok(Ensemble { servers, _tmp: tmp })
+        Ok(Ensemble {
+            servers,
+            peers,
+            config: tuning,
+            _tmp: tmp,
+        })
     }
 
     /// All servers as a connect string.
@@ -273,5 +317,121 @@ impl Ensemble {
     /// The index of the leader.
     pub fn leader(&self) -> Option<usize> {
         self.servers.iter().position(ZkServer::is_leader)
+    }
+}
+
+impl Ensemble {
+    /// Cuts server `follower`'s quorum link to the leader, both ways,
+    /// leaving every client link up: the follower keeps serving its clients
+    /// from its own copy until it notices (`syncLimit` × `tickTime`). The
+    /// link is found by the follower's end of its connection to the
+    /// leader's quorum port (`ss`), and dropped by two `iptables` rules on
+    /// exactly those ports, removed when the returned [`Cut`] is dropped. A
+    /// follower that reconnects (a new local port) after it noticed is not
+    /// cut: the partition heals as ZooKeeper's own recovery would see it.
+    pub fn cut_from_leader(&self, follower: usize) -> Cut {
+        let leader = self.leader().expect("a leader");
+        assert_ne!(leader, follower, "server {follower} leads: cut a follower");
+        let quorum = self.peers[leader].0;
+        let pid = self.servers[follower].pid().expect("the follower runs");
+        let out = Command::new("ss")
+            .args(["-tnpH", "state", "established"])
+            .arg(format!("( dport = :{quorum} )"))
+            .output()
+            .expect("run ss (iproute2)");
+        let listing = String::from_utf8_lossy(&out.stdout);
+        let local = listing
+            .lines()
+            .find(|l| l.contains(&format!("pid={pid},")))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|local| local.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse::<u16>().ok())
+            .unwrap_or_else(|| {
+                panic!("no connection of server {follower} (pid {pid}) to the leader's quorum port {quorum}:\n{listing}")
+            });
+        Cut::install(vec![
+            vec![
+                "OUTPUT".into(),
+                "-p".into(),
+                "tcp".into(),
+                "-s".into(),
+                "127.0.0.1".into(),
+                "--sport".into(),
+                local.to_string(),
+                "--dport".into(),
+                quorum.to_string(),
+                "-j".into(),
+                "DROP".into(),
+            ],
+            vec![
+                "OUTPUT".into(),
+                "-p".into(),
+                "tcp".into(),
+                "-s".into(),
+                "127.0.0.1".into(),
+                "--sport".into(),
+                quorum.to_string(),
+                "--dport".into(),
+                local.to_string(),
+                "-j".into(),
+                "DROP".into(),
+            ],
+        ])
+    }
+}
+
+/// Packet rules that cut a link; removed (exactly these) when dropped,
+/// also when the test fails.
+pub struct Cut {
+    rules: Vec<Vec<String>>,
+}
+
+impl Cut {
+    /// Whether this machine lets a test cut links: root and `iptables`.
+    pub fn available() -> Result<(), String> {
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("cutting links needs root".into());
+        }
+        match Command::new("iptables").args(["-S", "OUTPUT"]).output() {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!(
+                "iptables fails: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => Err(format!(
+                "no iptables ({e}): scripts/install-deps installs it"
+            )),
+        }
+    }
+
+    fn install(rules: Vec<Vec<String>>) -> Cut {
+        let mut cut = Cut { rules: Vec::new() };
+        for rule in rules {
+            let status = Command::new("iptables")
+                .arg("-I")
+                .args(&rule)
+                .status()
+                .expect("run iptables");
+            assert!(status.success(), "iptables -I {}", rule.join(" "));
+            cut.rules.push(rule);
+        }
+        cut
+    }
+
+    /// Removes the rules now: the link carries packets again.
+    pub fn heal(mut self) {
+        self.remove();
+    }
+
+    fn remove(&mut self) {
+        for rule in self.rules.drain(..) {
+            let _ = Command::new("iptables").arg("-D").args(&rule).status();
+        }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
