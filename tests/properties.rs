@@ -37,9 +37,10 @@ fn stat(czxid: i64) -> Stat {
 
 proptest! {
     #[test]
-    fn sequence_order_is_creation_order_across_int32_overflow(start in any::<u32>(), steps in 1u32..1000) {
-        // Counters created one after another, possibly wrapping past i32::MAX.
-        let a = start.min(u32::MAX - steps);
+    fn sequence_order_is_creation_order_until_the_counter_wraps(start in 0u32..=i32::MAX as u32, steps in 1u32..1000) {
+        // Counters created one after another, before the 32-bit counter
+        // wraps (after it, the order is Curator's: see contender.rs).
+        let a = start.min(i32::MAX as u32 - steps);
         let b = a + steps;
         prop_assert!(sequence_key(&suffix(a)).unwrap() < sequence_key(&suffix(b)).unwrap());
     }
@@ -48,7 +49,7 @@ proptest! {
     fn anything_that_is_not_a_sequence_is_refused(s in "\\PC{0,24}") {
         if let Some(key) = sequence_key(&s) {
             prop_assert!(s.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit()));
-            prop_assert!(key <= u32::MAX as u64 || !s.starts_with('-'));
+            prop_assert_eq!(key.as_str(), s.as_str());
         }
     }
 

@@ -1,5 +1,5 @@
 //! Names of lock contenders: parsing the layouts of Curator and kazoo, and
-//! ordering them by sequence number.
+//! ordering them exactly as Curator does.
 //!
 //! Curator's protected names are `_c_<uuid>-<marker><seq>` with the markers
 //! `lock-` (InterProcessMutex), `__READ__` and `__WRIT__`
@@ -61,7 +61,7 @@ pub struct Contender {
     /// What it asks for.
     pub kind: ContenderKind,
     /// Its place in the queue (see [`sequence_key`]).
-    pub sequence: u64,
+    pub sequence: SequenceKey,
 }
 
 impl Contender {
@@ -95,25 +95,38 @@ pub fn protection_id(name: &str) -> Option<&str> {
     .then(|| &name[..PROTECTED_PREFIX.len() + 37])
 }
 
-/// The ordering key of a sequence suffix.
+/// A contender's place in its lock's queue: the sequence suffix of its
+/// name, compared as Curator compares it (`fixForSorting`, then
+/// `String.compareTo`): as text.
 ///
-/// ZooKeeper prints the parent's 32-bit counter as `%010d`; after 2^31
-/// creations it wraps to negative numbers, which come *after* every
-/// positive one. Reading a negative value as its unsigned 32-bit twin keeps
-/// the order; 64-bit suffixes (19 digits) keep their value. `None` when the
-/// suffix is not a sequence number.
-pub fn sequence_key(suffix: &str) -> Option<u64> {
+/// ZooKeeper prints the parent's 32-bit counter as `%010d`, so before the
+/// counter wraps the text order is the creation order. After 2³¹ creations
+/// under one lock node the counter wraps to negative numbers (`-2147483648`,
+/// then up to `-000000001`), which Curator sorts *before* every positive
+/// one; zkgate sorts them the same way, so that zkgate and Curator clients
+/// on one lock always agree on who is first. (At the wrap itself both then
+/// see a new contender ahead of older ones: a lock node that may see 2³¹
+/// acquisitions should be made again before, which the controller's
+/// `LockLease` deletion does.)
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SequenceKey(String);
+
+impl SequenceKey {
+    /// The suffix as it appears in the name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The ordering key of a sequence suffix: `None` when the suffix is not a
+/// sequence number (optional `-`, 1 to 19 digits, as ZooKeeper's 32-bit
+/// `%010d` and 64-bit `%019d` counters print).
+pub fn sequence_key(suffix: &str) -> Option<SequenceKey> {
     let digits = suffix.strip_prefix('-').unwrap_or(suffix);
     if digits.is_empty() || digits.len() > 19 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let value: i64 = suffix.parse().ok()?;
-    if value < 0 {
-        let wrapped = i32::try_from(value).ok()?;
-        Some(u64::from(wrapped as u32))
-    } else {
-        Some(value as u64)
-    }
+    Some(SequenceKey(suffix.to_owned()))
 }
 
 /// Parses and sorts a lock node's children into its queue, dropping
@@ -154,7 +167,10 @@ mod tests {
     fn parses_curator_and_kazoo_names() {
         let c =
             Contender::parse("_c_0f8f7b3c-8c87-4e0b-9a43-9ad05a6c7a77-lock-0000000042").unwrap();
-        assert_eq!((c.kind, c.sequence), (ContenderKind::Exclusive, 42));
+        assert_eq!(
+            (c.kind, c.sequence.as_str()),
+            (ContenderKind::Exclusive, "0000000042")
+        );
         assert_eq!(
             c.protection_id(),
             Some("_c_0f8f7b3c-8c87-4e0b-9a43-9ad05a6c7a77-")
@@ -181,13 +197,75 @@ mod tests {
     }
 
     #[test]
-    fn sequence_order_survives_int32_overflow() {
-        assert!(sequence_key("2147483647") < sequence_key("-2147483648"));
-        assert!(sequence_key("-2147483648") < sequence_key("-1"));
+    fn sequence_order_is_curators_across_int32_overflow() {
+        // Curator compares the suffixes as text: a wrapped (negative)
+        // counter sorts before every positive one.
+        assert!(sequence_key("-2147483648") < sequence_key("2147483647"));
+        assert!(sequence_key("-000000001") < sequence_key("-2147483648"));
         assert!(sequence_key("0000000009") < sequence_key("0000000010"));
         assert_eq!(sequence_key("-"), None);
         assert_eq!(sequence_key("12a"), None);
-        assert_eq!(sequence_key("-9999999999"), None);
+        assert_eq!(sequence_key("-99999999999999999999"), None);
+    }
+
+    /// Curator's `StandardLockInternalsDriver.fixForSorting`, transcribed:
+    /// the text after the last occurrence of the marker.
+    fn curator_fix_for_sorting<'a>(name: &'a str, marker: &str) -> &'a str {
+        match name.rfind(marker) {
+            Some(at) => &name[at + marker.len()..],
+            None => name,
+        }
+    }
+
+    /// How ZooKeeper prints a parent's 32-bit counter (`%010d`).
+    fn printed(counter: i32) -> String {
+        format!("{counter:010}")
+    }
+
+    proptest::proptest! {
+        /// Issue 24, item 5: over counters around ±2³¹ (and anywhere),
+        /// zkgate's queue is in exactly the order Curator sorts the same
+        /// names in (`LockInternals.getSortedChildren`).
+        #[test]
+        fn the_queue_is_in_curators_order(
+            counters in proptest::collection::hash_set(
+                proptest::prop_oneof![
+                    i32::MAX - 1000..=i32::MAX,
+                    i32::MIN..=i32::MIN + 1000,
+                    -1000i32..=1000,
+                    proptest::num::i32::ANY,
+                ],
+                1..40,
+            ),
+            kinds in proptest::collection::vec(0usize..3, 40),
+        ) {
+            let markers = ["lock-", "__READ__", "__WRIT__"];
+            let names: Vec<String> = counters
+                .iter()
+                .zip(&kinds)
+                .map(|(c, k)| format!("_c_{}-{}{}", uuid_like(*c), markers[*k], printed(*c)))
+                .collect();
+            let ours: Vec<String> = queue(&names).into_iter().map(|c| c.name).collect();
+            let mut curators = names.clone();
+            // Java's String.compareTo on these ASCII names is byte order.
+            curators.sort_by(|a, b| {
+                let key = |n: &str| {
+                    let n = curator_fix_for_sorting(n, "__READ__");
+                    let n = curator_fix_for_sorting(n, "__WRIT__");
+                    curator_fix_for_sorting(n, "lock-").to_owned()
+                };
+                key(a).cmp(&key(b))
+            });
+            proptest::prop_assert_eq!(ours, curators);
+        }
+    }
+
+    /// A stand-in for a protection uuid, distinct per counter.
+    fn uuid_like(counter: i32) -> String {
+        format!(
+            "{:08x}-0000-4000-8000-{:012x}",
+            counter as u32, counter as u32
+        )
     }
 
     #[test]
