@@ -888,3 +888,398 @@ async fn a_registration_lost_with_the_connection_is_made_on_the_next_round() {
         entered.expect("both enter");
     }
 }
+
+// ---- Issue 24: nothing of a holder outlives its hold ----
+
+/// A worker that ignores SIGTERM and beats until killed; it writes its pid
+/// into `pids` first.
+fn write_worker(dir: &std::path::Path) -> std::path::PathBuf {
+    let worker = dir.join("worker.sh");
+    std::fs::write(
+        &worker,
+        format!(
+            "trap '' TERM\necho $$ >> {pids}\nwhile :; do sleep 0.02; done\n",
+            pids = dir.join("pids").display()
+        ),
+    )
+    .unwrap();
+    worker
+}
+
+/// The next holder's command: which of `pids` still run (not zombies) at
+/// the moment it starts, into `report`.
+fn survivors_script(dir: &std::path::Path) -> String {
+    format!(
+        "for p in $(cat {pids}); do if [ -r /proc/$p/status ] && ! grep -q '^State:.*Z' /proc/$p/status; then echo $p; fi; done > {report}.tmp; mv {report}.tmp {report}",
+        pids = dir.join("pids").display(),
+        report = dir.join("report").display()
+    )
+}
+
+/// Waits until `pids` lists `n` workers.
+async fn workers_started(dir: &std::path::Path, n: usize) {
+    let pids = dir.join("pids");
+    eventually(Duration::from_secs(10), "the workers started", || async {
+        (std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == n)
+            .then_some(())
+    })
+    .await;
+}
+
+/// The next holder: queues on `db` (direct connection), and once it holds,
+/// reports which workers of the previous holder still run.
+fn next_holder(direct: &str, dir: &std::path::Path) -> tokio::process::Child {
+    piped(support::zkgate(
+        direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "next",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &survivors_script(dir),
+        ],
+    ))
+}
+
+/// Issue 24, item 2: a command that leaves children behind (one in its
+/// process group, one that left the group with setsid; both ignore
+/// SIGTERM) exits; `lock run` stops them all before it releases, so none
+/// runs beside the next holder's command.
+#[tokio::test]
+async fn nothing_of_a_commands_process_tree_outlives_its_hold() {
+    let (direct, _, _proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_worker(dir.path());
+    let script = format!(
+        "sh {w} >/dev/null 2>&1 & setsid sh {w} >/dev/null 2>&1 & while [ $(wc -l < {pids} 2>/dev/null || echo 0) -lt 2 ]; do sleep 0.01; done; exit 0",
+        w = worker.display(),
+        pids = dir.path().join("pids").display()
+    );
+    let observer = session(&direct).await;
+    let holder = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    eventually(Duration::from_secs(10), "the holder holds", || async {
+        (children(&observer, &format!("{LOCKS}/db")).await.len() == 1).then_some(())
+    })
+    .await;
+    let next = next_holder(&direct, dir.path());
+    let (code, err) = support::finished(holder, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = support::finished(next, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let survivors = std::fs::read_to_string(dir.path().join("report")).unwrap();
+    let started = std::fs::read_to_string(dir.path().join("pids")).unwrap();
+    assert_eq!(started.lines().count(), 2, "{started}");
+    assert!(
+        survivors.trim().is_empty(),
+        "workers {} of the first holder's command (of {}) still ran when the next holder's command started",
+        survivors.trim().replace('\n', ", "),
+        started.trim().replace('\n', ", ")
+    );
+    for pid in started.lines() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+}
+
+/// Issue 24, item 3: a `lock sidecar` that is SIGKILLed (an OOM kill) while
+/// `lock watch` runs the main container's command: the command is stopped
+/// before the server can expire the dead sidecar's session, so it never
+/// runs beside the next holder's command; `lock watch` exits 6 and says why.
+#[tokio::test]
+async fn a_crashed_sidecars_watched_command_is_dead_before_the_next_holder_starts() {
+    let (direct, _, _proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_worker(dir.path());
+    let token = dir.path().join("fencing-token");
+    let ready = dir.path().join("ready");
+    let observer = session(&direct).await;
+    let sidecar = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "4s",
+            "--kill-grace",
+            "1s",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ],
+    ));
+    let main = piped(support::zkgate(
+        "127.0.0.1:1",
+        &[
+            "lock",
+            "watch",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--",
+            "sh",
+            worker.to_str().unwrap(),
+        ],
+    ));
+    workers_started(dir.path(), 1).await;
+    let next = next_holder(&direct, dir.path());
+    eventually(
+        Duration::from_secs(10),
+        "the next holder queued",
+        || async { (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(()) },
+    )
+    .await;
+    signal_pid(sidecar.id().unwrap(), libc::SIGKILL);
+    let (code, err) = support::finished(main, Duration::from_secs(30)).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("sidecar"), "{err}");
+    let (code, err) = support::finished(next, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let survivors = std::fs::read_to_string(dir.path().join("report")).unwrap();
+    assert!(
+        survivors.trim().is_empty(),
+        "the watched command ({}) still ran when the next holder's command started",
+        survivors.trim()
+    );
+    drop(sidecar);
+}
+
+/// Issue 24, item 3: a restarted sidecar withdraws the token its crashed
+/// predecessor left before it queues again, so a watched command never
+/// starts on a token that is no longer held.
+#[tokio::test]
+async fn a_restarted_sidecar_withdraws_the_old_token_before_it_queues() {
+    let (direct, _, _proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fencing-token");
+    let ready = dir.path().join("ready");
+    let observer = session(&direct).await;
+    let lock = format!("{LOCKS}/db");
+    let _holder = Mutex::new(
+        &lock,
+        LockOptions {
+            create_parent: true,
+            ..LockOptions::default()
+        },
+    )
+    .acquire(&observer, None)
+    .await
+    .unwrap();
+    std::fs::write(&token, "12345\n").unwrap();
+    let sidecar = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "restarted",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ],
+    ));
+    eventually(Duration::from_secs(10), "the sidecar queued", || async {
+        (children(&observer, &lock).await.len() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        !token.exists(),
+        "the old token was still there while the restarted sidecar waited: {:?}",
+        std::fs::read_to_string(&token)
+    );
+    drop(sidecar);
+}
+
+fn signal_pid(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid this test spawned.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// Issue 24, item 9: three participants passed; b leaves and waits on the
+/// lowest, a; a's own leave times out (its node is removed all the same).
+/// b must not be told that everyone has left while c is still in: it waits
+/// for c, and returns once c has left.
+#[tokio::test]
+async fn a_leave_waits_for_everyone_even_when_the_lowest_gives_up() {
+    let (direct, _, _proxy) = routes().await;
+    let admin = session(&direct).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 3).await;
+    let entering: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|id| {
+            let direct = direct.clone();
+            spawn_enter_on(&barrier, direct, id)
+        })
+        .collect();
+    let mut sessions = Vec::new();
+    for task in entering {
+        let (entered, s) = joined(task, Duration::from_secs(10)).await;
+        entered.expect("entered");
+        sessions.push(s);
+    }
+    let c = sessions.pop().unwrap();
+    let b = sessions.pop().unwrap();
+    let a = sessions.pop().unwrap();
+    let b_id = b.id();
+    let b_leaving = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .leave(&b, "b", Some(Instant::now() + Duration::from_secs(30)))
+                .await;
+            (r, b)
+        })
+    };
+    // b has removed its node and waits on a.
+    registered(&admin, &["a", "c", "ready"]).await;
+    // a (the lowest) waits on c, and gives up.
+    let a_left = barrier
+        .leave(&a, "a", Some(Instant::now() + Duration::from_millis(300)))
+        .await;
+    assert!(matches!(a_left, Err(ZkError::Timeout { .. })), "{a_left:?}");
+    registered(&admin, &["c", "ready"]).await;
+    // b must now wait on c, not return.
+    let c_path = format!("{}{BARRIER}/c", support::chroot_of(&direct));
+    let mut b_leaving = b_leaving;
+    tokio::select! {
+        done = &mut b_leaving => panic!("b was told everyone had left while c was still in: {:?}", done.unwrap().0),
+        () = eventually(Duration::from_secs(10), "b waiting on c", || async {
+            support::watchers_of(&c_path).contains(&b_id).then_some(())
+        }) => {}
+    }
+    barrier
+        .leave(&c, "c", Some(Instant::now() + Duration::from_secs(10)))
+        .await
+        .expect("c leaves last");
+    let (b_left, _b) = joined(b_leaving, Duration::from_secs(10)).await;
+    b_left.expect("b is told once c has left");
+    assert!(children(&admin, BARRIER).await.is_empty());
+}
+
+/// Enters `id` on a session of its own, kept until the result is taken.
+fn spawn_enter_on(
+    barrier: &DoubleBarrier,
+    connect: String,
+    id: &'static str,
+) -> tokio::task::JoinHandle<(Result<zkgate::zk::Entered, ZkError>, zkgate::zk::Session)> {
+    let barrier = barrier.clone();
+    tokio::spawn(async move {
+        let s = session(&connect).await;
+        let r = barrier
+            .enter(
+                &s,
+                id,
+                &ephemeral(None),
+                Some(Instant::now() + Duration::from_secs(10)),
+            )
+            .await;
+        (r, s)
+    })
+}
+
+/// Issue 24, item 4: the limit is lowered from 2 to 1 while an admission
+/// that read 2 (with 1 in use) has its multi on the way: the multi must
+/// fail on the count's version and the acquirer wait, so never more than
+/// N leases exist.
+#[tokio::test]
+async fn a_limit_lowered_during_an_admission_admits_nobody_beyond_it() {
+    use zkgate::zk::{encode_count, Permits, Semaphore};
+    let (direct, through_proxy, proxy) = routes().await;
+    let admin = session(&direct).await;
+    let sem = "/sem";
+    let count = format!("{sem}/count");
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    admin.client().mkdir(sem, &persistent).await.unwrap();
+    admin
+        .client()
+        .create(&count, &encode_count(2), &persistent)
+        .await
+        .unwrap();
+    let semaphore = || {
+        Semaphore::new(
+            sem,
+            Permits::Shared(count.clone()),
+            LockOptions {
+                create_parent: true,
+                ..LockOptions::default()
+            },
+        )
+    };
+    let first = semaphore().acquire(&admin, 1, None).await.unwrap();
+    let late = session(&through_proxy).await;
+    let late_id = late.id();
+    proxy.stall_at(&[op::MULTI], "lease-");
+    let acquiring = {
+        let sem = semaphore();
+        tokio::spawn(async move {
+            let r = sem
+                .acquire(&late, 1, Some(Instant::now() + Duration::from_secs(30)))
+                .await
+                .map(|hold| hold.into_registration());
+            (r, late)
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), proxy.stalled_at())
+        .await
+        .expect("the admission's multi reached the proxy");
+    admin
+        .client()
+        .set_data(&count, &encode_count(1), None)
+        .await
+        .unwrap();
+    proxy.resume();
+    let leases = format!("{sem}/leases");
+    // Waiting, the acquirer watches the count (a data watch, which the
+    // server's watch listing shows) for a new limit.
+    let count_watched = format!("{}{count}", support::chroot_of(&direct));
+    let overrun = async {
+        while children(&admin, &leases).await.len() <= 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        () = overrun => panic!("2 leases exist with a limit of 1: the admission used the count it read before the limit was lowered"),
+        () = eventually(Duration::from_secs(20), "the late acquirer waiting", || async {
+            support::watchers_of(&count_watched).contains(&late_id).then_some(())
+        }) => {}
+    }
+    assert_eq!(children(&admin, &leases).await.len(), 1);
+    first.release().await.unwrap();
+    let (r, _late) = joined(acquiring, Duration::from_secs(20)).await;
+    r.expect("admitted once the first lease went");
+}

@@ -150,9 +150,22 @@ impl<'a> BarrierCommand<'a> {
     }
 
     /// `leave`: leaves and returns once every participant has left.
+    /// SIGTERM or SIGINT stops the wait (exit 143 or 130) and removes our
+    /// node, as for `enter`.
     pub async fn leave(&self) -> Result<i32, AgentError> {
-        let session = self.participant.connect().await?;
-        let result = self.leave_with(&session, self.participant.deadline()).await;
+        let mut stop = Termination::install()?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        let result = stop
+            .unless_stopped(
+                &format!(
+                    "waiting for everyone to leave the barrier {}",
+                    self.barrier.path()
+                ),
+                self.leave_with(&session, self.participant.deadline()),
+            )
+            .await;
         close(session).await;
         result.map(|_| 0)
     }
@@ -193,11 +206,10 @@ impl<'a> BarrierCommand<'a> {
         child::check_command(command)?;
         let mut stop = Termination::install()?;
         let (session, entered) = self.enter_ephemeral(&mut stop).await?;
-        drop(stop);
         let ended = match child::spawn(command, &[]) {
             Ok(child) => {
                 let registration = self.registration(&session, &entered);
-                child::supervise(child, registration.lost(), grace).await
+                child::supervise(child, &mut stop, registration.lost(), grace).await
             }
             Err(e) => Err(e),
         };

@@ -277,7 +277,12 @@ impl<'a> LockCommand<'a> {
     /// and the sidecar exits 6. The token file goes early enough for a
     /// command run under `zkgate lock watch` to be stopped within `grace`
     /// (published beside the token, see [`grace_file`]) before the server
-    /// can expire the session, as for `lock run`.
+    /// can expire the session, as for `lock run`. And since a sidecar that
+    /// is killed (an OOM kill) or frozen removes nothing, it also keeps
+    /// publishing until when the hold is trusted ([`trust_file`]):
+    /// `lock watch` stops its command when that passes unrenewed, in time
+    /// as well. A token file found at the start (left by a predecessor
+    /// that crashed) is removed before anything else.
     pub async fn sidecar(
         &self,
         token_file: &std::path::Path,
@@ -288,6 +293,9 @@ impl<'a> LockCommand<'a> {
             check_kill_grace(grace, self.participant.session.session_timeout, "asked for")?;
         }
         let mut stop = Termination::install()?;
+        // A token left by a sidecar that crashed is no longer held: a
+        // watched command must not start on it while we queue.
+        withdraw(token_file);
         let readiness = Readiness::start(readiness).await?;
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
@@ -298,21 +306,24 @@ impl<'a> LockCommand<'a> {
             let hold = stop
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
                 .await?;
+            let monitor = hold
+                .monitor()
+                .with_reserve(grace + safety_margin(session.timeout()) + WATCH_POLL);
+            let trust = monitor.trust();
             ready::write_atomically(
                 &grace_file(token_file),
                 &format!("{}\n", humantime::format_duration(grace)),
             )?;
+            publish_trust(token_file, &trust)?;
             ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
             readiness.set_ready()?;
-            let monitor = hold
-                .monitor()
-                .with_reserve(grace + safety_margin(session.timeout()) + WATCH_POLL);
             let lost = tokio::select! {
                 _ = stop.received() => None,
                 reason = monitor.lost() => Some(reason),
+                () = keep_publishing(token_file, &trust) => None,
             };
             readiness.clear();
-            ready::remove(token_file);
+            withdraw(token_file);
             match lost {
                 Some(reason) => Err(self.lost("; the token file was withdrawn")(reason)),
                 None => {
@@ -360,11 +371,10 @@ impl<'a> LockCommand<'a> {
             let hold = stop
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
                 .await?;
-            drop(stop);
             let env = [("ZKGATE_FENCING_TOKEN", hold.fencing_token().to_string()), ("ZKGATE_LOCK_NODE", hold.path().to_owned())];
             let child = child::spawn(command, &env)?;
             let monitor = hold.monitor().with_reserve(grace + safety_margin(session.timeout()));
-            match child::supervise(child, monitor.lost(), grace).await? {
+            match child::supervise(child, &mut stop, monitor.lost(), grace).await? {
                 Ended::Interrupted(reason, code) => {
                     Err(self.lost(&format!("; the command was terminated (it exited {code})"))(reason))
                 }
@@ -409,15 +419,27 @@ pub async fn watch(
     grace: Option<Duration>,
 ) -> Result<i32, AgentError> {
     child::check_command(command)?;
+    let mut signals = super::Termination::install()?;
     let read_token = || {
         std::fs::read_to_string(token_file)
             .ok()
             .map(|t| t.trim().to_owned())
             .filter(|t| !t.is_empty())
     };
+    // The token, once the sidecar trusts its hold: a token a crashed
+    // sidecar left behind has a trust that has run out.
     let token = loop {
         if let Some(token) = read_token() {
-            break token;
+            match read_trust(token_file) {
+                Some(until) if boottime() < until => break token,
+                Some(_) => {}
+                None => {
+                    return Err(AgentError::usage(format!(
+                        "{} is missing: the lock sidecar publishes until when its hold is trusted there (run the same zkgate version in both containers)",
+                        trust_file(token_file).display()
+                    )))
+                }
+            }
         }
         tokio::time::sleep(WATCH_POLL).await;
     };
@@ -447,20 +469,94 @@ pub async fn watch(
         loop {
             tokio::time::sleep(WATCH_POLL).await;
             if read_token().as_deref() != Some(token.as_str()) {
-                return;
+                return Withdrawn::Token;
+            }
+            match read_trust(token_file) {
+                Some(until) if boottime() < until => {}
+                _ => return Withdrawn::Unconfirmed,
             }
         }
     };
-    match child::supervise(child, withdrawn, grace).await? {
+    match child::supervise(child, &mut signals, withdrawn, grace).await? {
         Ended::Exited(code) => Ok(code),
-        Ended::Interrupted((), code) => Err(AgentError::new(
+        Ended::Interrupted(Withdrawn::Token, code) => Err(AgentError::new(
             Exit::LockLost,
             format!(
                 "the lock sidecar withdrew the token {token} ({}): the hold is lost; the command was terminated (it exited {code})",
                 token_file.display()
             ),
         )),
+        Ended::Interrupted(Withdrawn::Unconfirmed, code) => Err(AgentError::new(
+            Exit::LockLost,
+            format!(
+                "the lock sidecar stopped confirming the hold of token {token} ({}): it crashed, is frozen or lost ZooKeeper; the command was terminated (it exited {code}) before the hold could pass to anyone else",
+                trust_file(token_file).display()
+            ),
+        )),
     }
+}
+
+/// Why `lock watch` stopped its command.
+enum Withdrawn {
+    /// The sidecar removed or replaced the token: it lost the hold.
+    Token,
+    /// The sidecar's published trust ran out unrenewed: it is gone or
+    /// cannot reach ZooKeeper, and the hold may pass to someone else soon.
+    Unconfirmed,
+}
+
+/// Where `lock sidecar` publishes until when its hold is trusted (see
+/// [`LockCommand::sidecar`]): beside the token file.
+pub fn trust_file(token_file: &Path) -> PathBuf {
+    let mut name = token_file.as_os_str().to_owned();
+    name.push(".trusted-until");
+    PathBuf::from(name)
+}
+
+/// The system-wide monotonic clock (`CLOCK_BOOTTIME`, in milliseconds):
+/// the same in every container of a pod (one kernel), unmoved by changes
+/// of the wall clock, so one process's deadline is another's.
+fn boottime() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
+        .unwrap_or(0)
+}
+
+/// Writes `trust`'s deadline on the boot clock.
+fn publish_trust(token_file: &Path, trust: &crate::zk::Trust) -> Result<(), AgentError> {
+    let now = tokio::time::Instant::now();
+    let until = trust.until();
+    let until_ms = if until >= now {
+        boottime() + (until - now).as_millis() as u64
+    } else {
+        boottime().saturating_sub((now - until).as_millis() as u64)
+    };
+    ready::write_atomically(&trust_file(token_file), &format!("{until_ms}\n"))
+}
+
+/// Renews the published trust every [`WATCH_POLL`] while the hold lasts;
+/// never returns. A failed write is logged: the published deadline then
+/// passes and the watched command is stopped, which is safe.
+async fn keep_publishing(token_file: &Path, trust: &crate::zk::Trust) {
+    loop {
+        tokio::time::sleep(WATCH_POLL).await;
+        if let Err(e) = publish_trust(token_file, trust) {
+            warn!(error = %e, "could not renew the published trust in the hold");
+        }
+    }
+}
+
+/// The published deadline, on the boot clock.
+fn read_trust(token_file: &Path) -> Option<u64> {
+    std::fs::read_to_string(trust_file(token_file))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// Removes the token and the trust in it.
+fn withdraw(token_file: &Path) {
+    ready::remove(token_file);
+    ready::remove(&trust_file(token_file));
 }
 
 /// What `lock run` keeps back, beyond the kill grace, between killing the

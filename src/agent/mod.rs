@@ -106,25 +106,38 @@ pub async fn close(session: Session) {
     }
 }
 
-/// SIGTERM and SIGINT, caught from the start of a command: as PID 1 of a
-/// container a process gets no default handlers, so without ours SIGTERM
-/// would be ignored and the pod would wait for its grace period to end in
-/// SIGKILL, leaving a persistent registration behind.
+/// SIGTERM and SIGINT (and the other signals `run` passes on to its
+/// command), caught from the start of a command: as PID 1 of a container
+/// a process gets no default handlers, so without ours SIGTERM would be
+/// ignored and the pod would wait for its grace period to end in SIGKILL,
+/// leaving a persistent registration behind. One set of handlers serves
+/// the whole command, so a signal that arrives between two of its phases
+/// (acquired, but the command not started yet) waits for the next phase
+/// rather than being lost.
 pub struct Termination {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl Termination {
     /// Installs the handlers. Call it before the first wait.
     pub fn install() -> Result<Self, AgentError> {
         use tokio::signal::unix::{signal, SignalKind};
-        let err = |e: std::io::Error| {
-            AgentError::new(Exit::Internal, format!("cannot handle signals: {e}"))
+        let handle = |kind| {
+            signal(kind)
+                .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))
         };
         Ok(Termination {
-            term: signal(SignalKind::terminate()).map_err(err)?,
-            int: signal(SignalKind::interrupt()).map_err(err)?,
+            term: handle(SignalKind::terminate())?,
+            int: handle(SignalKind::interrupt())?,
+            hup: handle(SignalKind::hangup())?,
+            quit: handle(SignalKind::quit())?,
+            usr1: handle(SignalKind::user_defined1())?,
+            usr2: handle(SignalKind::user_defined2())?,
         })
     }
 
@@ -134,6 +147,20 @@ impl Termination {
         tokio::select! {
             _ = self.term.recv() => Exit::Terminated,
             _ = self.int.recv() => Exit::Interrupted,
+        }
+    }
+
+    /// Resolves with the next of the signals a supervised command gets
+    /// passed on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2.
+    pub async fn any(&mut self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal;
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
+            _ = self.usr1.recv() => Signal::SIGUSR1,
+            _ = self.usr2.recv() => Signal::SIGUSR2,
         }
     }
 

@@ -701,7 +701,18 @@ impl DoubleBarrier {
     /// Leaves: removes participant `id` and waits until every participant
     /// has left, per the recipe: the lowest participant waits for the
     /// highest to go and leaves last; every other one removes its node and
-    /// waits for the lowest. On a timeout our node is removed all the same.
+    /// waits for the lowest. Each time the node waited on goes, the
+    /// children are listed again (as ZooKeeper's recipe and Curator do): a
+    /// lowest participant that gave up (its deadline) does not mean that
+    /// everyone has left. On a timeout, or when the future is dropped, our
+    /// node is removed all the same.
+    ///
+    /// On a barrier no controller owns (its data names no resource uid),
+    /// the last participant out removes `ready` with its own node in one
+    /// transaction, so the barrier can serve another round, as in
+    /// Curator's recipe: a leaver whose node is gone and who finds `ready`
+    /// gone knows its round has ended, whoever has arrived since for the
+    /// next one, and no `ready` outlives the last of its round.
     ///
     /// Errors: `Timeout`, `Deleted`, `SessionExpired`.
     pub async fn leave(
@@ -713,15 +724,17 @@ impl DoubleBarrier {
         path::validate_path(&self.path)?;
         path::validate_name(id)?;
         let node = path::join(&self.path, id);
+        let mut guard = NodeGuard::new(session);
+        guard.arm(node.clone());
         let outcome = within(
             deadline,
             || format!("waiting for everyone to leave the barrier {}", self.path),
             self.leave_and_wait(session, id, &node),
         )
         .await;
-        if outcome.is_err() {
-            let mut guard = NodeGuard::new(session);
-            guard.arm(node);
+        if outcome.is_ok() {
+            guard.disarm();
+        } else {
             guard.delete_now(session).await;
         }
         outcome
@@ -729,10 +742,8 @@ impl DoubleBarrier {
 
     async fn leave_and_wait(&self, session: &Session, id: &str, node: &str) -> Result<()> {
         let client = session.client();
-        // The lowest participant as we saw it when we removed our node: once
-        // it is gone, everyone has left (it leaves last), whoever may have
-        // arrived since for a next round.
-        let mut lowest_seen: Option<String> = None;
+        let unowned = self.is_unowned(session).await?;
+        let ready = path::join(&self.path, READY);
         loop {
             let children = match session
                 .retry("list", &self.path, || client.list_children(&self.path))
@@ -748,33 +759,37 @@ impl DoubleBarrier {
                 }
                 other => other?,
             };
+            let open = children.iter().any(|c| c == READY);
             let mut members: Vec<&String> = children.iter().filter(|c| *c != READY).collect();
             members.sort();
+            let ours = members.iter().position(|m| *m == id);
+            if ours.is_none() && unowned && !open {
+                // The last of our round removed `ready` with its own node:
+                // whoever is here now came for the next round.
+                debug!(barrier = %self.path, "everyone has left");
+                return Ok(());
+            }
             let Some(lowest) = members.first() else {
                 debug!(barrier = %self.path, "everyone has left");
                 return Ok(());
             };
-            let ours = members.iter().position(|m| *m == id);
-            let watch = match (ours, &lowest_seen) {
-                (Some(0), _) if members.len() == 1 => {
-                    super::tree::delete_if_present(session, node).await?;
-                    self.reset_if_unowned(session).await?;
-                    return Ok(());
+            let watch = match ours {
+                Some(0) if members.len() == 1 => {
+                    if self
+                        .leave_last(session, node, unowned && open, &ready)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                    continue;
                 }
                 // The lowest leaves last: it waits for the highest.
-                (Some(0), _) => path::join(&self.path, members[members.len() - 1]),
-                (Some(_), _) | (None, None) => {
-                    if ours.is_some() {
-                        super::tree::delete_if_present(session, node).await?;
-                    }
-                    lowest_seen = Some((*lowest).clone());
+                Some(0) => path::join(&self.path, members[members.len() - 1]),
+                Some(_) => {
+                    super::tree::delete_if_present(session, node).await?;
                     path::join(&self.path, lowest)
                 }
-                (None, Some(seen)) if !members.contains(&seen) => {
-                    debug!(barrier = %self.path, "everyone has left");
-                    return Ok(());
-                }
-                (None, Some(seen)) => path::join(&self.path, seen),
+                None => path::join(&self.path, lowest),
             };
             let (stat, watcher) = session
                 .retry("watch", &watch, || client.check_and_watch_stat(&watch))
@@ -786,32 +801,71 @@ impl DoubleBarrier {
         }
     }
 
-    /// The last participant out of a barrier that no controller owns (its
-    /// data names no resource uid) removes `ready`, so the barrier can
-    /// serve another round, as in Curator's recipe. A controller's barrier
-    /// is one round: its resource goes Completed.
-    async fn reset_if_unowned(&self, session: &Session) -> Result<()> {
+    /// The last participant out removes its node, and with `reset` also
+    /// `ready` in the same transaction. `false` when the state changed
+    /// under us (look again).
+    async fn leave_last(
+        &self,
+        session: &Session,
+        node: &str,
+        reset: bool,
+        ready: &str,
+    ) -> Result<bool> {
+        if !reset {
+            super::tree::delete_if_present(session, node).await?;
+            return Ok(true);
+        }
         let client = session.client();
-        let data = match session
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_delete(node, None)
+            .map_err(|e| ZkError::from_client("delete", node, e))?;
+        writer
+            .add_delete(ready, None)
+            .map_err(|e| ZkError::from_client("delete", ready, e))?;
+        match writer.commit().await {
+            Ok(_) => {
+                debug!(barrier = %self.path, "last out: reset for the next round");
+                Ok(true)
+            }
+            // Our node or `ready` went meanwhile: look again.
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => {
+                let e = zk::Error::from(e);
+                if is_connection_loss(&e) {
+                    // Applied or not, the next look tells.
+                    session.await_connected().await?;
+                    Ok(false)
+                } else {
+                    Err(ZkError::from_client("delete", node, e))
+                }
+            }
+        }
+    }
+
+    /// Whether no controller owns the barrier (its data names no resource
+    /// uid): then its participants reset it for the next round.
+    async fn is_unowned(&self, session: &Session) -> Result<bool> {
+        let client = session.client();
+        match session
             .retry("read", &self.path, || client.get_data(&self.path))
             .await
         {
-            Ok((data, _)) => data,
+            Ok((data, _)) => Ok(BarrierData::parse(&self.path, &data)
+                .ok()
+                .flatten()
+                .is_none_or(|b| b.uid.is_none())),
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..
-            }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let owned = BarrierData::parse(&self.path, &data)
-            .ok()
-            .flatten()
-            .is_some_and(|b| b.uid.is_some());
-        if !owned {
-            super::tree::delete_if_present(session, &path::join(&self.path, READY)).await?;
-            debug!(barrier = %self.path, "reset for the next round");
+            }) => Err(ZkError::Deleted {
+                path: self.path.clone(),
+            }),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     /// Lists the participants (children other than `ready`) and whether the

@@ -322,7 +322,8 @@ impl Semaphore {
                 }
                 other => other?,
             };
-            let (permits, count_changed) = self.current_permits(session, watching).await?;
+            let (permits, count_version, count_changed) =
+                self.current_permits(session, watching).await?;
             if wanted > permits {
                 return Err(self.refuse(wanted, Some(permits)));
             }
@@ -332,10 +333,17 @@ impl Semaphore {
                 // remove, found by their protected names if the reply is lost.
                 guard.arm_protected(&leases, &protection);
                 match self
-                    .create_leases(session, &prefix, &create, wanted, turn)
+                    .create_leases(session, &prefix, &create, wanted, turn, count_version)
                     .await
                 {
-                    Ok(mut nodes) => {
+                    Ok(None) => {
+                        // The limit changed since we read it: nothing was
+                        // made; look again.
+                        guard.disarm();
+                        watching = false;
+                        continue;
+                    }
+                    Ok(Some(mut nodes)) => {
                         let token = self.token_of(session, &nodes[0].0, nodes[0].1).await?;
                         let node = nodes.remove(0).0;
                         return Ok(Acquired {
@@ -348,6 +356,8 @@ impl Semaphore {
                     Err(ZkError::Zk { source, .. }) if is_connection_loss(&source) => {
                         // One transaction: all our leases were made or none.
                         session.await_connected().await?;
+                        // What the listing shows is confirmed as of its send time.
+                        let listed_at = Instant::now();
                         let now = crate::zk::lock::list(session, &leases).await?;
                         let mut ours: Vec<String> = now
                             .into_iter()
@@ -362,7 +372,7 @@ impl Semaphore {
                                 node,
                                 siblings: ours.iter().map(|n| path::join(&leases, n)).collect(),
                                 token,
-                                confirmed_at: Instant::now(),
+                                confirmed_at: listed_at,
                             });
                         }
                         continue;
@@ -398,11 +408,16 @@ impl Semaphore {
         }
     }
 
-    /// The number of permits now, and a future that resolves when it may
-    /// have changed (never, for a fixed number).
-    async fn current_permits(&self, session: &Session, watch: bool) -> Result<(u32, Changed)> {
+    /// The number of permits now, the version of the count node it was
+    /// read from (`None` for a fixed number), and a future that resolves
+    /// when it may have changed (never, for a fixed number).
+    async fn current_permits(
+        &self,
+        session: &Session,
+        watch: bool,
+    ) -> Result<(u32, Option<i32>, Changed)> {
         let count = match &self.permits {
-            Permits::Fixed(n) => return Ok((*n, Box::pin(std::future::pending()))),
+            Permits::Fixed(n) => return Ok((*n, None, Box::pin(std::future::pending()))),
             Permits::Shared(count) => count,
         };
         let client = session.client();
@@ -410,20 +425,20 @@ impl Semaphore {
             session
                 .retry("watch", count, || client.get_and_watch_data(count))
                 .await
-                .map(|(data, _, watcher)| (data, Box::pin(watcher.changed()) as Changed))
+                .map(|(data, stat, watcher)| (data, stat, Box::pin(watcher.changed()) as Changed))
         } else {
             session
                 .retry("read", count, || client.get_data(count))
                 .await
-                .map(|(data, _)| (data, Box::pin(std::future::pending()) as Changed))
+                .map(|(data, stat)| (data, stat, Box::pin(std::future::pending()) as Changed))
         };
         match read {
-            Ok((data, changed)) => {
+            Ok((data, stat, changed)) => {
                 let value = decode_count(&data).ok_or_else(|| ZkError::InvalidData {
                     path: count.clone(),
                     reason: format!("a SharedCount holds 4 bytes, not {}", data.len()),
                 })?;
-                Ok((value.max(0) as u32, changed))
+                Ok((value.max(0) as u32, Some(stat.version), changed))
             }
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
@@ -438,6 +453,11 @@ impl Semaphore {
     /// Creates `wanted` lease nodes and deletes our mutex node `turn` in one
     /// multi: the next acquirer is woken the moment our leases exist, one
     /// round trip sooner than with a separate delete. Their paths and stats.
+    ///
+    /// With a shared count, the same multi checks that the count is still
+    /// at `count_version`, the version the admission read its limit from:
+    /// a limit lowered in between fails the multi (`Ok(None)`, nothing
+    /// made), so nobody is admitted beyond the limit in force.
     async fn create_leases(
         &self,
         session: &Session,
@@ -445,9 +465,19 @@ impl Semaphore {
         create: &zk::CreateOptions<'_>,
         wanted: u32,
         turn: &str,
-    ) -> Result<Vec<(String, Option<zk::Stat>)>> {
+        count_version: Option<i32>,
+    ) -> Result<Option<Vec<(String, Option<zk::Stat>)>>> {
         let client = session.client();
         let mut writer = client.new_multi_writer();
+        let checked = match (&self.permits, count_version) {
+            (Permits::Shared(count), Some(version)) => {
+                writer
+                    .add_check_version(count, version)
+                    .map_err(|e| ZkError::from_client("check", count, e))?;
+                1
+            }
+            _ => 0,
+        };
         for _ in 0..wanted {
             writer
                 .add_create(prefix, &self.options.data, create)
@@ -458,13 +488,27 @@ impl Semaphore {
             .map_err(|e| ZkError::from_client("delete", turn, e))?;
         let results = match writer.commit().await {
             Ok(results) => results,
+            // The limit changed since it was read.
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::BadVersion,
+            }) if checked == 1 => return Ok(None),
             // Someone deleted our place in the mutex's queue.
             Err(zk::MultiWriteError::OperationFailed {
                 index,
                 source: zk::Error::NoNode,
-            }) if index == wanted as usize => {
+            }) if index == checked + wanted as usize => {
                 return Err(ZkError::NodeRemoved {
                     path: turn.to_owned(),
+                })
+            }
+            // The count node itself is gone.
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NoNode,
+            }) if checked == 1 => {
+                return Err(ZkError::Deleted {
+                    path: self.path.clone(),
                 })
             }
             Err(e) => return Err(ZkError::from_client("create", prefix, zk::Error::from(e))),
@@ -485,7 +529,7 @@ impl Semaphore {
                 reason: format!("a multi of {wanted} creates answered {} paths", nodes.len()),
             });
         }
-        Ok(nodes)
+        Ok(Some(nodes))
     }
 
     /// The czxid of a lease node (from the create's stat when the server

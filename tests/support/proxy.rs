@@ -52,6 +52,9 @@ struct Control {
     /// Every request forwarded: its op and bytes.
     forwarded: std::sync::Mutex<Vec<(i32, Vec<u8>)>>,
     frozen: Notify,
+    /// A request that stalls everything (see [`Proxy::stall_at`]).
+    stall_at: std::sync::Mutex<Option<(Vec<i32>, Vec<u8>)>>,
+    stalled_at: AtomicUsize,
 }
 
 /// A running proxy; it stops with the test's runtime.
@@ -153,6 +156,26 @@ impl Proxy {
         }
     }
 
+    /// Stalls all traffic (as [`Proxy::stall`]) the moment the next request
+    /// with an op in `ops` and `pattern` in its bytes arrives, before that
+    /// request is forwarded: the test acts while the client's request is
+    /// on its way, then [`Proxy::resume`] lets it reach the server.
+    pub fn stall_at(&self, ops: &[i32], pattern: &str) {
+        *self.control.stall_at.lock().unwrap() = Some((ops.to_vec(), pattern.as_bytes().to_vec()));
+    }
+
+    /// Waits until a request armed by [`Proxy::stall_at`] has arrived and
+    /// stalled the proxy.
+    pub async fn stalled_at(&self) {
+        loop {
+            let notified = self.control.frozen.notified();
+            if self.control.stalled_at.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Holds the server's replies back (requests still reach the server)
     /// until [`Proxy::resume`]: the client acts on a stale view.
     pub fn stall_replies(&self) {
@@ -219,6 +242,25 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                     let mut sink = vec![0u8; 64 * 1024];
                     while client_read.read(&mut sink).await? > 0 {}
                     return Ok(());
+                }
+                let stall = op.is_some_and(|op| {
+                    let mut slot = control.stall_at.lock().unwrap();
+                    let hit = slot.as_ref().is_some_and(|(ops, pattern)| {
+                        ops.contains(&op)
+                            && body
+                                .windows(pattern.len().max(1))
+                                .any(|w| w == &pattern[..])
+                    });
+                    if hit {
+                        *slot = None;
+                    }
+                    hit
+                });
+                if stall {
+                    control.stalled.store(true, Ordering::SeqCst);
+                    control.stalled_at.fetch_add(1, Ordering::SeqCst);
+                    control.frozen.notify_waiters();
+                    wait_unstalled(&control).await;
                 }
                 let doomed = is_create && control.cut_after_create.swap(false, Ordering::SeqCst);
                 if doomed {
