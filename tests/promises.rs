@@ -1283,3 +1283,44 @@ async fn a_limit_lowered_during_an_admission_admits_nobody_beyond_it() {
     let (r, _late) = joined(acquiring, Duration::from_secs(20)).await;
     r.expect("admitted once the first lease went");
 }
+
+/// Issue 24, item 11: `barrier leave` waiting for the others, as PID 1 (no
+/// default signal handlers), exits 143 on SIGTERM and removes its node,
+/// as `barrier enter` does.
+#[tokio::test]
+async fn sigterm_to_a_waiting_pid_1_leave_removes_its_node_and_exits() {
+    let (direct, _, _proxy) = routes().await;
+    let observer = session(&direct).await;
+    for id in ["p1", "p2"] {
+        let (code, err) = support::output(support::zkgate(
+            &direct,
+            &[
+                "barrier",
+                "enter",
+                "g",
+                "--participants",
+                "1",
+                "--id",
+                id,
+                "--pod-uid",
+                id,
+            ],
+        ))
+        .await;
+        assert_eq!(code, 0, "{err}");
+    }
+    let barrier = format!("{BARRIERS}/g");
+    assert_eq!(children(&observer, &barrier).await, ["p1", "p2", "ready"]);
+    // p1 is the lowest: it waits for p2 to leave.
+    let leaving = as_pid_1(&direct, &["barrier", "leave", "g", "--id", "p1"]);
+    let p2 = format!("{}{barrier}/p2", support::chroot_of(&direct));
+    eventually(Duration::from_secs(10), "p1 waiting on p2", || async {
+        (!support::watchers_of(&p2).is_empty()).then_some(())
+    })
+    .await;
+    let init = namespace_init(&leaving).await;
+    assert_eq!(unsafe { libc::kill(init, libc::SIGTERM) }, 0);
+    let (code, err) = support::finished(leaving, Duration::from_secs(10)).await;
+    assert_eq!(code, 143, "{err}");
+    assert_eq!(children(&observer, &barrier).await, ["p2", "ready"]);
+}
