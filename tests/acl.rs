@@ -238,20 +238,24 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
         is_no_auth(c.delete(&barrier_b, None).await),
         "delete b's barrier"
     );
-    // Within its own namespace a may register but not rewrite the barrier
-    // (its participant count) or the lock node.
+    // Within its own namespace a may register, and write its barrier's
+    // data (a withdrawal rewrites it as it is, so that an opening that
+    // counted the withdrawn participant fails its version check), but not
+    // rewrite the lock node.
     c.create(&format!("{barrier_a}/a-probe"), b"{}", &a_eph)
         .await
         .expect("a registers in its own barrier");
     c.delete(&format!("{barrier_a}/a-probe"), None)
         .await
         .unwrap();
-    for node in [&barrier_a, &lock_a] {
-        assert!(
-            is_no_auth(c.set_data(node, b"{\"participants\":1}", None).await),
-            "set data of {node}"
-        );
-    }
+    let (data, stat) = c.get_data(&barrier_a).await.expect("read a's barrier");
+    c.set_data(&barrier_a, &data, Some(stat.version))
+        .await
+        .expect("a rewrites its own barrier's data as it is");
+    assert!(
+        is_no_auth(c.set_data(&lock_a, b"{\"participants\":1}", None).await),
+        "set data of {lock_a}"
+    );
 
     // A participant without credentials: exit 5 naming auth, nothing made.
     let (code, err) = run(&mut zkgate(

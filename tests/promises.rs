@@ -1324,3 +1324,132 @@ async fn sigterm_to_a_waiting_pid_1_leave_removes_its_node_and_exits() {
     assert_eq!(code, 143, "{err}");
     assert_eq!(children(&observer, &barrier).await, ["p2", "ready"]);
 }
+
+/// Issue 24, item 8: a participant's deadline passes while the opening
+/// that counted it is on its way. Its withdrawal must settle, with the
+/// server, whether the barrier opened with it: here it did (the opening
+/// commits between the participant's look and its withdrawal), so the
+/// participant has entered, never "timed out" while the other passes
+/// counting it.
+#[tokio::test]
+async fn a_withdrawal_racing_the_opening_that_counted_it_reports_entered() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let (proxy_a, proxy_b) = (
+        Proxy::start(support::shared_zookeeper()).await,
+        Proxy::start(support::shared_zookeeper()).await,
+    );
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let admin = session(&direct).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
+    // Sessions that outlast the stalls below.
+    let long = Duration::from_secs(20);
+    let a = session_with_timeout(&format!("{}{chroot}", proxy_a.address()), long).await;
+    let b = session_with_timeout(&format!("{}{chroot}", proxy_b.address()), long).await;
+    let a_deadline = Instant::now() + Duration::from_secs(2);
+    let waiting = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .enter(&a, "a", &ephemeral(None), Some(a_deadline))
+                .await;
+            (r, a)
+        })
+    };
+    registered(&admin, &["a"]).await;
+    // b's opening (the multi that makes `ready`) is held at its proxy.
+    proxy_b.stall_at(&[op::MULTI], READY_NAME);
+    let opening = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier.enter(&b, "b", &ephemeral(None), None).await;
+            (r, b)
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), proxy_b.stalled_at())
+        .await
+        .expect("b's opening reached its proxy");
+    // a's way out (whatever it sends to remove its node) is held too, once
+    // its deadline has passed.
+    proxy_a.stall_at(&[op::DELETE, op::MULTI], &format!("{BARRIER}/a"));
+    tokio::time::timeout(Duration::from_secs(10), proxy_a.stalled_at())
+        .await
+        .expect("a's withdrawal reached its proxy");
+    assert!(Instant::now() >= a_deadline);
+    // The opening commits, counting a; then a's withdrawal goes on.
+    proxy_b.resume();
+    let (opened, _b) = joined(opening, Duration::from_secs(10)).await;
+    opened.expect("b passes");
+    proxy_a.resume();
+    let (outcome, _a) = joined(waiting, Duration::from_secs(10)).await;
+    assert!(
+        outcome.is_ok(),
+        "the barrier opened counting a, but a was told: {outcome:?}"
+    );
+}
+
+const READY_NAME: &str = "/ready";
+
+/// Issue 24, item 8, the other order: the participant's withdrawal commits
+/// while the opening that counted it is still on its way. The opening
+/// must fail (the withdrawal changed the barrier's version) and the opener
+/// count again and wait, never open one short.
+#[tokio::test]
+async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy_b = Proxy::start(support::shared_zookeeper()).await;
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let admin = session(&direct).await;
+    let barrier = support::barrier_made(&admin, BARRIER, 2).await;
+    let long = Duration::from_secs(20);
+    let a = session_with_timeout(&direct, long).await;
+    let b = session_with_timeout(&format!("{}{chroot}", proxy_b.address()), long).await;
+    let a_deadline = Instant::now() + Duration::from_secs(2);
+    let waiting = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .enter(&a, "a", &ephemeral(None), Some(a_deadline))
+                .await;
+            (r, a)
+        })
+    };
+    registered(&admin, &["a"]).await;
+    proxy_b.stall_at(&[op::MULTI], READY_NAME);
+    let opening = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .enter(
+                    &b,
+                    "b",
+                    &ephemeral(None),
+                    Some(Instant::now() + Duration::from_secs(30)),
+                )
+                .await;
+            (r, b)
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), proxy_b.stalled_at())
+        .await
+        .expect("b's opening reached its proxy");
+    let (withdrawn, _a) = joined(waiting, Duration::from_secs(10)).await;
+    assert!(
+        matches!(withdrawn, Err(ZkError::Timeout { .. })),
+        "{withdrawn:?}"
+    );
+    registered(&admin, &["b"]).await;
+    // b's first look (one watch of `ready`) is behind it; a second look is
+    // what a failed opening leads to.
+    let looks = || proxy_b.forwarded(&[op::EXISTS], READY_NAME);
+    assert_eq!(looks(), 1);
+    proxy_b.resume();
+    let mut opening = opening;
+    tokio::select! {
+        done = &mut opening => panic!("b passed a barrier of 2 with only itself in: {:?}", done.unwrap().0),
+        () = eventually(Duration::from_secs(10), "b looking again", || async {
+            (looks() >= 2).then_some(())
+        }) => {}
+    }
+    assert_eq!(children(&admin, BARRIER).await, ["b"]);
+    opening.abort();
+}

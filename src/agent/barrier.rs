@@ -8,7 +8,7 @@ use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
-use crate::zk::{DoubleBarrier, EnterOptions, Entered, HoldMonitor, Session};
+use crate::zk::{DoubleBarrier, EnterOptions, Entered, Entry, HoldMonitor, Session};
 
 /// How often a waiting participant logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -70,14 +70,41 @@ impl<'a> BarrierCommand<'a> {
         )
     }
 
-    async fn enter_with(&self, session: &Session, persistent: bool) -> Result<Entered, AgentError> {
+    /// Enters unless stopped by SIGTERM or SIGINT first. The outcome is
+    /// settled with the server (see [`DoubleBarrier::enter_unless`]): the
+    /// barrier entered, with the signal that came as it opened if one did;
+    /// or stopped, with our registration withdrawn (exit 143 or 130).
+    async fn enter_with(
+        &self,
+        session: &Session,
+        persistent: bool,
+        stop: &mut Termination,
+    ) -> Result<(Entered, Option<Exit>), AgentError> {
         let p = self.participant;
-        let entered = match self
+        let entry = self
             .barrier
-            .enter(session, &p.id, &self.options(persistent), p.deadline())
-            .await
-        {
-            Ok(entered) => entered,
+            .enter_unless(
+                session,
+                &p.id,
+                &self.options(persistent),
+                p.deadline(),
+                stop.received(),
+            )
+            .await;
+        let (entered, stopped) = match entry {
+            Ok(Entry::Entered(entered)) => (entered, None),
+            Ok(Entry::OpenedAsStopped(entered, exit)) => {
+                info!(barrier = %self.barrier.path(), "stopped, but the barrier had opened with us");
+                (entered, Some(exit))
+            }
+            Ok(Entry::Stopped(exit)) => return Err(AgentError::new(
+                exit,
+                format!(
+                    "stopped by {} while {}; our registration was withdrawn and nobody counted it",
+                    exit.signal_name(),
+                    self.waiting()
+                ),
+            )),
             Err(e) => {
                 return Err(super::explain_missing(
                     p,
@@ -96,7 +123,7 @@ impl<'a> BarrierCommand<'a> {
             was_registered = entered.was_registered,
             "barrier open"
         );
-        Ok(entered)
+        Ok((entered, stopped))
     }
 
     async fn leave_with(
@@ -121,15 +148,17 @@ impl<'a> BarrierCommand<'a> {
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
-        let result = stop
-            .unless_stopped(&self.waiting(), self.enter_with(&session, true))
-            .await;
+        // Stopped as the barrier opened with us: we are counted, and our
+        // registration stays for the others; the init container succeeded.
+        let result = self.enter_with(&session, true, &mut stop).await;
         close(session).await;
         result.map(|_| 0)
     }
 
     /// Connects and enters with an ephemeral registration (sidecar, run),
-    /// unless stopped first; on failure the session is closed.
+    /// unless stopped first; on failure the session is closed. Stopped as
+    /// the barrier opened with us, it leaves (the others count us, and
+    /// wait for us to leave) and reports the signal.
     async fn enter_ephemeral(
         &self,
         stop: &mut Termination,
@@ -137,11 +166,24 @@ impl<'a> BarrierCommand<'a> {
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
-        match stop
-            .unless_stopped(&self.waiting(), self.enter_with(&session, false))
-            .await
-        {
-            Ok(entered) => Ok((session, entered)),
+        match self.enter_with(&session, false, stop).await {
+            Ok((entered, None)) => Ok((session, entered)),
+            Ok((_, Some(exit))) => {
+                let left = self.leave_with(&session, self.participant.deadline()).await;
+                close(session).await;
+                Err(AgentError::new(
+                    exit,
+                    format!(
+                        "stopped by {} as the barrier {} opened with us; {}",
+                        exit.signal_name(),
+                        self.barrier.path(),
+                        match left {
+                            Ok(()) => "we left it, after everyone".to_owned(),
+                            Err(e) => format!("leaving failed: {e}"),
+                        }
+                    ),
+                ))
+            }
             Err(e) => {
                 close(session).await;
                 Err(e)

@@ -29,6 +29,16 @@ pub enum Exit {
     Terminated = 143,
 }
 
+impl Exit {
+    /// The signal a stop code reports (`SIGTERM`, `SIGINT`), for messages.
+    pub fn signal_name(self) -> &'static str {
+        match self {
+            Exit::Interrupted => "SIGINT",
+            _ => "SIGTERM",
+        }
+    }
+}
+
 /// Why a command stopped: the exit code and one line for the user saying
 /// what happened and what to check.
 #[derive(Debug, thiserror::Error)]

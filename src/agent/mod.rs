@@ -175,7 +175,7 @@ impl Termination {
         tokio::select! {
             result = work => result,
             exit = self.received() => {
-                let signal = if exit == Exit::Terminated { "SIGTERM" } else { "SIGINT" };
+                let signal = exit.signal_name();
                 tracing::info!(signal, "stopping: removing any registration of ours");
                 Err(AgentError::new(
                     exit,

@@ -143,7 +143,7 @@ async fn apply_sized(
     };
     let create = || async {
         recipe
-            .create_with_acls(zk, &wanted, &acls.resources)
+            .create_with_acls(zk, &wanted, &acls.barriers)
             .await
             .map(|_| ())
             .map_err(Error::from)

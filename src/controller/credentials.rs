@@ -67,8 +67,16 @@ const RECHECK: Duration = Duration::from_secs(30);
 pub struct NamespaceAcls {
     /// The namespace node, `barriers` and `locks`.
     pub dirs: Vec<zk::Acl>,
-    /// Barrier and lock nodes.
+    /// Lock nodes: participants queue and release below them (create,
+    /// delete) but never rewrite the lock's data.
     pub resources: Vec<zk::Acl>,
+    /// Barrier nodes: as lock nodes, and participants may also write the
+    /// barrier's data, which a withdrawal rewrites as it is (a version
+    /// bump, so that an opening that counted the withdrawn participant
+    /// fails its check: `DoubleBarrier::enter`). That gives a namespace's
+    /// pods no power they lack: whoever may register may also make
+    /// `ready` or remove a registration; the namespace is the boundary.
+    pub barriers: Vec<zk::Acl>,
 }
 
 impl NamespaceAcls {
@@ -76,6 +84,7 @@ impl NamespaceAcls {
         NamespaceAcls {
             dirs: acl::open(),
             resources: acl::open(),
+            barriers: acl::open(),
         }
     }
 
@@ -86,11 +95,14 @@ impl NamespaceAcls {
         let mut acls = NamespaceAcls {
             dirs: vec![controller.acl(P::ALL)],
             resources: vec![controller.acl(P::ALL)],
+            barriers: vec![controller.acl(P::ALL)],
         };
         for credential in namespace {
             acls.dirs.push(credential.acl(P::READ));
             acls.resources
                 .push(credential.acl(P::READ | P::CREATE | P::DELETE));
+            acls.barriers
+                .push(credential.acl(P::READ | P::WRITE | P::CREATE | P::DELETE));
         }
         acls
     }
@@ -578,10 +590,10 @@ async fn protect(
         zk.mkdir_all(dir, &options).await?;
         acl_change::ensure(zk, dir, &acls.dirs).await?;
     }
-    for parent in &dirs[1..] {
+    for (parent, wanted) in [(&dirs[1], &acls.barriers), (&dirs[2], &acls.resources)] {
         for resource in children(zk, parent).await? {
             let resource = format!("{parent}/{resource}");
-            acl_change::ensure(zk, &resource, &acls.resources).await?;
+            acl_change::ensure(zk, &resource, wanted).await?;
             if let Some(Moving { old, new, keep_old }) = rotation {
                 for member in children(zk, &resource).await? {
                     let member = format!("{resource}/{member}");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use zookeeper_client as zk;
 
 use super::error::{within, Result, ZkError};
@@ -121,6 +121,27 @@ pub struct Entered {
     /// registration in it was sent (for a [`crate::zk::HoldMonitor`] of
     /// the registration).
     pub confirmed_at: Instant,
+}
+
+/// How [`DoubleBarrier::enter_unless`] ended.
+#[derive(Debug)]
+pub enum Entry<S> {
+    /// The barrier opened with us.
+    Entered(Entered),
+    /// Stopped first, with what `stop` resolved to; our registration was
+    /// withdrawn and nobody counted it.
+    Stopped(S),
+    /// Stopped, but the barrier had opened with us by then: the others
+    /// count us, so the caller should leave rather than vanish.
+    OpenedAsStopped(Entered, S),
+}
+
+/// How a withdrawal ended.
+enum Withdrawal {
+    /// Our node is gone and no opening counted it.
+    Withdrawn,
+    /// The barrier had opened: we are in.
+    Opened,
 }
 
 /// The result of trying to open the barrier.
@@ -254,6 +275,32 @@ impl DoubleBarrier {
         options: &EnterOptions,
         deadline: Option<Instant>,
     ) -> Result<Entered> {
+        let never = std::future::pending::<std::convert::Infallible>();
+        match self
+            .enter_unless(session, id, options, deadline, never)
+            .await?
+        {
+            Entry::Entered(entered) => Ok(entered),
+            Entry::Stopped(never) | Entry::OpenedAsStopped(_, never) => match never {},
+        }
+    }
+
+    /// [`DoubleBarrier::enter`], unless `stop` resolves first (a signal,
+    /// say). A timeout or a stop withdraws our registration the same way:
+    /// in one transaction that fails if the barrier has opened (then we
+    /// entered, and the outcome says so) and that rewrites the barrier's
+    /// data as it is, so that an opening that counted us and has not
+    /// committed yet fails its version check and counts again. Never is a
+    /// participant told it timed out or was stopped while the others pass
+    /// counting it.
+    pub async fn enter_unless<S>(
+        &self,
+        session: &Session,
+        id: &str,
+        options: &EnterOptions,
+        deadline: Option<Instant>,
+        stop: impl std::future::Future<Output = S>,
+    ) -> Result<Entry<S>> {
         path::validate_path(&self.path)?;
         path::validate_name(id)?;
         if id == READY {
@@ -263,35 +310,130 @@ impl DoubleBarrier {
             });
         }
         let mut guard = NodeGuard::new(session);
-        let outcome = within(
-            deadline,
-            || format!("waiting for the barrier {} to open", self.path),
-            self.enter_and_wait(session, id, options, &mut guard),
-        )
-        .await;
-        let outcome = match outcome {
+        let outcome = tokio::select! {
+            outcome = within(
+                deadline,
+                || format!("waiting for the barrier {} to open", self.path),
+                self.enter_and_wait(session, id, options, &mut guard),
+            ) => outcome.map(Entry::Entered),
+            signal = stop => Ok(Entry::Stopped(signal)),
+        };
+        let gave_up = match outcome {
+            Ok(Entry::Entered(entered)) => {
+                guard.disarm();
+                return Ok(Entry::Entered(entered));
+            }
+            Ok(Entry::Stopped(signal)) => Err(signal),
+            Ok(Entry::OpenedAsStopped(entered, signal)) => {
+                guard.disarm();
+                return Ok(Entry::OpenedAsStopped(entered, signal));
+            }
             // The deadline may have cut off the create that opened the
             // barrier, or another participant's: the outcome is settled by
             // the server, not by our clock.
-            Err(ZkError::Timeout { during, waited }) => {
-                match self.settle(session, id, guard.is_armed()).await {
-                    Some(entered) => {
-                        info!(barrier = %self.path, "the barrier opened as our deadline passed");
-                        Ok(entered)
-                    }
-                    None => Err(ZkError::Timeout { during, waited }),
-                }
-            }
-            other => other,
-        };
-        match outcome {
-            Ok(entered) => {
-                guard.disarm();
-                Ok(entered)
-            }
+            Err(e @ ZkError::Timeout { .. }) => Ok(e),
             Err(e) => {
                 guard.delete_now(session).await;
-                Err(e)
+                return Err(e);
+            }
+        };
+        let opened = match guard.armed_node().map(str::to_owned) {
+            Some(node) => match self.withdraw(session, &node).await {
+                Ok(Withdrawal::Withdrawn) => {
+                    guard.disarm();
+                    None
+                }
+                Ok(Withdrawal::Opened) => self.settle(session, id, true).await,
+                Err(e) => {
+                    warn!(barrier = %self.path, error = %e, "could not withdraw our registration in one transaction; removing it");
+                    guard.delete_now(session).await;
+                    None
+                }
+            },
+            // A create whose outcome we do not know: settle by looking,
+            // then remove the node if it is ours.
+            None => {
+                let entered = self.settle(session, id, guard.is_armed()).await;
+                if entered.is_none() {
+                    guard.delete_now(session).await;
+                }
+                entered
+            }
+        };
+        match (opened, gave_up) {
+            (Some(entered), Ok(_timeout)) => {
+                guard.disarm();
+                info!(barrier = %self.path, "the barrier opened with us as our deadline passed");
+                Ok(Entry::Entered(entered))
+            }
+            (Some(entered), Err(signal)) => {
+                guard.disarm();
+                info!(barrier = %self.path, "the barrier opened with us as we were stopped");
+                Ok(Entry::OpenedAsStopped(entered, signal))
+            }
+            (None, Ok(timeout)) => Err(timeout),
+            (None, Err(signal)) => Ok(Entry::Stopped(signal)),
+        }
+    }
+
+    /// Removes our registration `node` unless the barrier has opened, in one
+    /// transaction: the barrier's data rewritten as it is (at the version
+    /// read: an opening decided on that version fails), `ready` made and
+    /// removed (fails when the barrier has opened), our node removed.
+    /// Waiters see the data change before the transient `ready` (see
+    /// `enter_and_wait`), so they look again rather than pass.
+    async fn withdraw(&self, session: &Session, node: &str) -> Result<Withdrawal> {
+        let client = session.client();
+        let ready = path::join(&self.path, READY);
+        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        loop {
+            let (data, stat) = match session
+                .retry("read", &self.path, || client.get_data(&self.path))
+                .await
+            {
+                Ok(found) => found,
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(Withdrawal::Withdrawn),
+                Err(e) => return Err(e),
+            };
+            let mut writer = client.new_multi_writer();
+            writer
+                .add_set_data(&self.path, &data, Some(stat.version))
+                .and_then(|()| writer.add_create(&ready, &[], &ready_options))
+                .and_then(|()| writer.add_delete(&ready, None))
+                .and_then(|()| writer.add_delete(node, None))
+                .map_err(|e| ZkError::from_client("withdraw", node, e))?;
+            match writer.commit().await {
+                Ok(_) => {
+                    debug!(%node, "withdrew our registration");
+                    return Ok(Withdrawal::Withdrawn);
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: zk::Error::NodeExists,
+                }) => return Ok(Withdrawal::Opened),
+                // Changed since we read it: read again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::BadVersion,
+                }) => continue,
+                // The barrier is gone, or our node (removed by someone, or
+                // by our own attempt whose reply was lost): nothing of ours
+                // can be counted any more.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(Withdrawal::Withdrawn),
+                Err(e) => {
+                    let e = zk::Error::from(e);
+                    if is_connection_loss(&e) {
+                        session.await_connected().await?;
+                        continue;
+                    }
+                    return Err(ZkError::from_client("withdraw", node, e));
+                }
             }
         }
     }

@@ -69,6 +69,14 @@ impl NodeGuard {
         self.armed.is_some()
     }
 
+    /// The node armed by [`NodeGuard::arm`]: known to be ours.
+    pub(crate) fn armed_node(&self) -> Option<&str> {
+        match &self.armed {
+            Some(Armed::Node(path)) => Some(path),
+            _ => None,
+        }
+    }
+
     /// Keeps the node: the recipe succeeded (or it is not ours after all).
     pub(crate) fn disarm(&mut self) {
         self.armed = None;

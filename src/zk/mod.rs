@@ -35,7 +35,9 @@ mod session;
 pub mod tree;
 
 pub use acl::Credential;
-pub use barrier::{BarrierData, DoubleBarrier, EnterOptions, Entered, ParticipantData, READY};
+pub use barrier::{
+    BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, ParticipantData, READY,
+};
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::ContenderKind;
 pub use error::{within, ErrorKind, Result, ZkError};
