@@ -12,6 +12,7 @@ mod support;
 
 use std::time::Duration;
 
+use support::proxy::Proxy;
 use support::zookeeper::{Cut, EnsembleConfig};
 use support::{session_with_timeout, Ensemble};
 use tokio::time::Instant;
@@ -103,4 +104,72 @@ async fn a_holder_on_a_follower_cut_from_its_leader_gives_up_before_another_acqu
     drop(monitor);
     drop(hold);
     let _ = a.close().await;
+}
+
+/// Issue 24, item 6: a lock acquirer's create is applied but its reply is
+/// lost, and it reconnects to a follower that has not heard of the create
+/// (the leader's side of its quorum link is dropped: it still forwards
+/// writes, but hears of no commit). Its search for the node its lost
+/// create made must find that node, not make a second one (and wait on
+/// itself, or hold with a stray node queued behind it).
+///
+/// The search reads what the leader has (`sync` first). This test does not
+/// fail without that: a session that moves to another server is
+/// revalidated by the leader over the same ordered channel as the commits,
+/// so here the follower answers nothing until it has rejoined; what the
+/// `sync` closes is the race inside a follower between applying a commit
+/// it received and serving a read, which packet rules cannot force. It
+/// keeps the lost-create search honest across a partition.
+#[tokio::test]
+async fn a_lost_create_is_found_even_through_a_lagging_follower() {
+    let ensemble = ensemble().await;
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let leader = ensemble.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let on_leader = format!("{}{chroot}", ensemble.servers[leader].address());
+    let on_follower = format!("{}{chroot}", ensemble.servers[follower].address());
+    let admin = session_with_timeout(&on_leader, SESSION_TIMEOUT).await;
+    admin
+        .client()
+        .mkdir(
+            "/lock",
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    let proxy = Proxy::start(ensemble.servers[leader].address()).await;
+    // Long enough to outlast the follower's silence (10 s) and its return.
+    let acquirer = session_with_timeout(
+        &format!("{}{chroot}", proxy.address()),
+        Duration::from_secs(40),
+    )
+    .await;
+    // The follower has everything the acquirer has seen: it accepts it.
+    let witness = session_with_timeout(&on_follower, SESSION_TIMEOUT).await;
+    witness.client().sync("/lock").await.unwrap();
+    witness.client().check_stat("/lock").await.unwrap();
+    let deaf = ensemble.deafen(follower);
+    proxy.redirect(ensemble.servers[follower].address());
+    proxy.cut_after_next_create();
+
+    let hold = tokio::time::timeout(
+        Duration::from_secs(90),
+        mutex().acquire(&acquirer, Some(Instant::now() + Duration::from_secs(80))),
+    )
+    .await
+    .expect("the acquire finishes")
+    .expect("the acquirer holds the lock");
+    assert_eq!(proxy.cuts(), 1, "the create's reply was lost");
+    let nodes = support::children(&admin, "/lock").await;
+    assert_eq!(
+        nodes.len(),
+        1,
+        "the acquirer made a second node: {nodes:?} (holding {})",
+        hold.path()
+    );
+    drop(deaf);
+    drop(hold);
+    let _ = witness.close().await;
 }

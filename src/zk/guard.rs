@@ -148,7 +148,11 @@ async fn remove(
     let (path, version) = match armed {
         Armed::Node(path) => (path.clone(), None),
         Armed::Protected { parent, prefix } => {
-            let children = match client.list_children(parent).await {
+            // As the leader has them: a lagging server may not show the
+            // node of a create whose reply was lost.
+            let sync = client.sync(parent);
+            let listing = client.list_children(parent);
+            let children = match sync.await.and(listing.await) {
                 Err(zk::Error::NoNode) => return Ok(None),
                 other => other?,
             };

@@ -358,7 +358,7 @@ impl Semaphore {
                         session.await_connected().await?;
                         // What the listing shows is confirmed as of its send time.
                         let listed_at = Instant::now();
-                        let now = crate::zk::lock::list(session, &leases).await?;
+                        let now = crate::zk::lock::list_synced(session, &leases).await?;
                         let mut ours: Vec<String> = now
                             .into_iter()
                             .filter(|c| c.starts_with(&protection))

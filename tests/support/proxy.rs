@@ -62,6 +62,7 @@ struct Control {
 pub struct Proxy {
     pub port: u16,
     control: Arc<Control>,
+    upstream: Arc<std::sync::Mutex<String>>,
 }
 
 impl Proxy {
@@ -71,9 +72,11 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let control = Arc::new(Control::default());
         let c = control.clone();
+        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let target = upstream.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let upstream = upstream.clone();
+                let upstream = target.lock().unwrap().clone();
                 let c = c.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
@@ -82,7 +85,17 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, control }
+        Proxy {
+            port,
+            control,
+            upstream,
+        }
+    }
+
+    /// Connections made from now on go to `upstream` (`host:port`); open
+    /// ones stay where they are.
+    pub fn redirect(&self, upstream: String) {
+        *self.upstream.lock().unwrap() = upstream;
     }
 
     /// `127.0.0.1:port`.

@@ -330,6 +330,23 @@ impl Ensemble {
     /// follower that reconnects (a new local port) after it noticed is not
     /// cut: the partition heals as ZooKeeper's own recovery would see it.
     pub fn cut_from_leader(&self, follower: usize) -> Cut {
+        let (local, quorum) = self.quorum_link(follower);
+        Cut::install(vec![drop_rule(local, quorum), drop_rule(quorum, local)])
+    }
+
+    /// Drops what the leader sends on server `follower`'s quorum link,
+    /// and only that: the follower still forwards its clients' requests to
+    /// the leader, which commits them without it, but hears of no commit,
+    /// so it answers its clients' reads from a copy that falls behind
+    /// (until it notices the silent leader, `syncLimit` × `tickTime`).
+    pub fn deafen(&self, follower: usize) -> Cut {
+        let (local, quorum) = self.quorum_link(follower);
+        Cut::install(vec![drop_rule(quorum, local)])
+    }
+
+    /// The follower's local port on its link to the leader, and the
+    /// leader's quorum port.
+    fn quorum_link(&self, follower: usize) -> (u16, u16) {
         let leader = self.leader().expect("a leader");
         assert_ne!(leader, follower, "server {follower} leads: cut a follower");
         let quorum = self.peers[leader].0;
@@ -349,35 +366,29 @@ impl Ensemble {
             .unwrap_or_else(|| {
                 panic!("no connection of server {follower} (pid {pid}) to the leader's quorum port {quorum}:\n{listing}")
             });
-        Cut::install(vec![
-            vec![
-                "OUTPUT".into(),
-                "-p".into(),
-                "tcp".into(),
-                "-s".into(),
-                "127.0.0.1".into(),
-                "--sport".into(),
-                local.to_string(),
-                "--dport".into(),
-                quorum.to_string(),
-                "-j".into(),
-                "DROP".into(),
-            ],
-            vec![
-                "OUTPUT".into(),
-                "-p".into(),
-                "tcp".into(),
-                "-s".into(),
-                "127.0.0.1".into(),
-                "--sport".into(),
-                quorum.to_string(),
-                "--dport".into(),
-                local.to_string(),
-                "-j".into(),
-                "DROP".into(),
-            ],
-        ])
+        (local, quorum)
     }
+}
+
+/// An iptables rule (for `-I`/`-D`) dropping loopback TCP from port
+/// `from` to port `to`.
+fn drop_rule(from: u16, to: u16) -> Vec<String> {
+    [
+        "OUTPUT",
+        "-p",
+        "tcp",
+        "-s",
+        "127.0.0.1",
+        "--sport",
+        &from.to_string(),
+        "--dport",
+        &to.to_string(),
+        "-j",
+        "DROP",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Packet rules that cut a link; removed (exactly these) when dropped,

@@ -163,7 +163,7 @@ async fn queue_and_wait(
                     // dropped: our protected prefix finds that ghost node.
                     session.await_connected().await?;
                     listed_at = Instant::now();
-                    let children = list(session, parent).await?;
+                    let children = list_synced(session, parent).await?;
                     if let Some(name) = children
                         .iter()
                         .find(|c| c.starts_with(&protection))
@@ -281,6 +281,34 @@ async fn find_registration(
         debug!(node = %name, "adopting our earlier registration");
         (name, token, children.clone())
     }))
+}
+
+/// Lists a lock node's children as the leader has them: a `sync` goes
+/// first, in the same round trip. For the search of a node whose create's
+/// reply was lost: a server that has not applied that create yet would
+/// otherwise show no such node, and we would make a second one (and wait
+/// on ourselves).
+pub(crate) async fn list_synced(session: &Session, parent: &str) -> Result<Vec<String>> {
+    let client = session.client();
+    let listed = session
+        .retry("list", parent, || {
+            let sync = client.sync(parent);
+            let list = client.list_children(parent);
+            async move {
+                sync.await?;
+                list.await
+            }
+        })
+        .await;
+    match listed {
+        Err(ZkError::Zk {
+            source: zk::Error::NoNode,
+            ..
+        }) => Err(ZkError::Deleted {
+            path: parent.to_owned(),
+        }),
+        other => other,
+    }
 }
 
 /// Lists a lock node's children; a missing node means the lock was deleted.

@@ -13,7 +13,7 @@ mod internals;
 use tokio::time::Instant;
 
 use self::internals::LockSpec;
-pub(crate) use self::internals::{list, Acquired};
+pub(crate) use self::internals::{list, list_synced, Acquired};
 use super::contender::ContenderKind;
 use super::error::Result;
 use super::hold::LockHold;
