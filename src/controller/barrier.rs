@@ -153,13 +153,35 @@ async fn apply_sized(
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
 
+    // Registrations made by init containers outlive them: remove those whose
+    // pod has finished (it left) or is gone, and, until the barrier opens,
+    // those whose pod is being deleted: such a pod starts no main container,
+    // so it must not complete the count (after the opening it is leaving,
+    // and its main containers may still run out their grace period). First,
+    // so that the count below is of the registrations that stay.
+    let opened = node.children.iter().any(|c| c.name == READY);
+    let registrations: Vec<_> = node
+        .children
+        .iter()
+        .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
+        .collect();
+    let persistent = !registrations.is_empty();
+    let removed = release_ended(ctx, namespace, &path, registrations, |fate| match fate {
+        PodFate::Alive => false,
+        PodFate::Terminating => !opened,
+        PodFate::Finished | PodFate::Gone => true,
+    })
+    .await?;
+    node.children.retain(|c| !removed.contains(&c.name));
+
     // x can change while the barrier waits, but not below those already
-    // in (nobody would make `ready`), and not once it opened.
+    // in (the count could never come down to it), and not once it opened.
+    // Lowered to exactly those in, it opens: the data write fires the
+    // waiters' barrier watch, and each counts again against the new x.
     let current = BarrierData::parse(&path, &node.data)
         .ok()
         .flatten()
         .unwrap_or_default();
-    let opened = node.children.iter().any(|c| c.name == READY);
     let entered = node.children.iter().filter(|c| c.name != READY).count();
     let wanted_x = size;
     let mut spec_problem = size_problem;
@@ -169,7 +191,7 @@ async fn apply_sized(
                 "participants changed to {wanted_x} after the barrier opened with {}; it has no effect",
                 current.participants
             ));
-        } else if (wanted_x as usize) <= entered && entered > 0 {
+        } else if (wanted_x as usize) < entered {
             spec_problem = Some(format!(
                 "participants lowered to {wanted_x}, but {entered} have already entered; keeping {}",
                 current.participants
@@ -185,26 +207,6 @@ async fn apply_sized(
             return Ok(Action::requeue(Duration::ZERO));
         }
     }
-
-    // Registrations made by init containers outlive them: remove those whose
-    // pod has finished (it left) or is gone, and, until the barrier opens,
-    // those whose pod is being deleted: such a pod starts no main container,
-    // so it must not complete the count (after the opening it is leaving,
-    // and its main containers may still run out their grace period).
-    let opened = node.children.iter().any(|c| c.name == READY);
-    let registrations: Vec<_> = node
-        .children
-        .iter()
-        .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
-        .collect();
-    let persistent = !registrations.is_empty();
-    let removed = release_ended(ctx, namespace, &path, registrations, |fate| match fate {
-        PodFate::Alive => false,
-        PodFate::Terminating => !opened,
-        PodFate::Finished | PodFate::Gone => true,
-    })
-    .await?;
-    node.children.retain(|c| !removed.contains(&c.name));
 
     let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
     let outcome = status::barrier(&BarrierObservation {
