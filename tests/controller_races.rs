@@ -5,16 +5,18 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::kube::{client, install_crds, namespace, ControllerProcess};
-use support::proxy::Proxy;
-use support::{eventually, session, shared_zookeeper};
+use support::kube::{client, create_pod, install_crds, namespace, ControllerProcess};
+use support::proxy::{op, Proxy};
+use support::{children, eventually, session, session_with_timeout, shared_zookeeper};
 use zkgate::api::{Barrier, BarrierPhase};
-use zkgate::zk::{DoubleBarrier, EnterOptions};
+use zkgate::zk::{DoubleBarrier, EnterOptions, ParticipantData, Session};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -84,6 +86,23 @@ fn entered(n: u32) -> impl Fn(&Barrier) -> bool {
     move |b| b.status.as_ref().is_some_and(|s| s.entered == n)
 }
 
+/// A persistent registration of `id` for pod `pod` (uid `uid`), as an init
+/// container leaves it.
+async fn register(observer: &Session, path: &str, id: &str, pod: &str, uid: &str) {
+    let data = serde_json::to_vec(&ParticipantData {
+        pod: Some(pod.to_owned()),
+        pod_uid: Some(uid.to_owned()),
+        ..ParticipantData::default()
+    })
+    .unwrap();
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(observer.node_acls());
+    observer
+        .client()
+        .create(&format!("{path}/{id}"), &data, &persistent)
+        .await
+        .expect("register");
+}
+
 /// Issue 24, item 13: a Job's parallelism lowered to exactly the number of
 /// participants already entered opens the barrier. Failed before the fix:
 /// the controller kept the old count ("participants lowered to 2, but 2
@@ -142,4 +161,99 @@ async fn lowering_a_jobs_parallelism_to_those_entered_opens_the_barrier() {
         assert_eq!(entered.expect("entered").participants, 2);
         sessions.push(session);
     }
+}
+
+/// Issue 24, item 10: the controller's removal of a registration (its pod
+/// is being deleted) moves the barrier node's version, so a participant's
+/// opening decided on a count that included it fails and counts again.
+/// The participant's opening transaction is held at the proxy after it
+/// counted 2 of 2 (the doomed pod's registration and its own); the pod is
+/// deleted and the controller removes that registration; then the opening
+/// goes on. Failed before the fix: the removal was a plain delete, the
+/// opening's version check passed, and the barrier opened with 1 of 2.
+#[tokio::test]
+async fn an_opening_that_counted_a_removed_registration_counts_again() {
+    let s = setup(None).await;
+    create_barrier(&s, "gang", json!({ "participants": 2 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    // A finalizer keeps the pod Terminating once deleted.
+    let uid = create_pod(
+        &pods,
+        json!({ "name": "doomed", "labels": { "zkgate.io/barrier": "gang" }, "finalizers": ["zkgate.io/test-hold"] }),
+    )
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    let observer = session(&s.direct).await;
+    register(&observer, &path, "doomed", "doomed", &uid).await;
+    barrier_where(&s, "gang", "the doomed registration counted", entered(1)).await;
+
+    // The participant reaches ZooKeeper through the proxy, with a session
+    // that outlives the stall.
+    let proxy = Proxy::start(shared_zookeeper()).await;
+    let chroot = s.direct.split_once('/').unwrap().1.to_owned();
+    let via_proxy = format!("{}/{chroot}", proxy.address());
+    let participant = Arc::new(session_with_timeout(&via_proxy, Duration::from_secs(30)).await);
+    proxy.stall_at(&[op::MULTI], "barriers/gang/ready");
+    let enter = {
+        let (p, path) = (participant.clone(), path.clone());
+        tokio::spawn(async move {
+            DoubleBarrier::new(&path)
+                .enter(&p, "p", &EnterOptions::default(), None)
+                .await
+        })
+    };
+    tokio::time::timeout(WITHIN, proxy.stalled_at())
+        .await
+        .expect("the participant counted 2 of 2 and sent its opening");
+
+    pods.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        WITHIN,
+        "the controller to remove the Terminating pod's registration",
+        || async {
+            (!children(&observer, &path)
+                .await
+                .contains(&"doomed".to_owned()))
+            .then_some(())
+        },
+    )
+    .await;
+    let rounds = proxy.forwarded(&[op::GET_DATA], "barriers/gang");
+    proxy.resume();
+    // The opening's answer is in once the participant has returned or has
+    // begun its next round (it reads the barrier's data first).
+    eventually(
+        WITHIN,
+        "the participant to act on its opening's answer",
+        || async {
+            (enter.is_finished() || proxy.forwarded(&[op::GET_DATA], "barriers/gang") > rounds)
+                .then_some(())
+        },
+    )
+    .await;
+    let ready = observer
+        .client()
+        .check_stat(&format!("{path}/ready"))
+        .await
+        .unwrap();
+    assert!(
+        ready.is_none() && !enter.is_finished(),
+        "the barrier opened with 1 of 2 participants: the opening counted a registration the controller removed meanwhile (children now {:?})",
+        children(&observer, &path).await
+    );
+    barrier_where(&s, "gang", "1 of 2, still waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting) && entered(1)(b)
+    })
+    .await;
+    enter.abort();
+    let patch = json!({ "metadata": { "finalizers": null } });
+    let _ = pods
+        .patch("doomed", &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
 }

@@ -12,9 +12,11 @@ use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
 use super::pods::PodFate;
-use super::reconciler::{next_look, own_node, publish, release_ended, Reconciled, POD_RECHECK};
+use super::reconciler::{next_look, own_node, publish, Reconciled, POD_RECHECK};
+use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
+use crate::zk::tree::ChildNode;
 use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
 
 impl Reconciled for Barrier {
@@ -166,12 +168,7 @@ async fn apply_sized(
         .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
         .collect();
     let persistent = !registrations.is_empty();
-    let removed = release_ended(ctx, namespace, &path, registrations, |fate| match fate {
-        PodFate::Alive => false,
-        PodFate::Terminating => !opened,
-        PodFate::Finished | PodFate::Gone => true,
-    })
-    .await?;
+    let removed = remove_ended(ctx, namespace, &path, registrations, opened).await?;
     node.children.retain(|c| !removed.contains(&c.name));
 
     // x can change while the barrier waits, but not below those already
@@ -233,4 +230,36 @@ async fn apply_sized(
         .barrier_seen(namespace, &name, &outcome.status, &node);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+}
+
+/// Removes the registrations among `registrations` (persistent children of
+/// the barrier at `path`, as the look saw them) whose pod ended: finished or
+/// gone, or, while the barrier has not `opened`, being deleted. Each removal
+/// moves the barrier node's version in its transaction (an opening that
+/// counted the registration counts again), and for a pod being deleted
+/// asserts that the barrier has not opened since. Returns the names removed.
+async fn remove_ended(
+    ctx: &Context,
+    namespace: &str,
+    path: &str,
+    registrations: Vec<&ChildNode>,
+    opened: bool,
+) -> Result<Vec<String>, Error> {
+    let mut removed = Vec::new();
+    for (node, fate) in ctx.pods.fates(namespace, registrations).await? {
+        let unless_open = match fate {
+            PodFate::Alive => continue,
+            PodFate::Terminating if opened => continue,
+            PodFate::Terminating => true,
+            PodFate::Finished | PodFate::Gone => false,
+        };
+        info!(barrier = %path, node = %node.name, ?fate, "removing the registration of a pod that ended");
+        match removal::remove_registration(&ctx.zk, path, node, unless_open).await? {
+            Removal::Removed => removed.push(node.name.clone()),
+            outcome => {
+                info!(barrier = %path, node = %node.name, ?outcome, "the registration was not removed")
+            }
+        }
+    }
+    Ok(removed)
 }

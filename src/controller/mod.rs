@@ -21,6 +21,7 @@ mod locklease;
 pub mod metrics;
 mod pods;
 mod reconciler;
+mod removal;
 pub mod status;
 pub mod webhook;
 mod zkevents;

@@ -1,0 +1,101 @@
+//! Removing the registrations of pods that ended: barrier registrations
+//! that outlive the init containers that made them.
+//!
+//! The removal also moves the barrier node's version in the same
+//! transaction, so that a participant's opening decided on a count that
+//! included the removed node fails its version check and counts again (see
+//! `DoubleBarrier::enter`: it opens with a check of the version it read in
+//! the round that counted).
+
+use tracing::debug;
+use zookeeper_client as zk;
+
+use crate::zk::tree::ChildNode;
+use crate::zk::{path, Session, ZkError, READY};
+
+/// What became of a removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// The node the look saw was removed by this call.
+    Removed,
+    /// Not removed: the node is gone.
+    Changed,
+    /// Not removed: the barrier has opened (when asked to remove only
+    /// before the opening).
+    Opened,
+    /// Not removed: the parent (the barrier node) is gone.
+    ParentGone,
+}
+
+/// Removes the registration `seen` of the barrier at `barrier` in one
+/// transaction that also rewrites the barrier node's data unchanged (its
+/// version moves: an opening counted with the removed registration fails
+/// its version check and counts again) and, with `unless_open`, asserts
+/// that the barrier has not opened (it makes and deletes `ready`, which
+/// fails if `ready` exists).
+///
+/// Guarantees: the barrier's data is never changed (it is written back
+/// exactly as read, conditioned on the version read); with `unless_open`,
+/// nothing is removed from an open barrier.
+pub async fn remove_registration(
+    session: &Session,
+    barrier: &str,
+    seen: &ChildNode,
+    unless_open: bool,
+) -> Result<Removal, ZkError> {
+    let client = session.client();
+    let node_path = path::join(barrier, &seen.name);
+    let ready = path::join(barrier, READY);
+    let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+    loop {
+        let (data, stat) = match session
+            .retry("read", barrier, || client.get_data(barrier))
+            .await
+        {
+            Ok(found) => found,
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => return Ok(Removal::ParentGone),
+            Err(e) => return Err(e),
+        };
+        let mut writer = client.new_multi_writer();
+        // The data write first, as in `DoubleBarrier`'s own transactions: a
+        // waiter takes a `ready` notified with no barrier change before it
+        // for an opening, so the transient `ready` must follow the write.
+        let built = writer
+            .add_set_data(barrier, &data, Some(stat.version))
+            .and_then(|()| {
+                if unless_open {
+                    writer.add_create(&ready, &[], &ready_options)?;
+                    writer.add_delete(&ready, None)?;
+                }
+                writer.add_delete(&node_path, None)
+            });
+        built.map_err(|e| ZkError::from_client("remove", &node_path, e))?;
+        let delete_at = if unless_open { 3 } else { 1 };
+        match writer.commit().await {
+            Ok(_) => {
+                debug!(node = %node_path, "removed the registration and moved the barrier's version");
+                return Ok(Removal::Removed);
+            }
+            Err(zk::MultiWriteError::OperationFailed { index: 0, source }) => match source {
+                // The barrier changed since we read it: read it again.
+                zk::Error::BadVersion => continue,
+                zk::Error::NoNode => return Ok(Removal::ParentGone),
+                e => return Err(ZkError::from_client("remove", &node_path, e)),
+            },
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::NodeExists,
+            }) if unless_open => return Ok(Removal::Opened),
+            Err(zk::MultiWriteError::OperationFailed {
+                index,
+                source: zk::Error::NoNode,
+            }) if index == delete_at => return Ok(Removal::Changed),
+            // A lost connection among them: applied or not, the reconcile
+            // fails and the next look (a new snapshot) settles it.
+            Err(e) => return Err(ZkError::from_client("remove", &node_path, e.into())),
+        }
+    }
+}
