@@ -257,3 +257,159 @@ async fn an_opening_that_counted_a_removed_registration_counts_again() {
         .patch("doomed", &PatchParams::default(), &Patch::Merge(&patch))
         .await;
 }
+
+/// Issue 24, item 14: a node made again under the same name after the
+/// controller's look survives the removal that look decided. `worker-0` is
+/// registered by pod trainer-a, which succeeds; the controller's removal is
+/// held at the proxy; meanwhile trainer-a's registration goes and trainer-b
+/// (alive) registers `worker-0` again. Failed before the fix: the removal
+/// was a delete by name, and it deleted trainer-b's live registration.
+#[tokio::test]
+async fn a_registration_made_again_since_the_look_survives_the_removal() {
+    let proxy = Proxy::start(shared_zookeeper()).await;
+    let s = setup(Some(&proxy)).await;
+    assert_ne!(s.zk, s.direct);
+    create_barrier(&s, "gang", json!({ "participants": 3 })).await;
+    barrier_where(&s, "gang", "Waiting", |b| {
+        phase(b) == Some(BarrierPhase::Waiting)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let labels = json!({ "zkgate.io/barrier": "gang" });
+    let a = create_pod(&pods, json!({ "name": "trainer-a", "labels": labels })).await;
+    let b = create_pod(&pods, json!({ "name": "trainer-b", "labels": labels })).await;
+    let path = barrier_path(&s.ns, "gang");
+    let observer = session(&s.direct).await;
+    register(&observer, &path, "worker-0", "trainer-a", &a).await;
+    barrier_where(&s, "gang", "worker-0 counted", entered(1)).await;
+
+    // Whatever the controller sends first about worker-0 after its look
+    // (the look itself reads the children in one multi-read, another op).
+    proxy.stall_at(
+        &[
+            op::DELETE,
+            op::MULTI,
+            op::EXISTS,
+            op::GET_DATA,
+            op::SET_DATA,
+        ],
+        "barriers/gang/worker-0",
+    );
+    let patch = json!({ "status": { "phase": "Succeeded" } });
+    pods.patch_status("trainer-a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    tokio::time::timeout(WITHIN, proxy.stalled_at())
+        .await
+        .expect("the controller acts on trainer-a's end");
+    // trainer-a's registration goes (its own leave, say) and trainer-b
+    // registers the same id.
+    observer
+        .client()
+        .delete(&format!("{path}/worker-0"), None)
+        .await
+        .unwrap();
+    register(&observer, &path, "worker-0", "trainer-b", &b).await;
+    let (_, renewed) = observer
+        .client()
+        .get_data(&format!("{path}/worker-0"))
+        .await
+        .unwrap();
+    proxy.resume();
+
+    // A look after the held one has finished once the status counts a
+    // registration made now (a Barrier's reconciles run one at a time).
+    register(&observer, &path, "marker", "trainer-b", &b).await;
+    barrier_where(&s, "gang", "a later look (the marker counted)", |b| {
+        b.status
+            .as_ref()
+            .is_some_and(|st| st.participants.iter().any(|p| p.id == "marker"))
+    })
+    .await;
+    let now = observer
+        .client()
+        .check_stat(&format!("{path}/worker-0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        now.map(|st| st.czxid),
+        Some(renewed.czxid),
+        "the controller deleted trainer-b's live registration, made after its look decided to remove trainer-a's"
+    );
+}
+
+/// Issue 24, item 14: a cached pod whose uid is not the registration's is
+/// confirmed by a GET before its registration is judged gone. The cache
+/// here is a store the test fills with the pod's predecessor (same name,
+/// another uid), as a watch that has not yet delivered the replacement
+/// leaves it. Failed before the fix: the fate was Gone (from the cache
+/// alone), and the live pod's registration would have been removed.
+#[tokio::test]
+async fn a_stale_cached_pod_is_confirmed_by_a_get_before_its_registration_is_judged_gone() {
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use zkgate::controller::pods::{PodFate, Pods};
+    let client = client().await;
+    let ns = namespace(&client).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let live = create_pod(
+        &pods,
+        json!({ "name": "w", "labels": { "zkgate.io/barrier": "gang" } }),
+    )
+    .await;
+    let mut stale: Pod = pods.get("w").await.unwrap();
+    stale.metadata.uid = Some("00000000-0000-0000-0000-00000000dead".into());
+    let (store, mut writer) = reflector::store::<Pod>();
+    writer.apply_watcher_event(&Event::Apply(stale));
+
+    // Registrations as a look reads them: one of the live pod, one of a
+    // pod of that name that is gone (neither the cache's nor the live uid).
+    let zk = session(&format!(
+        "{}/t-{}",
+        shared_zookeeper(),
+        uuid::Uuid::new_v4().simple()
+    ))
+    .await;
+    zk.client()
+        .create(
+            "/b",
+            b"",
+            &zookeeper_client::CreateMode::Persistent.with_acls(zk.node_acls()),
+        )
+        .await
+        .unwrap();
+    register(&zk, "/b", "live", "w", &live).await;
+    register(
+        &zk,
+        "/b",
+        "old",
+        "w",
+        "00000000-0000-0000-0000-0000000000ff",
+    )
+    .await;
+    let snapshot = zkgate::zk::tree::snapshot(&zk, "/b")
+        .await
+        .unwrap()
+        .unwrap();
+
+    let fates = Pods {
+        client: client.clone(),
+        caches: vec![store],
+        metrics: Arc::new(zkgate::controller::metrics::Metrics::default()),
+    }
+    .fates(&ns, &snapshot.children)
+    .await
+    .unwrap();
+    let fate = |id: &str| {
+        fates
+            .iter()
+            .find(|(node, _)| node.name == id)
+            .map(|(_, fate)| *fate)
+    };
+    assert_eq!(
+        fate("live"),
+        Some(PodFate::Alive),
+        "a live pod's registration judged by a stale cache entry"
+    );
+    assert_eq!(fate("old"), Some(PodFate::Gone));
+}

@@ -236,8 +236,9 @@ async fn apply_sized(
 /// the barrier at `path`, as the look saw them) whose pod ended: finished or
 /// gone, or, while the barrier has not `opened`, being deleted. Each removal
 /// moves the barrier node's version in its transaction (an opening that
-/// counted the registration counts again), and for a pod being deleted
-/// asserts that the barrier has not opened since. Returns the names removed.
+/// counted the registration counts again), leaves a registration made again
+/// since the look alone, and for a pod being deleted asserts that the
+/// barrier has not opened since. Returns the names removed.
 async fn remove_ended(
     ctx: &Context,
     namespace: &str,

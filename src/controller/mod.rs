@@ -19,7 +19,7 @@ pub mod install;
 mod jobs;
 mod locklease;
 pub mod metrics;
-mod pods;
+pub mod pods;
 mod reconciler;
 mod removal;
 pub mod status;

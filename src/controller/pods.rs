@@ -47,14 +47,18 @@ pub enum PodFate {
     Gone,
 }
 
+/// Whether `pod` is another pod than the one `who` registered for: the
+/// registration names a uid, and it is not `pod`'s.
+fn another_pod(pod: &Pod, who: &ParticipantData) -> bool {
+    who.pod_uid
+        .as_deref()
+        .is_some_and(|uid| pod.uid().as_deref() != Some(uid))
+}
+
 impl PodFate {
     /// The fate of `pod` for a registration naming `who`.
     fn of(pod: &Pod, who: &ParticipantData) -> PodFate {
-        if who
-            .pod_uid
-            .as_deref()
-            .is_some_and(|uid| pod.uid().as_deref() != Some(uid))
-        {
+        if another_pod(pod, who) {
             return PodFate::Gone;
         }
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -126,6 +130,12 @@ impl Pods {
     /// `namespace`). A registration that names no pod is someone else's to
     /// manage: Alive. Past [`MAX_GETS`] uncached pods, the rest are Alive
     /// until the next look.
+    ///
+    /// Never Gone from the cache alone when the cached pod has another uid
+    /// than the registration: the cache may lag behind a pod replaced under
+    /// the same name (the registration being the new pod's), so such a pod
+    /// is looked up by a GET like an uncached one, and Gone only if the API
+    /// server says so.
     pub async fn fates<'n>(
         &self,
         namespace: &str,
@@ -142,12 +152,13 @@ impl Pods {
                 continue;
             };
             match self.cached(namespace, &name) {
-                Some(pod) => {
+                Some(pod) if !another_pod(&pod, &who) => {
                     hits += 1;
                     fates.push((*node, PodFate::of(&pod, &who)));
                 }
-                None if uncached.len() < MAX_GETS => uncached.push((index, who, name)),
-                None => fates.push((*node, PodFate::Alive)),
+                // Not cached, or cached with another uid (see above).
+                _ if uncached.len() < MAX_GETS => uncached.push((index, who, name)),
+                _ => fates.push((*node, PodFate::Alive)),
             }
         }
         self.metrics.pod_lookups(hits, uncached.len() as u64);

@@ -212,9 +212,12 @@ pub async fn repair_node_data<K: Reconciled>(
     Ok(())
 }
 
-/// Removes the nodes among `nodes` (children of `parent`: persistent
-/// registrations, holds or leases that outlive the init containers that
-/// made them) whose pod `ended` by its fate, and returns their names.
+/// Removes the nodes among `nodes` (children of `parent`, as a look saw
+/// them: holds or leases that outlive the init containers that made them)
+/// whose pod `ended` by its fate, and returns the names removed. A node
+/// made again or rewritten since the look is left alone
+/// ([`super::removal::remove_seen`]). Not for barrier registrations, whose
+/// removal must also move the barrier node's version.
 pub async fn release_ended(
     ctx: &Context,
     namespace: &str,
@@ -222,13 +225,17 @@ pub async fn release_ended(
     nodes: Vec<&crate::zk::tree::ChildNode>,
     ended: impl Fn(super::pods::PodFate) -> bool,
 ) -> Result<Vec<String>, Error> {
+    use super::removal::{remove_seen, Removal};
     let mut removed = Vec::new();
     for (node, fate) in ctx.pods.fates(namespace, nodes).await? {
         if ended(fate) {
             tracing::info!(%parent, node = %node.name, ?fate, "removing the node of a pod that ended");
-            crate::zk::tree::delete_if_present(&ctx.zk, &crate::zk::path::join(parent, &node.name))
-                .await?;
-            removed.push(node.name.clone());
+            match remove_seen(&ctx.zk, parent, node).await? {
+                Removal::Removed => removed.push(node.name.clone()),
+                outcome => {
+                    tracing::info!(%parent, node = %node.name, ?outcome, "the node was not removed")
+                }
+            }
         }
     }
     Ok(removed)
