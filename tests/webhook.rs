@@ -743,3 +743,100 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     drop(controller);
     h.done().await;
 }
+
+/// Issue 24, item 15: with the API server down, the certificate keeper
+/// retries with a backoff instead of spinning (and flooding the log), and
+/// once the API server is back it keeps the certificate again (a rotation
+/// asked for is done). On an API server of the test's own, which it
+/// crashes. Failed before the fix: thousands of "cannot renew" warnings in
+/// the window (the Secret's watch, without a backoff, ended at once on
+/// every poll and each end was a renewal attempt).
+#[tokio::test]
+async fn with_the_api_server_down_the_certificate_keeper_backs_off() {
+    let api = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let kubeconfig = api.kubeconfig();
+    let client = support::kube::client_of(&kubeconfig).await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let zk = isolated_connect();
+    let (_controller, mut log) = ControllerProcess::start_logged(
+        &kubeconfig,
+        &zk,
+        "controller-0",
+        &[
+            "--watch-namespace",
+            &ns,
+            "--webhook-addr",
+            &addr,
+            "--image",
+            IMAGE,
+            "--webhook-names",
+            "127.0.0.1",
+            "--webhook-secret",
+            SECRET,
+            "--webhook-secret-namespace",
+            &ns,
+        ],
+    );
+    // The log is read all along (a full pipe would stall the controller).
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = log.next_line().await {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    eventually(WITHIN, "the webhook listening", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    while lines.try_recv().is_ok() {}
+
+    api.crash();
+    // A fixed window, as a rate is measured: how many renewal attempts
+    // fail in it.
+    const WINDOW: Duration = Duration::from_secs(6);
+    let end = tokio::time::Instant::now() + WINDOW;
+    let mut failed = 0usize;
+    while let Ok(Some(line)) = tokio::time::timeout_at(end, lines.recv()).await {
+        if line.contains("cannot renew the webhook certificate") {
+            failed += 1;
+        }
+    }
+    assert!(
+        (1..=8).contains(&failed),
+        "{failed} failed renewal attempts in {WINDOW:?} with the API server down: expected a few, backing off"
+    );
+
+    let api = tokio::task::spawn_blocking(move || {
+        api.restart();
+        api
+    })
+    .await
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let before = secrets.get(SECRET).await.unwrap();
+    let field = |s: &Secret, key: &str| s.data.as_ref().unwrap()[key].0.clone();
+    let ask = json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } });
+    secrets
+        .patch(SECRET, &PatchParams::default(), &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(90),
+        "a rotation done once the API server is back",
+        || async {
+            let s = secrets.get(SECRET).await.ok()?;
+            (field(&s, "tls.crt") != field(&before, "tls.crt")).then_some(())
+        },
+    )
+    .await;
+    drop(api);
+}

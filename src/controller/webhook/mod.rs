@@ -30,12 +30,13 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::certs::{SelfManaged, Serving};
 use self::inject::{inject, Injection};
+use super::backoff::Backoff;
 use super::http::Health;
 use super::metrics::Metrics;
 use super::BARRIER_LABEL;
@@ -252,10 +253,19 @@ async fn certificates(
     }
 }
 
+/// How soon the certificate keeper looks again after a failed look (the
+/// API server down, say): from half a second, doubling, up to the periodic
+/// look's minute. Without it a watch that ends at once on every poll made
+/// a failed look (and a warning) after another as fast as they could go.
+const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
+
 /// Renews the certificate when due and keeps the `caBundle` published:
 /// looked at whenever the Secret changes (a rotation asked for by
 /// annotation is done at once) and every minute (expiry; a `caBundle` reset
-/// by a chart upgrade).
+/// by a chart upgrade). After a failed look the next one waits for
+/// [`RETRY`]'s backoff, whatever the watch says, and the watch's own
+/// restarts are paced by its backoff: an API server that is down costs a
+/// few requests and warnings a minute, not a stream of them.
 async fn keep_certificates(
     certs: SelfManaged,
     client: kube::Client,
@@ -264,22 +274,35 @@ async fn keep_certificates(
     shutdown: CancellationToken,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", certs.secret_name));
-    let mut changes = watcher(certs.secret.clone(), config).boxed();
+    let mut changes = watcher(certs.secret.clone(), config)
+        .default_backoff()
+        .boxed();
+    // Failed looks in a row.
+    let mut failures: u32 = 0;
     loop {
+        let wait = match failures {
+            0 => Duration::from_secs(60),
+            n => RETRY.wait(n - 1),
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = changes.next() => {}
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = changes.next(), if failures == 0 => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let serving = match certs.ensure().await {
-            Ok(s) => s,
+            Ok(serving) => serving,
             Err(e) => {
-                warn!(error = %e, "cannot renew the webhook certificate; retrying");
+                failures = failures.saturating_add(1);
+                warn!(error = %e, failures, "cannot renew the webhook certificate; retrying with a backoff");
                 continue;
             }
         };
-        if let Err(e) = certs.publish_ca(&client, &serving.ca).await {
-            warn!(error = %e, "cannot publish the webhook CA; retrying");
+        match certs.publish_ca(&client, &serving.ca).await {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                warn!(error = %e, failures, "cannot publish the webhook CA; retrying with a backoff");
+            }
         }
         if serving != last {
             last = serving.clone();
