@@ -1453,3 +1453,58 @@ async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
     assert_eq!(children(&admin, BARRIER).await, ["b"]);
     opening.abort();
 }
+
+/// Issue 24, item 12: a persistent registration (an init container's)
+/// whose session expired while the command gave up waiting is removed all
+/// the same, by a new session: nothing of ours stays behind to be counted.
+#[tokio::test]
+async fn a_persistent_registration_outlives_no_expired_session() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let observer = session(&direct).await;
+    let entering = piped(support::zkgate(
+        &through_proxy,
+        &[
+            "barrier",
+            "enter",
+            "g",
+            "--participants",
+            "2",
+            "--id",
+            "p1",
+            "--pod-uid",
+            "u1",
+            "--timeout",
+            "3s",
+            "--session-timeout",
+            "4s",
+        ],
+    ));
+    let barrier = format!("{BARRIERS}/g");
+    eventually(Duration::from_secs(10), "p1 registered", || async {
+        (children(&observer, &barrier).await == ["p1"]).then_some(())
+    })
+    .await;
+    proxy.stall();
+    // The server expires the session: it closes the session's connection.
+    let port: u16 = support::shared_zookeeper()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let ours = proxy.upstream_ports();
+    eventually(Duration::from_secs(20), "the session expired", || async {
+        let cons = support::zookeeper::four_letter(port, "cons").unwrap_or_default();
+        (!ours
+            .iter()
+            .any(|p| cons.contains(&format!("127.0.0.1:{p}["))))
+        .then_some(())
+    })
+    .await;
+    proxy.resume();
+    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
+    assert!(code == 3 || code == 5, "{code}: {err}");
+    assert!(
+        children(&observer, &barrier).await.is_empty(),
+        "p1's persistent registration stayed after its session expired: {err}"
+    );
+}

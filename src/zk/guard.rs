@@ -7,7 +7,8 @@ use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use super::path;
-use super::session::{is_connection_loss, Session};
+use super::session::{is_connection_loss, Session, SessionOptions};
+use tokio_util::task::TaskTracker;
 
 /// What the guard removes.
 #[derive(Clone, Debug)]
@@ -29,6 +30,10 @@ enum Armed {
 /// that owned it was cancelled) the delete is sent from a spawned task.
 pub(crate) struct NodeGuard {
     client: zk::Client,
+    /// To connect again when the session that made the node has ended
+    /// and the node is persistent.
+    options: SessionOptions,
+    tracker: TaskTracker,
     armed: Option<Armed>,
 }
 
@@ -36,6 +41,8 @@ impl NodeGuard {
     pub(crate) fn new(session: &Session) -> Self {
         NodeGuard {
             client: session.client().clone(),
+            options: session.options().clone(),
+            tracker: session.cleanups().clone(),
             armed: None,
         }
     }
@@ -88,7 +95,7 @@ impl NodeGuard {
         if let Some(armed) = self.armed.take() {
             let client = self.client.clone();
             let mut state = client.state_watcher();
-            clean_up(&client, armed, session.id(), &mut state).await;
+            clean_up(&client, &self.options, armed, session.id(), &mut state).await;
         }
     }
 }
@@ -106,25 +113,42 @@ impl Drop for NodeGuard {
             return;
         };
         let client = self.client.clone();
+        let options = self.options.clone();
         let session = client.session_id().0;
-        runtime.spawn(async move {
-            let mut state = client.state_watcher();
-            clean_up(&client, armed, session, &mut state).await;
-        });
+        // Tracked, so that closing the session waits for it.
+        self.tracker.spawn_on(
+            async move {
+                let mut state = client.state_watcher();
+                clean_up(&client, &options, armed, session, &mut state).await;
+            },
+            &runtime,
+        );
     }
 }
 
 /// Removes what `armed` names, retrying after connection losses while the
 /// session lives (bounded: a session that never reconnects expires and
-/// takes ephemeral nodes with it).
-async fn clean_up(client: &zk::Client, armed: Armed, session: i64, state: &mut zk::StateWatcher) {
+/// takes ephemeral nodes with it). Once the session has ended, a new one
+/// (made with `options`) removes what is persistent of it: an expiry
+/// takes only ephemeral nodes, and a persistent one left behind would be
+/// counted (a barrier registration) or hold a place (a lock).
+async fn clean_up(
+    client: &zk::Client,
+    options: &SessionOptions,
+    armed: Armed,
+    session: i64,
+    state: &mut zk::StateWatcher,
+) {
     for _ in 0..10 {
-        match remove(client, &armed, session).await {
+        match remove(client, &armed, session, false).await {
             // Retried once the state moves on (disconnected, then connected).
             Err(e) if is_connection_loss(&e) => {
                 if state.changed().await.is_terminated() {
-                    return;
+                    return clean_up_persistent(options, &armed, session).await;
                 }
+            }
+            Err(zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed) => {
+                return clean_up_persistent(options, &armed, session).await;
             }
             Ok(Some(path)) => {
                 debug!(%path, "removed our node");
@@ -139,13 +163,51 @@ async fn clean_up(client: &zk::Client, armed: Armed, session: i64, state: &mut z
     }
 }
 
+/// [`clean_up`] from a new session, of persistent nodes only: the ended
+/// session's ephemeral nodes went with it, and a node there now with an
+/// owner is someone else's.
+async fn clean_up_persistent(options: &SessionOptions, armed: &Armed, session: i64) {
+    let mut options = options.clone();
+    options.connect_timeout = options.connect_timeout.min(options.session_timeout * 2);
+    let fresh = match Session::connect(&options).await {
+        Ok(fresh) => fresh,
+        Err(e) => {
+            warn!(?armed, error = %e, "our session ended and a new one could not be made to remove our persistent node; it stays until its owner's controller removes it");
+            return;
+        }
+    };
+    match remove(fresh.client(), armed, session, true).await {
+        Ok(Some(path)) => debug!(%path, "removed our persistent node from a new session"),
+        Ok(None) => {}
+        Err(e) => {
+            warn!(?armed, error = %e, "could not remove our persistent node from a new session")
+        }
+    }
+    let _ = fresh.close().await;
+}
+
 /// One attempt; `Some(path)` when a node was deleted.
+///
+/// With `persistent_only` (from a new session, ours having ended), only a
+/// node without an owner is removed: an ephemeral one there now is someone
+/// else's.
 async fn remove(
     client: &zk::Client,
     armed: &Armed,
     session: i64,
+    persistent_only: bool,
 ) -> std::result::Result<Option<String>, zk::Error> {
+    let persistent = |path: String| async move {
+        match client.check_stat(&path).await? {
+            Some(stat) if stat.ephemeral_owner == 0 => Ok(Some((path, Some(stat.version)))),
+            _ => Ok::<_, zk::Error>(None),
+        }
+    };
     let (path, version) = match armed {
+        Armed::Node(path) if persistent_only => match persistent(path.clone()).await? {
+            Some(found) => found,
+            None => return Ok(None),
+        },
         Armed::Node(path) => (path.clone(), None),
         Armed::Protected { parent, prefix } => {
             // As the leader has them: a lagging server may not show the
@@ -160,11 +222,19 @@ async fn remove(
             let mut removed = None;
             for name in children.iter().filter(|c| c.starts_with(prefix.as_str())) {
                 let node = path::join(parent, name);
-                match client.delete(&node, None).await {
+                let version = if persistent_only {
+                    match persistent(node.clone()).await? {
+                        Some((_, version)) => version,
+                        None => continue,
+                    }
+                } else {
+                    None
+                };
+                match client.delete(&node, version).await {
                     Ok(()) => {
                         removed.get_or_insert(node);
                     }
-                    Err(zk::Error::NoNode) => {}
+                    Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
                     Err(e) => return Err(e),
                 }
             }

@@ -207,6 +207,12 @@ pub struct Session {
     connect: ConnectString,
     stats: Arc<SessionStats>,
     node_acls: Vec<zk::Acl>,
+    /// How this session was made: a clean-up that outlives it (its nodes
+    /// are persistent) connects again with them.
+    options: SessionOptions,
+    /// Clean-ups sent from tasks (a guard dropped armed): [`Session::close`]
+    /// waits for them.
+    cleanups: tokio_util::task::TaskTracker,
 }
 
 impl Session {
@@ -294,6 +300,8 @@ impl Session {
             connect: options.connect.clone(),
             stats: Arc::default(),
             node_acls,
+            options: options.clone(),
+            cleanups: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -381,9 +389,20 @@ impl Session {
     /// Ends the session on the server and waits until the server confirmed,
     /// so ephemeral nodes are removed now. Clean-up requests still running on
     /// the session (from cancelled recipes) finish first.
+    ///
+    /// Clean-ups of our nodes still under way (a wait cancelled just
+    /// before) are waited for first, at most a session timeout, so that a
+    /// process that exits after `close` leaves none of its nodes behind.
     pub async fn close(self) -> Result<()> {
-        let mut watcher = self.client.state_watcher();
         let timeout = self.timeout();
+        self.cleanups.close();
+        if tokio::time::timeout(timeout, self.cleanups.wait())
+            .await
+            .is_err()
+        {
+            warn!("clean-up of our nodes did not finish within the session timeout");
+        }
+        let mut watcher = self.client.state_watcher();
         if SessionState::from_client(watcher.peek_state()).is_terminal() {
             return Ok(());
         }
@@ -455,6 +474,16 @@ impl Session {
     }
 
     /// Waits until the session is connected; fails when it is terminal.
+    /// The options this session was made with.
+    pub(crate) fn options(&self) -> &SessionOptions {
+        &self.options
+    }
+
+    /// Where clean-ups sent from tasks are tracked (see [`Session::close`]).
+    pub(crate) fn cleanups(&self) -> &tokio_util::task::TaskTracker {
+        &self.cleanups
+    }
+
     pub(crate) async fn await_connected(&self) -> Result<()> {
         let mut watcher = self.client.state_watcher();
         loop {

@@ -55,6 +55,9 @@ struct Control {
     /// A request that stalls everything (see [`Proxy::stall_at`]).
     stall_at: std::sync::Mutex<Option<(Vec<i32>, Vec<u8>)>>,
     stalled_at: AtomicUsize,
+    /// The local ports of the connections to the server, as the server
+    /// lists its clients (`cons`).
+    upstream_ports: std::sync::Mutex<Vec<u16>>,
 }
 
 /// A running proxy; it stops with the test's runtime.
@@ -80,6 +83,9 @@ impl Proxy {
                 let c = c.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
+                        if let Ok(local) = server.local_addr() {
+                            c.upstream_ports.lock().unwrap().push(local.port());
+                        }
                         relay(client, server, c).await;
                     }
                 });
@@ -90,6 +96,11 @@ impl Proxy {
             control,
             upstream,
         }
+    }
+
+    /// The local ports of every connection the proxy made to its server.
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.control.upstream_ports.lock().unwrap().clone()
     }
 
     /// Connections made from now on go to `upstream` (`host:port`); open
