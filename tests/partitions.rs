@@ -39,6 +39,34 @@ async fn ensemble() -> Ensemble {
         .unwrap()
 }
 
+/// An ensemble, a fresh chroot, and connect strings to it on the leader
+/// and on one follower.
+struct Sides {
+    ensemble: Ensemble,
+    leader: usize,
+    follower: usize,
+    chroot: String,
+    on_leader: String,
+    on_follower: String,
+}
+
+async fn sides() -> Sides {
+    let ensemble = ensemble().await;
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let leader = ensemble.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let at = |i: usize| format!("{}{chroot}", ensemble.servers[i].address());
+    let (on_leader, on_follower) = (at(leader), at(follower));
+    Sides {
+        ensemble,
+        leader,
+        follower,
+        chroot,
+        on_leader,
+        on_follower,
+    }
+}
+
 fn mutex() -> Mutex {
     Mutex::new(
         "/lock",
@@ -54,12 +82,13 @@ fn mutex() -> Mutex {
 /// acquire the lock.
 #[tokio::test]
 async fn a_holder_on_a_follower_cut_from_its_leader_gives_up_before_another_acquires() {
-    let ensemble = ensemble().await;
-    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
-    let leader = ensemble.leader().expect("a leader");
-    let follower = (leader + 1) % 3;
-    let on_follower = format!("{}{chroot}", ensemble.servers[follower].address());
-    let on_leader = format!("{}{chroot}", ensemble.servers[leader].address());
+    let Sides {
+        ensemble,
+        follower,
+        on_leader,
+        on_follower,
+        ..
+    } = sides().await;
 
     let a = session_with_timeout(&on_follower, SESSION_TIMEOUT).await;
     let b = session_with_timeout(&on_leader, SESSION_TIMEOUT).await;
@@ -122,12 +151,14 @@ async fn a_holder_on_a_follower_cut_from_its_leader_gives_up_before_another_acqu
 /// keeps the lost-create search honest across a partition.
 #[tokio::test]
 async fn a_lost_create_is_found_even_through_a_lagging_follower() {
-    let ensemble = ensemble().await;
-    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
-    let leader = ensemble.leader().expect("a leader");
-    let follower = (leader + 1) % 3;
-    let on_leader = format!("{}{chroot}", ensemble.servers[leader].address());
-    let on_follower = format!("{}{chroot}", ensemble.servers[follower].address());
+    let Sides {
+        ensemble,
+        leader,
+        follower,
+        chroot,
+        on_leader,
+        on_follower,
+    } = sides().await;
     let admin = session_with_timeout(&on_leader, SESSION_TIMEOUT).await;
     admin
         .client()

@@ -1346,25 +1346,11 @@ async fn a_withdrawal_racing_the_opening_that_counted_it_reports_entered() {
     let a = session_with_timeout(&format!("{}{chroot}", proxy_a.address()), long).await;
     let b = session_with_timeout(&format!("{}{chroot}", proxy_b.address()), long).await;
     let a_deadline = Instant::now() + Duration::from_secs(2);
-    let waiting = {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            let r = barrier
-                .enter(&a, "a", &ephemeral(None), Some(a_deadline))
-                .await;
-            (r, a)
-        })
-    };
+    let waiting = spawn_enter(&barrier, a, "a", None, Some(a_deadline));
     registered(&admin, &["a"]).await;
     // b's opening (the multi that makes `ready`) is held at its proxy.
     proxy_b.stall_at(&[op::MULTI], READY_NAME);
-    let opening = {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            let r = barrier.enter(&b, "b", &ephemeral(None), None).await;
-            (r, b)
-        })
-    };
+    let opening = spawn_enter(&barrier, b, "b", None, None);
     tokio::time::timeout(Duration::from_secs(10), proxy_b.stalled_at())
         .await
         .expect("b's opening reached its proxy");
@@ -1404,31 +1390,16 @@ async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
     let a = session_with_timeout(&direct, long).await;
     let b = session_with_timeout(&format!("{}{chroot}", proxy_b.address()), long).await;
     let a_deadline = Instant::now() + Duration::from_secs(2);
-    let waiting = {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            let r = barrier
-                .enter(&a, "a", &ephemeral(None), Some(a_deadline))
-                .await;
-            (r, a)
-        })
-    };
+    let waiting = spawn_enter(&barrier, a, "a", None, Some(a_deadline));
     registered(&admin, &["a"]).await;
     proxy_b.stall_at(&[op::MULTI], READY_NAME);
-    let opening = {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            let r = barrier
-                .enter(
-                    &b,
-                    "b",
-                    &ephemeral(None),
-                    Some(Instant::now() + Duration::from_secs(30)),
-                )
-                .await;
-            (r, b)
-        })
-    };
+    let opening = spawn_enter(
+        &barrier,
+        b,
+        "b",
+        None,
+        Some(Instant::now() + Duration::from_secs(30)),
+    );
     tokio::time::timeout(Duration::from_secs(10), proxy_b.stalled_at())
         .await
         .expect("b's opening reached its proxy");
