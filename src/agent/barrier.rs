@@ -97,14 +97,16 @@ impl<'a> BarrierCommand<'a> {
                 info!(barrier = %self.barrier.path(), "stopped, but the barrier had opened with us");
                 (entered, Some(exit))
             }
-            Ok(Entry::Stopped(exit)) => return Err(AgentError::new(
-                exit,
-                format!(
+            Ok(Entry::Stopped(exit)) => {
+                return Err(AgentError::new(
+                    exit,
+                    format!(
                     "stopped by {} while {}; our registration was withdrawn and nobody counted it",
                     exit.signal_name(),
                     self.waiting()
                 ),
-            )),
+                ))
+            }
             Err(e) => {
                 return Err(super::explain_missing(
                     p,
