@@ -20,6 +20,7 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::exit::{AgentError, Exit};
@@ -90,9 +91,12 @@ pub enum Ended<T> {
 /// Waits for the command, passing on SIGTERM, SIGINT, SIGHUP, SIGQUIT,
 /// SIGUSR1 and SIGUSR2 (caught by `signals` since before the command was
 /// started, so none is lost in between). When `interrupt` resolves first,
-/// the command gets SIGTERM and, after `grace`, SIGKILL. Either way, what
-/// is left of the command's process tree is stopped the same way before
-/// this returns.
+/// the command's whole tree (its group and every descendant, also those
+/// that left the group) gets SIGTERM at once and SIGKILL `grace` later:
+/// one deadline for all of it. When the command exits by itself, what is
+/// left of its tree is stopped the same way. Either way nothing of it runs
+/// when this returns. Orphans that exit while the command runs are reaped
+/// as they go (we are their subreaper).
 pub async fn supervise<T>(
     mut child: Child,
     signals: &mut Termination,
@@ -100,16 +104,31 @@ pub async fn supervise<T>(
     grace: Duration,
 ) -> Result<Ended<T>, AgentError> {
     let pid = child.id().map(|id| Pid::from_raw(id as i32));
+    let me = Pid::this();
+    let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))?;
     tokio::pin!(interrupt);
-    let ended = loop {
+    let (ended, kill_at) = loop {
         let sig = tokio::select! {
             status = child.wait() => {
-                let status = status.map_err(|e| AgentError::new(Exit::Internal, format!("lost track of the command: {e}")))?;
-                break Ended::Exited(exit_code(status));
+                let kill_at = Instant::now() + grace;
+                match status {
+                    Ok(status) => break (Ended::Exited(exit_code(status)), kill_at),
+                    Err(e) => {
+                        stop_tree(pid, kill_at).await;
+                        return Err(AgentError::new(Exit::Internal, format!("lost track of the command: {e}")));
+                    }
+                }
             }
             reason = &mut interrupt => {
-                let code = terminate(&mut child, pid, grace).await;
-                break Ended::Interrupted(reason, code);
+                let kill_at = Instant::now() + grace;
+                let code = terminate(&mut child, pid, kill_at).await;
+                break (Ended::Interrupted(reason, code), kill_at);
+            }
+            _ = orphans.recv() => {
+                // Never the command itself: tokio reaps it.
+                tree::reap_exited_children(me, pid);
+                continue;
             }
             sig = signals.any() => sig,
         };
@@ -118,27 +137,31 @@ pub async fn supervise<T>(
             let _ = killpg(pid, sig);
         }
     };
-    stop_tree(pid, grace).await;
+    stop_tree(pid, kill_at).await;
     Ok(ended)
 }
 
-/// SIGTERM to the command's group, SIGKILL after `grace`.
-async fn terminate(child: &mut Child, pid: Option<Pid>, grace: Duration) -> i32 {
-    if let Some(pid) = pid {
-        let _ = killpg(pid, Signal::SIGTERM);
-    }
-    match tokio::time::timeout(grace, child.wait()).await {
+/// SIGTERM to the command's whole tree at once, SIGKILL at `kill_at`;
+/// the command's exit code.
+async fn terminate(child: &mut Child, pid: Option<Pid>, kill_at: Instant) -> i32 {
+    signal_tree(pid, Signal::SIGTERM);
+    match tokio::time::timeout_at(kill_at, child.wait()).await {
         Ok(Ok(status)) => exit_code(status),
         _ => {
-            warn!(
-                grace_ms = grace.as_millis() as u64,
-                "the command did not stop after SIGTERM; killing it"
-            );
-            if let Some(pid) = pid {
-                let _ = killpg(pid, Signal::SIGKILL);
-            }
+            warn!("the command did not stop after SIGTERM within its kill grace; killing it");
+            signal_tree(pid, Signal::SIGKILL);
             child.wait().await.map(exit_code).unwrap_or(137)
         }
+    }
+}
+
+/// `sig` to the command's group and to every live descendant of ours.
+fn signal_tree(group: Option<Pid>, sig: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, sig);
+    }
+    for pid in tree::descendants(Pid::this()) {
+        let _ = nix::sys::signal::kill(pid, sig);
     }
 }
 
@@ -146,42 +169,31 @@ async fn terminate(child: &mut Child, pid: Option<Pid>, grace: Duration) -> i32 
 const TREE_POLL: Duration = Duration::from_millis(10);
 
 /// Stops every process left of the command (its group, and every
-/// descendant of ours: we are their subreaper): SIGTERM, then SIGKILL
-/// after `grace`, until none is left. Called once the command itself has
+/// descendant of ours: we are their subreaper): SIGTERM now, SIGKILL from
+/// `kill_at` on, until none is left. Called once the command itself has
 /// been reaped, so nothing we reap here is a child tokio still waits for.
-async fn stop_tree(group: Option<Pid>, grace: Duration) {
+async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
     let me = Pid::this();
+    let group_gone = || group.is_none_or(|g| killpg(g, None).is_err());
+    tree::reap_exited_children(me, None);
     let left = tree::descendants(me);
-    let group_gone = group.is_none_or(|g| killpg(g, None).is_err());
-    if left.is_empty() && group_gone {
+    if left.is_empty() && group_gone() {
         return;
     }
     info!(
         processes = left.len(),
         "the command left processes behind; stopping them before going on"
     );
-    let kill_at = tokio::time::Instant::now() + grace;
     let mut sig = Signal::SIGTERM;
     loop {
-        if let Some(group) = group {
-            let _ = killpg(group, sig);
-        }
-        let left = tree::descendants(me);
-        for pid in &left {
-            let _ = nix::sys::signal::kill(*pid, sig);
-        }
-        tree::reap_exited_children(me);
-        let group_gone = group.is_none_or(|g| killpg(g, None).is_err());
-        if group_gone && tree::descendants(me).is_empty() {
-            return;
-        }
-        if sig == Signal::SIGTERM && tokio::time::Instant::now() >= kill_at {
-            warn!(
-                grace_ms = grace.as_millis() as u64,
-                "processes of the command did not stop after SIGTERM; killing them"
-            );
+        if sig == Signal::SIGTERM && Instant::now() >= kill_at {
+            warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
             sig = Signal::SIGKILL;
-            continue;
+        }
+        signal_tree(group, sig);
+        tree::reap_exited_children(me, None);
+        if group_gone() && tree::descendants(me).is_empty() {
+            return;
         }
         tokio::time::sleep(TREE_POLL).await;
     }
@@ -236,8 +248,9 @@ mod tree {
     }
 
     /// Reaps our children (orphans of the command re-parented to us) that
-    /// have exited, so they do not linger as zombies.
-    pub(super) fn reap_exited_children(me: Pid) {
+    /// have exited, so they do not linger as zombies; never `except` (the
+    /// command itself, which tokio reaps).
+    pub(super) fn reap_exited_children(me: Pid, except: Option<Pid>) {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };
@@ -245,7 +258,7 @@ mod tree {
             let Ok(pid) = name.parse::<i32>() else {
                 continue;
             };
-            if stat(&name) == Some((me.as_raw(), true)) {
+            if Some(Pid::from_raw(pid)) != except && stat(&name) == Some((me.as_raw(), true)) {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
         }

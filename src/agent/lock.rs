@@ -317,23 +317,37 @@ impl<'a> LockCommand<'a> {
             publish_trust(token_file, &trust)?;
             ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
             readiness.set_ready()?;
+            let loss = monitor.lost();
+            tokio::pin!(loss);
             let lost = tokio::select! {
                 _ = stop.received() => None,
-                reason = monitor.lost() => Some(reason),
+                reason = &mut loss => Some(reason),
                 () = keep_publishing(token_file, &trust) => None,
             };
             readiness.clear();
             withdraw(token_file);
-            match lost {
-                Some(reason) => Err(self.lost("; the token file was withdrawn")(reason)),
-                None => {
-                    info!("asked to stop: releasing the lock");
-                    hold.release()
-                        .await
-                        .map(|_| 0)
-                        .map_err(|e| self.participant.explain(e))
-                }
+            if let Some(reason) = lost {
+                return Err(self.lost("; the token file was withdrawn")(reason));
             }
+            // Asked to stop. A command under `lock watch` may still run: it
+            // sees the token go at its next look and is dead its kill grace
+            // later. Only then may the next holder start, so the hold is
+            // kept (and watched) until that bound has passed.
+            let drained = WATCH_POLL + grace + safety_margin(session.timeout());
+            info!(
+                wait_ms = drained.as_millis() as u64,
+                "asked to stop: withdrew the token; releasing the lock once a watched command is surely stopped"
+            );
+            if let Some(reason) = tokio::select! {
+                () = tokio::time::sleep(drained) => None,
+                reason = &mut loss => Some(reason),
+            } {
+                return Err(self.lost("; the token file was withdrawn")(reason));
+            }
+            hold.release()
+                .await
+                .map(|_| 0)
+                .map_err(|e| self.participant.explain(e))
         }
         .await;
         close(session).await;
@@ -431,7 +445,7 @@ pub async fn watch(
     let token = loop {
         if let Some(token) = read_token() {
             match read_trust(token_file) {
-                Some(until) if boottime() < until => break token,
+                Some(until) if trusted(until) => break token,
                 Some(_) => {}
                 None => {
                     return Err(AgentError::usage(format!(
@@ -472,7 +486,7 @@ pub async fn watch(
                 return Withdrawn::Token;
             }
             match read_trust(token_file) {
-                Some(until) if boottime() < until => {}
+                Some(until) if trusted(until) => {}
                 _ => return Withdrawn::Unconfirmed,
             }
         }
@@ -516,20 +530,32 @@ pub fn trust_file(token_file: &Path) -> PathBuf {
 /// The system-wide monotonic clock (`CLOCK_BOOTTIME`, in milliseconds):
 /// the same in every container of a pod (one kernel), unmoved by changes
 /// of the wall clock, so one process's deadline is another's.
-fn boottime() -> u64 {
+/// `None` when the clock cannot be read: then nothing is trusted.
+fn boottime() -> Option<u64> {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .ok()
         .map(|t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
-        .unwrap_or(0)
+}
+
+/// Whether a published deadline (on the boot clock) is still ahead.
+fn trusted(until: u64) -> bool {
+    boottime().is_some_and(|now| now < until)
 }
 
 /// Writes `trust`'s deadline on the boot clock.
 fn publish_trust(token_file: &Path, trust: &crate::zk::Trust) -> Result<(), AgentError> {
     let now = tokio::time::Instant::now();
     let until = trust.until();
+    let boot = boottime().ok_or_else(|| {
+        AgentError::new(
+            Exit::Internal,
+            "cannot read the boot clock (CLOCK_BOOTTIME)",
+        )
+    })?;
     let until_ms = if until >= now {
-        boottime() + (until - now).as_millis() as u64
+        boot + (until - now).as_millis() as u64
     } else {
-        boottime().saturating_sub((now - until).as_millis() as u64)
+        boot.saturating_sub((now - until).as_millis() as u64)
     };
     ready::write_atomically(&trust_file(token_file), &format!("{until_ms}\n"))
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use zookeeper_client as zk;
 
 use super::error::{within, Result, ZkError};
@@ -337,6 +337,10 @@ impl DoubleBarrier {
                 return Err(e);
             }
         };
+        // A create whose reply we have not seen: if its node is there and
+        // ours, it may have been counted like any other; withdraw it the
+        // same way.
+        guard.resolve_pending(session).await;
         let opened = match guard.armed_node().map(str::to_owned) {
             Some(node) => match self.withdraw(session, &node).await {
                 Ok(Withdrawal::Withdrawn) => {
@@ -350,8 +354,9 @@ impl DoubleBarrier {
                     None
                 }
             },
-            // A create whose outcome we do not know: settle by looking,
-            // then remove the node if it is ours.
+            // A create whose outcome we still do not know (the server
+            // could not be asked): settle by looking, then remove the node
+            // if it turns out to be ours.
             None => {
                 let entered = self.settle(session, id, guard.is_armed()).await;
                 if entered.is_none() {
@@ -419,6 +424,13 @@ impl DoubleBarrier {
                     index: 0,
                     source: zk::Error::BadVersion,
                 }) => continue,
+                // The barrier node's ACL predates participants' WRITE (a
+                // controller not yet upgraded): withdraw without the
+                // version bump, which still settles "already opened".
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NoAuth,
+                }) => return self.withdraw_unversioned(session, node).await,
                 // The barrier is gone, or our node (removed by someone, or
                 // by our own attempt whose reply was lost): nothing of ours
                 // can be counted any more.
@@ -886,6 +898,16 @@ impl DoubleBarrier {
         let client = session.client();
         let unowned = self.is_unowned(session).await?;
         let ready = path::join(&self.path, READY);
+        // Our round's `ready` (on a barrier no controller owns): the one to
+        // remove if the last of the round vanished without removing it.
+        let our_ready = if unowned {
+            session
+                .retry("check", &ready, || client.check_stat(&ready))
+                .await?
+                .map(|stat| stat.czxid)
+        } else {
+            None
+        };
         loop {
             let children = match session
                 .retry("list", &self.path, || client.list_children(&self.path))
@@ -912,6 +934,14 @@ impl DoubleBarrier {
                 return Ok(());
             }
             let Some(lowest) = members.first() else {
+                if open && our_ready.is_some() {
+                    // Everyone has left, but the last one out (the lowest)
+                    // vanished (its process died, or it gave up) without
+                    // removing `ready`: remove it if it is still our
+                    // round's, or the next round would open for its first
+                    // arrival alone.
+                    self.remove_ready_of(session, &ready, our_ready).await?;
+                }
                 debug!(barrier = %self.path, "everyone has left");
                 return Ok(());
             };
@@ -941,6 +971,26 @@ impl DoubleBarrier {
                 session.stats().record_wakeup();
             }
         }
+    }
+
+    /// Removes `ready` if it is the one made at `czxid` (a later round's
+    /// is left alone; a `ready` can only be made again once this one is
+    /// gone).
+    async fn remove_ready_of(
+        &self,
+        session: &Session,
+        ready: &str,
+        czxid: Option<i64>,
+    ) -> Result<()> {
+        let client = session.client();
+        let stat = session
+            .retry("check", ready, || client.check_stat(ready))
+            .await?;
+        if stat.is_some_and(|s| Some(s.czxid) == czxid) {
+            super::tree::delete_if_present(session, ready).await?;
+            debug!(barrier = %self.path, "removed the ready of a round whose last participant vanished");
+        }
+        Ok(())
     }
 
     /// The last participant out removes its node, and with `reset` also
@@ -985,6 +1035,44 @@ impl DoubleBarrier {
                     Err(ZkError::from_client("delete", node, e))
                 }
             }
+        }
+    }
+
+    /// [`DoubleBarrier::withdraw`] for a participant that may not write the
+    /// barrier's data: `ready` made and removed (fails when the barrier has
+    /// opened) and our node removed, in one transaction. An opening that
+    /// counted us and has not landed yet is not stopped by it.
+    async fn withdraw_unversioned(&self, session: &Session, node: &str) -> Result<Withdrawal> {
+        error!(barrier = %self.path, "this participant may not write the barrier node (its ACL predates zkgate's participant WRITE): withdrawing without moving its version, so an opening in flight that counted us can still land; upgrade the controller");
+        let client = session.client();
+        let ready = path::join(&self.path, READY);
+        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        loop {
+            let mut writer = client.new_multi_writer();
+            writer
+                .add_create(&ready, &[], &ready_options)
+                .and_then(|()| writer.add_delete(&ready, None))
+                .and_then(|()| writer.add_delete(node, None))
+                .map_err(|e| ZkError::from_client("withdraw", node, e))?;
+            return match writer.commit().await {
+                Ok(_) => Ok(Withdrawal::Withdrawn),
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NodeExists,
+                }) => Ok(Withdrawal::Opened),
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => Ok(Withdrawal::Withdrawn),
+                Err(e) => {
+                    let e = zk::Error::from(e);
+                    if is_connection_loss(&e) {
+                        session.await_connected().await?;
+                        continue;
+                    }
+                    Err(ZkError::from_client("withdraw", node, e))
+                }
+            };
         }
     }
 

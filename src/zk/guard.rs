@@ -76,6 +76,31 @@ impl NodeGuard {
         self.armed.is_some()
     }
 
+    /// A pending create (armed by [`NodeGuard::arm_pending`]) is settled by
+    /// asking the server: its node armed as ours when it is there and ours
+    /// (this session's, or persistent with exactly our data), disarmed
+    /// when it is not. Left pending when the server cannot be asked.
+    pub(crate) async fn resolve_pending(&mut self, session: &Session) {
+        let Some(Armed::Pending { path, data }) = &self.armed else {
+            return;
+        };
+        match session
+            .retry("read", path, || self.client.get_data(path))
+            .await
+        {
+            Ok((found, stat)) => {
+                let ours = stat.ephemeral_owner == session.id()
+                    || (stat.ephemeral_owner == 0 && found == *data);
+                self.armed = ours.then(|| Armed::Node(path.clone()));
+            }
+            Err(super::ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => self.armed = None,
+            Err(_) => {}
+        }
+    }
+
     /// The node armed by [`NodeGuard::arm`]: known to be ours.
     pub(crate) fn armed_node(&self) -> Option<&str> {
         match &self.armed {

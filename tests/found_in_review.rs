@@ -1,0 +1,406 @@
+//! Interleavings an adversarial review of issue 24's changes found to break
+//! the promises (a lock's command running beside the next holder's, a
+//! barrier round with two outcomes, a `ready` outliving its round, zombies
+//! piling up under a long command). Each failed on the code it was written
+//! against (1a1e... the commits before the fixes), and passes since.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use support::proxy::Proxy;
+use support::{children, eventually, session};
+
+const LOCKS: &str = "/zkgate/namespaces/default/locks";
+
+fn piped(mut cmd: tokio::process::Command) -> tokio::process::Child {
+    cmd.stderr(std::process::Stdio::piped()).spawn().unwrap()
+}
+
+fn signal_pid(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid this test spawned.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+fn read_nanos(path: &Path) -> u128 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A loop that ignores SIGTERM and writes the time to `beat` every 20 ms.
+fn beating(beat: &Path) -> String {
+    format!(
+        "trap '' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        b = beat.display()
+    )
+}
+
+/// The next holder: queues on `db` directly and writes when its command
+/// started to `next`.
+fn next_holder(direct: &str, next: &Path) -> tokio::process::Child {
+    piped(support::zkgate(
+        direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "next",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &format!("date +%s%N > {}", next.display()),
+        ],
+    ))
+}
+
+async fn queued(direct: &str, n: usize) {
+    let observer = session(direct).await;
+    eventually(
+        Duration::from_secs(10),
+        "the next holder queued",
+        || async { (children(&observer, &format!("{LOCKS}/db")).await.len() == n).then_some(()) },
+    )
+    .await;
+}
+
+/// Finding 1: `lock sidecar` asked to stop (SIGTERM: a liveness-probe
+/// restart, a non-native sidecar at pod deletion, `kill`) withdraws the
+/// token and releases the lock at once. `lock watch` only notices at its
+/// next poll (100 ms) and then gives the command its kill grace, so the
+/// next holder's command starts while the watched one still runs.
+#[tokio::test]
+async fn a_sidecar_asked_to_stop_releases_before_the_watched_command_is_dead() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fencing-token");
+    let ready = dir.path().join("ready");
+    let beat = dir.path().join("beat");
+    let next = dir.path().join("next");
+    let sidecar = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--kill-grace",
+            "2s",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ],
+    ));
+    let main = piped(support::zkgate(
+        "127.0.0.1:1",
+        &[
+            "lock",
+            "watch",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &beating(&beat),
+        ],
+    ));
+    eventually(
+        Duration::from_secs(10),
+        "the watched command runs",
+        || async { beat.exists().then_some(()) },
+    )
+    .await;
+    let next_holder = next_holder(&direct, &next);
+    queued(&direct, 2).await;
+    signal_pid(sidecar.id().unwrap(), libc::SIGTERM);
+    let (code, err) = support::finished(sidecar, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = support::finished(main, Duration::from_secs(30)).await;
+    assert_eq!(code, 6, "{err}");
+    let (code, err) = support::finished(next_holder, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let (last_beat, next_start) = (read_nanos(&beat), read_nanos(&next));
+    assert!(
+        last_beat < next_start,
+        "the watched command was still running {} ms after the next holder's command started",
+        (last_beat - next_start) / 1_000_000
+    );
+}
+
+/// Finding 2: the kill grace is spent twice. When the hold may be lost,
+/// `terminate` signals only the command's process group and waits up to
+/// the grace for the command itself; only then does `stop_tree` send the
+/// first SIGTERM to a descendant that left the group (setsid, a daemon),
+/// and it waits a second grace before SIGKILL. The README's bound (SIGTERM
+/// by T - G - T/10, SIGKILL G later, dead T/10 before the server can
+/// expire the session) holds for the group, not for the tree: here the
+/// daemon is SIGKILLed about T + G - T/10 after the last confirmation.
+#[tokio::test]
+async fn a_daemon_of_a_slow_command_gets_a_second_grace_beyond_the_session() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let proxy = Proxy::start(support::shared_zookeeper()).await;
+    let through_proxy = format!("{}{chroot}", proxy.address());
+    let dir = tempfile::tempdir().unwrap();
+    let beat = dir.path().join("beat");
+    let next = dir.path().join("next");
+    // The command's own shell ignores SIGTERM (a slow graceful shutdown
+    // does the same for up to the grace); its daemon left the group.
+    let script = format!(
+        "trap '' TERM; setsid sh -c \"{}\" </dev/null >/dev/null 2>&1 & while :; do sleep 0.02; done",
+        beating(&beat)
+    );
+    let holder = piped(support::zkgate(
+        &through_proxy,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--kill-grace",
+            "4s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    eventually(Duration::from_secs(10), "the daemon runs", || async {
+        beat.exists().then_some(())
+    })
+    .await;
+    let next_holder = next_holder(&direct, &next);
+    queued(&direct, 2).await;
+    proxy.stall();
+    let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
+    assert_eq!(code, 6, "{err}");
+    let (code, err) = support::finished(next_holder, Duration::from_secs(40)).await;
+    assert_eq!(code, 0, "{err}");
+    let (last_beat, next_start) = (read_nanos(&beat), read_nanos(&next));
+    proxy.resume();
+    assert!(
+        last_beat < next_start,
+        "the cut-off holder's daemon was still running {} ms after the next holder's command started",
+        (last_beat - next_start) / 1_000_000
+    );
+}
+
+/// Finding 3: on a barrier no controller owns, the round's participants
+/// that left before the lowest one (they removed their nodes and wait on
+/// it) return "everyone has left" once the lowest is gone, and when the
+/// lowest never left itself (its process crashed and its session ended,
+/// or its own leave gave up), nobody removes `ready`: it outlives the last
+/// of its round, and the next round "opens" for its first arrival alone.
+#[tokio::test]
+async fn ready_outlives_a_round_whose_lowest_participant_vanished() {
+    use zkgate::zk::{DoubleBarrier, EnterOptions};
+    let connect = support::isolated_connect();
+    let admin = session(&connect).await;
+    let barrier = DoubleBarrier::new("/b");
+    let options = EnterOptions {
+        create_with_participants: Some(3),
+        ..EnterOptions::default()
+    };
+    let deadline = || Some(tokio::time::Instant::now() + Duration::from_secs(10));
+    let (a, b, c) = (
+        session(&connect).await,
+        session(&connect).await,
+        session(&connect).await,
+    );
+    let (ra, rb, rc) = tokio::join!(
+        barrier.enter(&a, "a", &options, deadline()),
+        barrier.enter(&b, "b", &options, deadline()),
+        barrier.enter(&c, "c", &options, deadline()),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    rc.unwrap();
+    // b and c leave: each removes its node and waits on the lowest, a.
+    let leaving = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let (lb, lc) = tokio::join!(
+                barrier.leave(&b, "b", deadline()),
+                barrier.leave(&c, "c", deadline()),
+            );
+            (lb, lc, b, c)
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "b and c removed their nodes",
+        || async { (children(&admin, "/b").await == ["a", "ready"]).then_some(()) },
+    )
+    .await;
+    // a's process dies: its session ends and its registration with it.
+    a.close().await.unwrap();
+    let (lb, lc, _b, _c) = tokio::time::timeout(Duration::from_secs(15), leaving)
+        .await
+        .expect("b and c finish leaving")
+        .unwrap();
+    lb.unwrap();
+    lc.unwrap();
+    let left_behind = children(&admin, "/b").await;
+    // The next round: one participant of three must not pass alone.
+    let d = session(&connect).await;
+    let next = barrier
+        .enter(
+            &d,
+            "d",
+            &options,
+            Some(tokio::time::Instant::now() + Duration::from_secs(2)),
+        )
+        .await;
+    assert!(
+        left_behind.is_empty() && next.is_err(),
+        "after the round ended the barrier held {left_behind:?}, and the next round's first participant entered alone: {next:?}"
+    );
+}
+
+/// Finding 5: the withdrawal that settles a participant's outcome is used
+/// only when its create's reply was seen. When the deadline (or SIGTERM)
+/// comes while the create's reply is outstanding (a lost reply, a
+/// reconnect), `enter_unless` settles by looking and then removes the node
+/// with a plain delete, which does not move the barrier's version: an
+/// opening that counted the node and is in flight still lands. p1 is told
+/// it timed out and nobody counted it; p2 passes counting p1.
+#[tokio::test]
+async fn a_participant_that_gives_up_before_its_create_reply_can_be_counted_by_an_opening() {
+    use support::proxy::op;
+    use zkgate::zk::{EnterOptions, ZkError};
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let proxy1 = Proxy::start(support::shared_zookeeper()).await;
+    let proxy2 = Proxy::start(support::shared_zookeeper()).await;
+    let admin = session(&direct).await;
+    let barrier = support::barrier_made(&admin, "/b", 2).await;
+    let s1 = session(&format!("{}{chroot}", proxy1.address())).await;
+    let s2 = support::session_with_timeout(
+        &format!("{}{chroot}", proxy2.address()),
+        Duration::from_secs(30),
+    )
+    .await;
+    // p1's create reaches the server; its reply is lost, the link freezes.
+    proxy1.freeze_at(&op::CREATES, "/b/p1", true);
+    let p1 = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .enter(
+                    &s1,
+                    "p1",
+                    &EnterOptions::default(),
+                    Some(tokio::time::Instant::now() + Duration::from_millis(500)),
+                )
+                .await;
+            (r, s1)
+        })
+    };
+    eventually(Duration::from_secs(10), "p1's create applied", || async {
+        (children(&admin, "/b").await == ["p1"]).then_some(())
+    })
+    .await;
+    // p2 arrives, counts p1, and its opening is on its way to the server.
+    proxy2.stall_at(&[op::MULTI], "/b/ready");
+    let p2 = {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let r = barrier
+                .enter(
+                    &s2,
+                    "p2",
+                    &EnterOptions::default(),
+                    Some(tokio::time::Instant::now() + Duration::from_secs(30)),
+                )
+                .await;
+            (r, s2)
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), proxy2.stalled_at())
+        .await
+        .expect("p2 sends its opening");
+    let (r1, _s1) = tokio::time::timeout(Duration::from_secs(20), p1)
+        .await
+        .expect("p1 gives up")
+        .unwrap();
+    let registered_when_p1_returned = children(&admin, "/b").await;
+    let looks = || proxy2.forwarded(&[op::EXISTS], "/b/ready");
+    let looked = looks();
+    proxy2.resume();
+    let mut p2 = p2;
+    if matches!(r1, Err(ZkError::Timeout { .. })) {
+        // p1 withdrew: p2's opening, which counted it, must fail and p2
+        // count again and wait.
+        tokio::select! {
+            done = &mut p2 => {
+                let (r2, _s2) = done.unwrap();
+                panic!("p1 was told it timed out (registrations then: {registered_when_p1_returned:?}), yet p2 passed the barrier of 2 counting it: {r2:?}");
+            }
+            () = eventually(Duration::from_secs(20), "p2 looking again", || async {
+                (looks() > looked).then_some(())
+            }) => {}
+        }
+        assert_eq!(children(&admin, "/b").await, ["p2"]);
+        p2.abort();
+    } else {
+        r1.expect("p1 entered: the barrier opened counting it");
+        let (r2, _s2) = tokio::time::timeout(Duration::from_secs(20), p2)
+            .await
+            .expect("p2 finishes")
+            .unwrap();
+        r2.expect("p2 passes with p1");
+    }
+}
+
+/// Finding 6: zkgate is the command's child subreaper, so every orphan of
+/// the command that exits becomes zkgate's zombie; they must be reaped as
+/// they go, not only once the command ends (a long-running command that
+/// double-forks would eat the pod's PID limit).
+#[tokio::test]
+async fn orphans_that_exit_while_the_command_runs_are_reaped() {
+    let direct = format!(
+        "{}/t-{}",
+        support::shared_zookeeper(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("zombies");
+    // Ten orphans that exit at once; then, polling up to 5 s, how many
+    // exited children zkgate ($PPID) still has.
+    let script = format!(
+        "for i in 1 2 3 4 5 6 7 8 9 10; do (true &); done; n=0; \
+         while :; do z=0; for f in /proc/[0-9]*/status; do \
+         if grep -q \"^PPid:[[:space:]]*$PPID\\$\" $f 2>/dev/null && grep -q '^State:.*Z' $f 2>/dev/null; then z=$((z+1)); fi; done; \
+         if [ $z -eq 0 ] || [ $n -ge 40 ]; then echo $z > {out}; exit 0; fi; n=$((n+1)); sleep 0.05; done",
+        out = out.display()
+    );
+    let run = piped(support::zkgate(
+        &direct,
+        &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+    ));
+    let (code, err) = support::finished(run, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{err}");
+    let zombies = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        zombies.trim(),
+        "0",
+        "exited orphans of the command were left as zkgate's zombies while it ran"
+    );
+}
