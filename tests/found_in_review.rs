@@ -2,7 +2,8 @@
 //! the promises (a lock's command running beside the next holder's, a
 //! barrier round with two outcomes, a `ready` outliving its round, zombies
 //! piling up under a long command). Each failed on the code it was written
-//! against (1a1e... the commits before the fixes), and passes since.
+//! against (the head before 60dc8e0, where the fixes landed), and passes
+//! since.
 
 mod support;
 
