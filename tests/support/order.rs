@@ -18,11 +18,21 @@ pub async fn czxids(
     barrier: &str,
     ids: &[String],
 ) -> Result<(i64, Vec<(String, i64)>), String> {
+    // A read that meets a lost connection (a leader killed by the soak) is
+    // asked again once the session has reconnected, for up to a minute.
     let stat = |path: String| async move {
-        match session.client().check_stat(&path).await {
-            Ok(Some(stat)) => Ok(stat.czxid),
-            Ok(None) => Err(format!("{path} does not exist")),
-            Err(e) => Err(format!("{path}: {e}")),
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match session.client().check_stat(&path).await {
+                Ok(Some(stat)) => return Ok(stat.czxid),
+                Ok(None) => return Err(format!("{path} does not exist")),
+                Err(zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Timeout)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(format!("{path}: {e}")),
+            }
         }
     };
     let ready = stat(format!("{barrier}/ready")).await?;
