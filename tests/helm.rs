@@ -318,15 +318,30 @@ fn service_account_kubeconfig(ns: &str, release: &str, dir: &Path) -> PathBuf {
     path
 }
 
+/// How long a Barrier may take to open, with the chart's RBAC and without
+/// one of its rules: one deadline for both, so a removal that only slows the
+/// controller past it cannot pass for a needed rule.
+const OPENS_WITHIN: Duration = Duration::from_secs(20);
+
+/// What `controller_reconciles_with_chart_rbac` saw.
+struct RbacRun {
+    /// The Barrier went from Waiting to Open within `OPENS_WITHIN`.
+    opened: bool,
+    /// How many of the ClusterRole's rules were removed.
+    removed: usize,
+    /// The controller's log.
+    log: String,
+}
+
 /// Installs the chart, runs the controller with its ServiceAccount's token
 /// (with a controller credential when `with_auth`, which makes it keep a
 /// credential Secret per namespace), and tells whether a Barrier goes from
-/// Waiting to Open with a participant in it.
+/// Waiting to Open with a participant in it within `OPENS_WITHIN`.
 async fn controller_reconciles_with_chart_rbac(
     remove_rule: Option<&[&str]>,
     with_auth: bool,
     sized_by_job: bool,
-) -> bool {
+) -> RbacRun {
     let client = client().await;
     install_crds(&client).await;
     let ns = namespace(&client).await;
@@ -358,6 +373,7 @@ async fn controller_reconciles_with_chart_rbac(
         ],
         None,
     ));
+    let mut removed = 0;
     if let Some(rule) = remove_rule {
         // Drop the rule that holds every one of `rule`'s words (in its
         // resources, names or verbs) from the installed ClusterRole: the
@@ -369,10 +385,10 @@ async fn controller_reconciles_with_chart_rbac(
             None,
         ));
         let mut value: serde_json::Value = serde_json::from_str(&current).unwrap();
-        value["rules"]
-            .as_array_mut()
-            .unwrap()
-            .retain(|r| !rule.iter().all(|word| r.to_string().contains(word)));
+        let rules = value["rules"].as_array_mut().unwrap();
+        let before = rules.len();
+        rules.retain(|r| !rule.iter().all(|word| r.to_string().contains(word)));
+        removed = before - rules.len();
         ok(run(
             &tool("kubectl"),
             &["replace", "-f", "-"],
@@ -381,6 +397,7 @@ async fn controller_reconciles_with_chart_rbac(
     }
     let dir = tempfile::tempdir().unwrap();
     let sa = service_account_kubeconfig(&ns, &release, dir.path());
+    let log_path = dir.path().join("controller.log");
     let metrics = support::zookeeper::free_port();
     let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
         .args([
@@ -400,6 +417,8 @@ async fn controller_reconciles_with_chart_rbac(
         })
         .env("KUBECONFIG", &sa)
         .env("ZKGATE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -425,10 +444,9 @@ async fn controller_reconciles_with_chart_rbac(
     barriers.create(&PostParams::default(), &b).await.unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
     let path = format!("/zkgate/namespaces/{ns}/barriers/g");
-    let deadline = tokio::time::Instant::now()
-        + Duration::from_secs(if remove_rule.is_some() { 8 } else { 30 });
+    let deadline = tokio::time::Instant::now() + OPENS_WITHIN;
     let mut entered = false;
-    loop {
+    let opened = loop {
         let phase = barriers
             .get("g")
             .await
@@ -449,26 +467,37 @@ async fn controller_reconciles_with_chart_rbac(
                 );
             }
             let participant = zkgate::zk::Session::connect(&options).await.unwrap();
-            DoubleBarrier::new(&path)
-                .enter(&participant, "p0", &EnterOptions::default(), None)
-                .await
-                .unwrap();
+            // Within the same deadline: an enter that waits for a count
+            // the controller never writes must not outlast it.
+            let entered = DoubleBarrier::new(&path)
+                .enter(&participant, "p0", &EnterOptions::default(), Some(deadline))
+                .await;
             std::mem::forget(participant); // keeps the registration until the test ends
+            if entered.is_err() {
+                break false;
+            }
         }
         if phase == Some(zkgate::api::BarrierPhase::Open) {
-            return true;
+            break true;
         }
         if tokio::time::Instant::now() > deadline {
-            return false;
+            break false;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    RbacRun {
+        opened,
+        removed,
+        log: std::fs::read_to_string(&log_path).unwrap_or_default(),
     }
 }
 
 #[tokio::test]
 async fn the_controller_works_with_exactly_the_charts_rbac() {
     assert!(
-        controller_reconciles_with_chart_rbac(None, false, true).await,
+        controller_reconciles_with_chart_rbac(None, false, true)
+            .await
+            .opened,
         "the chart's RBAC must be enough to reconcile a Barrier (sized by its Job) end to end"
     );
 }
@@ -476,34 +505,92 @@ async fn the_controller_works_with_exactly_the_charts_rbac() {
 #[tokio::test]
 async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secrets() {
     assert!(
-        controller_reconciles_with_chart_rbac(None, true, false).await,
+        controller_reconciles_with_chart_rbac(None, true, false)
+            .await
+            .opened,
         "the chart's RBAC must let the controller keep the namespace credential Secret"
     );
 }
 
-#[tokio::test]
+/// Each case removes exactly one rule of the installed ClusterRole. The
+/// Barrier must not open within `OPENS_WITHIN`, while the same setup with
+/// every rule (the positive control, run beside it) opens within that same
+/// deadline, and the controller must say which call was forbidden (the API
+/// server's "cannot VERB resource" names the verb and the resource).
+// A worker each, since the helper's helm and kubectl calls block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
-    assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["barriers/status"]), false, false).await,
-        "without status patch the Barrier must not get a status"
-    );
-    assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["kube-system"]), false, false).await,
-        "without reading kube-system the controller cannot know its cluster's root"
-    );
-    assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["jobs"]), false, true).await,
-        "without the Job reads a Barrier sized by its Job must not open"
-    );
-    // Each of the two Secret rules is needed on its own.
-    assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"create\""]), true, false).await,
-        "without create a controller with a credential must not provision"
-    );
-    assert!(
-        !controller_reconciles_with_chart_rbac(Some(&["secrets", "\"get\""]), true, false).await,
-        "without get/patch by name a controller with a credential must not provision"
-    );
+    // (the words that pick the rule, with_auth, sized_by_job, the forbidden
+    // call the controller must report, why the rule is needed)
+    let cases: [(&'static [&'static str], bool, bool, &str, &str); 5] = [
+        (
+            &["barriers/status"],
+            false,
+            false,
+            "cannot patch resource \"barriers/status\"",
+            "without status patch the Barrier must not get a status",
+        ),
+        (
+            &["kube-system"],
+            false,
+            false,
+            "cannot get resource \"namespaces\"",
+            "without reading kube-system the controller cannot know its cluster's root",
+        ),
+        (
+            &["jobs"],
+            false,
+            true,
+            "resource \"jobs\"",
+            "without the Job reads a Barrier sized by its Job must not open",
+        ),
+        // Each of the two Secret rules is needed on its own.
+        (
+            &["secrets", "\"create\""],
+            true,
+            false,
+            "cannot create resource \"secrets\"",
+            "without create a controller with a credential must not provision",
+        ),
+        (
+            &["secrets", "\"get\""],
+            true,
+            false,
+            "resource \"secrets\"",
+            "without get/patch by name a controller with a credential must not provision",
+        ),
+    ];
+    let controls = [(false, false), (false, true), (true, false)];
+    let runs: Vec<_> = cases
+        .iter()
+        .map(|&(rule, auth, job, _, _)| {
+            tokio::spawn(controller_reconciles_with_chart_rbac(Some(rule), auth, job))
+        })
+        .collect();
+    let control_runs: Vec<_> = controls
+        .iter()
+        .map(|&(auth, job)| tokio::spawn(controller_reconciles_with_chart_rbac(None, auth, job)))
+        .collect();
+    let runs = futures::future::try_join_all(runs).await.unwrap();
+    let control_runs = futures::future::try_join_all(control_runs).await.unwrap();
+    for ((auth, job), run) in controls.iter().zip(&control_runs) {
+        assert!(
+            run.opened,
+            "the positive control (auth {auth}, sized by a Job {job}) must open within {OPENS_WITHIN:?}: {}",
+            run.log
+        );
+    }
+    for ((rule, _, _, forbidden, why), run) in cases.iter().zip(&runs) {
+        assert_eq!(run.removed, 1, "{rule:?} must pick exactly one rule");
+        assert!(!run.opened, "{why} (removed {rule:?})");
+        // The API server's message, as logged (quotes escaped in a field).
+        let log = run.log.replace('\\', "");
+        assert!(
+            log.contains("forbidden") && log.contains(forbidden),
+            "without {rule:?} the controller must report the forbidden call ({forbidden}): {}",
+            run.log
+        );
+    }
 }
 
 /// Every metric the chart's Grafana dashboard and PrometheusRule query is
@@ -561,4 +648,143 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
             "{name} is queried by the chart but not exported:\n{body}"
         );
     }
+}
+
+/// The chart's own webhook configuration (`helm template`, as rendered,
+/// only its Service reference replaced by the controller's loopback URL: a
+/// bare API server routes no Service) on an API server of the test's own
+/// (the configuration covers every namespace), 1.20 like the local cluster:
+/// a labelled pod in kube-system is never sent to the webhook, neither
+/// while it serves (the pod is admitted without injection) nor while it is
+/// down (admitted, not refused); the same pod in another namespace is
+/// injected while it serves and refused while it is down, so the
+/// configuration does reach the webhook.
+#[tokio::test]
+async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webhook_up_and_down() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Pod;
+    use support::kube::{client_of, ControllerProcess, PrivateApiServer};
+
+    let server = tokio::task::spawn_blocking(PrivateApiServer::start)
+        .await
+        .unwrap();
+    let client = client_of(&server.kubeconfig()).await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let rendered = template(&[
+        "-n",
+        "zkgate-system",
+        "--set",
+        "zookeeper.connect=zk:2181,webhook.enabled=true",
+    ]);
+    let mut configuration: serde_json::Value = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+        .find(|doc| doc["kind"] == "MutatingWebhookConfiguration")
+        .expect("the chart renders a MutatingWebhookConfiguration");
+    let name = configuration["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let port = support::zookeeper::free_port();
+    for webhook in configuration["webhooks"].as_array_mut().unwrap() {
+        webhook["clientConfig"] = json!({ "url": format!("https://127.0.0.1:{port}/mutate") });
+    }
+    let configuration: MutatingWebhookConfiguration =
+        serde_json::from_value(configuration).unwrap();
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    configurations
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { "zkgate.io/barrier": "train" } },
+            "spec": { "containers": [{ "name": "w", "image": "busybox" }] }
+        }))
+        .unwrap()
+    };
+    let create = |namespace: &str, name: &str| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let pod = pod(name);
+        async move { pods.create(&PostParams::default(), &pod).await }
+    };
+    let injected = |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .is_some_and(|c| !c.is_empty())
+    };
+
+    // Up: the controller serves the webhook (every namespace, as the chart
+    // runs it) and publishes its CA into the configuration.
+    let addr = format!("127.0.0.1:{port}");
+    let mut controller = ControllerProcess::start_with(
+        &server.kubeconfig(),
+        &isolated_connect(),
+        "controller-0",
+        &[
+            "--webhook-addr",
+            &addr,
+            "--webhook-names",
+            "127.0.0.1",
+            "--webhook-secret",
+            "zkgate-webhook-tls",
+            "--webhook-secret-namespace",
+            &ns,
+            "--webhook-configuration",
+            &name,
+            "--image",
+            "registry.test/zkgate:test",
+        ],
+    );
+    support::eventually(
+        Duration::from_secs(60),
+        "the webhook serving, its CA published",
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()?;
+            configurations
+                .get(&name)
+                .await
+                .ok()?
+                .webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    let member = create(&ns, "member-up").await.expect("admitted while up");
+    assert!(
+        injected(&member),
+        "the webhook serves: a labelled pod elsewhere is injected"
+    );
+    let system = create("kube-system", "zkgate-labelled-up")
+        .await
+        .expect("a labelled kube-system pod is admitted while the webhook is up");
+    assert!(
+        !injected(&system),
+        "kube-system is excluded: its labelled pod must not reach the webhook"
+    );
+
+    // Down: nothing listens at the configuration's address any more.
+    controller.kill().await;
+    support::eventually(Duration::from_secs(30), "the webhook gone", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    let refused = create(&ns, "member-down")
+        .await
+        .expect_err("with the webhook down a labelled pod elsewhere is refused");
+    assert!(refused.to_string().contains("pods.zkgate.io"), "{refused}");
+    let system = create("kube-system", "zkgate-labelled-down")
+        .await
+        .expect("a labelled kube-system pod is admitted while the webhook is down");
+    assert!(!injected(&system));
 }

@@ -111,6 +111,7 @@ pub async fn run(
     let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
     injection.native_sidecars = native_sidecars(&client).await;
+    exclude_system_namespace(&client).await;
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
         .context("cannot get the webhook's serving certificate")?;
@@ -161,6 +162,48 @@ pub async fn run(
         .serve(app.into_make_service())
         .await
         .with_context(|| format!("cannot serve the webhook on {}", options.addr))
+}
+
+/// The label by which the chart's `namespaceSelector` excludes a namespace
+/// from admission, beside `kubernetes.io/metadata.name`: API servers before
+/// 1.21 do not set that one, so on them only this label keeps kube-system's
+/// labelled pods away from the webhook (and from a webhook that is down).
+pub const EXCLUDED_LABEL: &str = "zkgate.io/webhook";
+/// [`EXCLUDED_LABEL`]'s value that excludes.
+pub const EXCLUDED_VALUE: &str = "disabled";
+/// The namespace admission never touches.
+const SYSTEM_NAMESPACE: &str = "kube-system";
+
+/// Labels kube-system with [`EXCLUDED_LABEL`] where the API server does
+/// not label it with its name (before 1.21), so the chart's
+/// `namespaceSelector` excludes it there too. Only kube-system, only that
+/// label; a failure is logged, not fatal (the chart grants the patch).
+async fn exclude_system_namespace(client: &kube::Client) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let labels = match namespaces.get(SYSTEM_NAMESPACE).await {
+        Ok(ns) => ns.metadata.labels.unwrap_or_default(),
+        Err(e) => {
+            warn!(error = %e, "cannot read {SYSTEM_NAMESPACE}'s labels: its labelled pods may reach the webhook on API servers before 1.21");
+            return;
+        }
+    };
+    let named = labels
+        .get("kubernetes.io/metadata.name")
+        .map(String::as_str)
+        == Some(SYSTEM_NAMESPACE);
+    if named || labels.get(EXCLUDED_LABEL).map(String::as_str) == Some(EXCLUDED_VALUE) {
+        return;
+    }
+    let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDED_LABEL: EXCLUDED_VALUE } } });
+    match namespaces
+        .patch(SYSTEM_NAMESPACE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => info!("labelled {SYSTEM_NAMESPACE} {EXCLUDED_LABEL}={EXCLUDED_VALUE}: this API server does not label namespaces with their names, and the webhook's namespaceSelector excludes it by this label"),
+        Err(e) => warn!(error = %e, "cannot label {SYSTEM_NAMESPACE} {EXCLUDED_LABEL}={EXCLUDED_VALUE}: its labelled pods reach the webhook on this API server"),
+    }
 }
 
 /// Whether the API server runs native sidecars (init containers with
