@@ -18,14 +18,15 @@ use support::kube::{client_of, install_crds, namespace, ControllerProcess, Priva
 use support::{children, eventually};
 use tokio::process::Command;
 use zkgate::api::{Barrier, BarrierPhase, LockLease};
-use zkgate::zk::{Credential, Session, SessionOptions};
+use zkgate::zk::{Credential, Session};
 use zookeeper_client as zk;
 
 const SECRET: &str = "zkgate-zookeeper-auth";
 const CONTROLLER_AUTH: &str = "zkgate-controller:controller-secret";
 
 async fn session_as(connect: &str, credential: Option<&Credential>) -> Session {
-    let mut options = SessionOptions::new(connect.parse().unwrap());
+    // Over TLS in the TLS pass of scripts/test.
+    let mut options = support::options(connect);
     options.credential = credential.cloned();
     Session::connect(&options.session_timeout(Duration::from_secs(4)))
         .await
@@ -120,6 +121,14 @@ async fn a_hold_shows_in_the_status(
     hold.release().await.unwrap();
 }
 
+/// A command's failure (exit 5) names the refused credential.
+fn refused_as_no_auth(stderr: &str, who: &str) {
+    assert!(
+        stderr.contains("NoAuth"),
+        "{who} must be refused as NoAuth: {stderr}"
+    );
+}
+
 fn is_no_auth<T>(result: Result<T, zk::Error>) -> bool {
     matches!(result, Err(zk::Error::NoAuth))
 }
@@ -127,6 +136,7 @@ fn is_no_auth<T>(result: Result<T, zk::Error>) -> bool {
 fn zkgate(connect: &str, ns: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkgate"));
     cmd.args(args)
+        .envs(support::tls_env(connect))
         .env("ZKGATE_NAMESPACE", ns)
         .env("ZKGATE_ZOOKEEPER", connect)
         .env("ZKGATE_LOG", "warn")
@@ -357,8 +367,10 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // Rotation: asked for on the Secret, done by the controller.
     let locks: Api<LockLease> = Api::namespaced(client.clone(), &a);
     let rotated = rotate(&client, &a, &locks, "db", &cred_a).await;
-    // Once the rotation's grace window has closed, the old credential is refused.
-    eventually(
+    // Once the rotation's grace window has closed, the old credential is
+    // refused, and the failure says it was the credential (NoAuth), not an
+    // unreachable server (the same exit code).
+    let err = eventually(
         Duration::from_secs(30),
         "the old credential refused",
         || async {
@@ -378,11 +390,12 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
                 ],
             );
             old.env("ZKGATE_AUTH", cred_a.expose());
-            let (code, _) = run(&mut old).await;
-            (code == 5).then_some(())
+            let (code, err) = run(&mut old).await;
+            (code == 5).then_some(err)
         },
     )
     .await;
+    refused_as_no_auth(&err, "the old credential after the rotation");
     let mut new = zkgate(
         &zk,
         &a,
@@ -514,8 +527,9 @@ async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
     }
     let done = barriers.get("round").await.unwrap().status.unwrap();
     assert_ne!(done.phase, Some(BarrierPhase::Failed), "{done:?}");
-    // After the grace window, the old credential opens nothing.
-    eventually(
+    // After the grace window, the old credential opens nothing (refused as
+    // NoAuth, not merely exit 5, which an unreachable server also gives).
+    let err = eventually(
         Duration::from_secs(60),
         "the old credential refused",
         || async {
@@ -533,9 +547,10 @@ async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
                 ],
             );
             late.env("ZKGATE_AUTH", old.expose());
-            let (code, _) = run(&mut late).await;
-            (code == 5).then_some(())
+            let (code, err) = run(&mut late).await;
+            (code == 5).then_some(err)
         },
     )
     .await;
+    refused_as_no_auth(&err, "the old credential after the grace window");
 }

@@ -169,6 +169,9 @@ impl ControllerProcess {
                 "4s",
             ])
             .args(extra)
+            // Its certificates when `zookeeper` names TLS servers (the TLS
+            // pass of scripts/test).
+            .envs(super::tls_env(zookeeper))
             .env("KUBECONFIG", kubeconfig)
             .env("ZKGATE_LOG", "zkgate=debug,warn")
             .stdin(Stdio::null())
