@@ -102,7 +102,8 @@ async fn killing_the_leader_keeps_exclusion_and_everyone_finishes() {
                     hold.fencing_token(),
                     &format!("s{n}"),
                 );
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                // A few milliseconds: long enough for an overlap to show.
+                tokio::time::sleep(Duration::from_millis(3)).await;
                 held.released();
                 match hold.release().await {
                     // A release retried across the leader kill that finds
@@ -165,6 +166,11 @@ async fn killing_the_leader_during_semaphore_contention_keeps_at_most_n_holders(
     assert!(killed_at < 240 && done.load(Ordering::SeqCst) == 240);
     assert_eq!(log.len(), 240);
     log.assert_invariants();
+    assert_eq!(
+        log.most_at_once("/sem"),
+        3,
+        "the semaphore never had all 3 permits in use"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -191,7 +197,7 @@ async fn killing_the_leader_during_a_read_write_mix_keeps_writers_exclusive() {
                     (lock.read(&s, within(90)).await.expect("read"), Share::Read)
                 };
                 let held = log.held("/rw", share, hold.fencing_token(), &format!("s{n}"));
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(Duration::from_millis(3)).await;
                 held.released();
                 match hold.release().await {
                     // A release retried across the leader kill that finds
@@ -211,6 +217,10 @@ async fn killing_the_leader_during_a_read_write_mix_keeps_writers_exclusive() {
         "work went on after the leader died"
     );
     log.assert_invariants();
+    assert!(
+        log.most_at_once("/rw") >= 2,
+        "readers never overlapped: the read/write lock behaved as exclusive"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

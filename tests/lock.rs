@@ -43,7 +43,8 @@ async fn sixteen_sessions_never_overlap_and_tokens_increase() {
                 let hold = lock.acquire(&s, secs(60)).await.expect("acquire");
                 assert!(!held.swap(true, Ordering::SeqCst), "two holders at once");
                 tokens.lock().unwrap().push(hold.fencing_token());
-                tokio::task::yield_now().await;
+                // A few milliseconds: long enough for a second holder to show.
+                tokio::time::sleep(Duration::from_millis(2)).await;
                 held.store(false, Ordering::SeqCst);
                 hold.release().await.expect("release");
             }

@@ -148,7 +148,7 @@ async fn a_mix_of_readers_and_writers_keeps_the_invariant() {
                         o.max_readers = o.max_readers.max(o.readers);
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(Duration::from_millis(3)).await;
                 {
                     let mut o = state.lock().unwrap();
                     if writer {

@@ -122,7 +122,8 @@ async fn k_permits_at_once_never_exceed_n_and_never_deadlock() {
                 let hold = sem.acquire(&s, k, secs(120)).await.expect("acquire");
                 assert_eq!(hold.nodes().len(), k as usize);
                 in_use.take(k, 4);
-                tokio::time::sleep(Duration::from_micros(rng.random_range(0..2000))).await;
+                // A few milliseconds: long enough for holds to overlap.
+                tokio::time::sleep(Duration::from_micros(rng.random_range(2_000..6_000))).await;
                 in_use.give(k);
                 hold.release().await.expect("release");
             }
@@ -131,7 +132,11 @@ async fn k_permits_at_once_never_exceed_n_and_never_deadlock() {
     for t in tasks {
         t.await.expect("task");
     }
-    assert!(in_use.most() >= 3);
+    assert_eq!(
+        in_use.most(),
+        4,
+        "the 4 permits were never all in use at once"
+    );
 }
 
 /// Waiters are served in the order they arrived.

@@ -75,7 +75,8 @@ async fn lock_worker(connect: String, n: usize, seed: u64, until: Instant, log: 
         };
         let hold = hold.unwrap_or_else(|e| panic!("{me}: acquiring {lock}: {e}"));
         let held = log.held(lock, share, hold.fencing_token(), &me);
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
+        // At least a few milliseconds: long enough for an overlap to show.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2..15))).await;
         held.released();
         match hold.release().await {
             Ok(()) => {}

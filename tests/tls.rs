@@ -48,7 +48,9 @@ async fn locks_barriers_and_read_write_locks_work_over_tls() {
             connect(&chroot, tls.client()).await.expect("TLS session"),
         ));
     }
-    // Exclusion and fencing over TLS.
+    // Exclusion and fencing over TLS: a mutex, and reads and writes of a
+    // read/write lock, each held a few milliseconds (long enough for an
+    // overlap to show).
     let log = HoldLog::default();
     let options = LockOptions {
         create_parent: true,
@@ -60,19 +62,30 @@ async fn locks_barriers_and_read_write_locks_work_over_tls() {
         .map(|(n, s)| {
             let (s, log, options) = (s.clone(), log.clone(), options.clone());
             tokio::spawn(async move {
-                for round in 0..10 {
-                    let (hold, share) = if (n + round) % 3 == 0 {
-                        let l = ReadWriteLock::new("/rw", options.clone());
-                        (l.read(&s, within(30)).await.expect("read"), Share::Read)
-                    } else {
-                        let l = Mutex::new("/lock", options.clone());
-                        (
-                            l.acquire(&s, within(30)).await.expect("lock"),
+                for round in 0..12 {
+                    let rw = ReadWriteLock::new("/rw", options.clone());
+                    let (path, hold, share) = match (n + round) % 3 {
+                        0 => (
+                            "/rw",
+                            rw.read(&s, within(30)).await.expect("read"),
+                            Share::Read,
+                        ),
+                        1 => (
+                            "/rw",
+                            rw.write(&s, within(30)).await.expect("write"),
                             Share::Exclusive,
-                        )
+                        ),
+                        _ => (
+                            "/lock",
+                            Mutex::new("/lock", options.clone())
+                                .acquire(&s, within(30))
+                                .await
+                                .expect("lock"),
+                            Share::Exclusive,
+                        ),
                     };
-                    let path = if share == Share::Read { "/rw" } else { "/lock" };
                     let held = log.held(path, share, hold.fencing_token(), &format!("s{n}"));
+                    tokio::time::sleep(Duration::from_millis(3)).await;
                     held.released();
                     hold.release().await.expect("release");
                 }
@@ -82,8 +95,37 @@ async fn locks_barriers_and_read_write_locks_work_over_tls() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(log.len(), 40);
+    assert_eq!(log.len(), 48);
     log.assert_invariants();
+
+    // Readers share over TLS: all four take a read hold and keep it until
+    // all four hold one (a lock that became exclusive never gets there).
+    let all_hold = Arc::new(tokio::sync::Barrier::new(sessions.len()));
+    let log = HoldLog::default();
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(n, s)| {
+            let (s, log, options, all_hold) =
+                (s.clone(), log.clone(), options.clone(), all_hold.clone());
+            tokio::spawn(async move {
+                let hold = ReadWriteLock::new("/rw", options)
+                    .read(&s, within(30))
+                    .await
+                    .expect("read");
+                let held = log.held("/rw", Share::Read, hold.fencing_token(), &format!("s{n}"));
+                tokio::time::timeout(Duration::from_secs(30), all_hold.wait())
+                    .await
+                    .expect("all four readers hold at once");
+                held.released();
+                hold.release().await.expect("release");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(log.most_at_once("/rw"), 4, "the four readers held at once");
 
     // A double barrier of four over TLS.
     let tasks: Vec<_> = sessions

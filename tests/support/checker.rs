@@ -63,6 +63,31 @@ impl HoldLog {
         self.intervals.lock().unwrap().len()
     }
 
+    /// The most of `lock` held at once: readers count one each, a
+    /// semaphore's holds the permits they took, an exclusive hold one. The
+    /// lower bound of a shared lock's checks (readers did overlap, a
+    /// semaphore did reach N): a lock that became fully exclusive reads 1.
+    pub fn most_at_once(&self, lock: &str) -> u32 {
+        let intervals = self.intervals.lock().unwrap();
+        let mut edges: Vec<(Instant, i64)> = Vec::new();
+        for h in intervals.iter().filter(|h| h.lock == lock) {
+            let n = match h.share {
+                Share::Permits { taken, .. } => i64::from(taken),
+                Share::Read | Share::Exclusive => 1,
+            };
+            edges.push((h.start, n));
+            edges.push((h.end, -n));
+        }
+        // An end before a start at the same instant: touching is no overlap.
+        edges.sort_by_key(|e| (e.0, e.1));
+        let (mut now, mut most) = (0i64, 0i64);
+        for (_, step) in edges {
+            now += step;
+            most = most.max(now);
+        }
+        most as u32
+    }
+
     /// Panics with the first violation: an exclusive hold overlapping any
     /// other hold of the same lock, or a token that does not order an
     /// exclusive hold against a hold that ended before it began (or began
