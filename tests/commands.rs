@@ -380,9 +380,8 @@ async fn a_stopped_holder_loses_the_lock_its_command_is_terminated_and_it_exits_
         stderr.contains("lost the lock") && stderr.contains("terminated"),
         "says what happened: {stderr}"
     );
-    assert_ne!(
-        unsafe { libc::kill(child_pid, 0) },
-        0,
+    assert!(
+        support::process_ended(child_pid),
         "the command was terminated"
     );
 }

@@ -1021,6 +1021,10 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
     let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
     let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "gone" }, "spec": {} })).unwrap();
     api.create(&PostParams::default(), &lock).await.unwrap();
+    // The holder's command writes its pid, so the test can see it stopped.
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("command.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
     let holder = zkgate(
         &s,
         &[
@@ -1032,8 +1036,9 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
             "--kill-grace",
             "1s",
             "--",
-            "sleep",
-            "60",
+            "sh",
+            "-c",
+            &script,
         ],
     )
     .spawn()
@@ -1051,9 +1056,21 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
         (st.holder_count == 1 && st.waiting_count == 1).then_some(())
     })
     .await;
+    let command: i32 = eventually(WITHIN, "the holder's command's pid", || async {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .await;
+    assert!(
+        !support::process_ended(command),
+        "the command runs while held"
+    );
     api.delete("gone", &DeleteParams::default()).await.unwrap();
     let (code, err) = finished(holder).await;
     assert_eq!(code, Some(6), "the holder's lock is gone: {err}");
+    assert!(
+        support::process_ended(command),
+        "the holder's command was stopped when its lock went, not left running"
+    );
     let (code, err) = finished(waiter).await;
     assert_eq!(
         code,
@@ -1806,6 +1823,12 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
         json!({ "name": "waiter", "labels": { "zkgate.io/lock": "db" } }),
     )
     .await;
+    // Token files of their own: zkgate replaces its token file by a rename,
+    // which (as root) replaced /dev/null itself with a regular file for the
+    // whole machine while this test used it.
+    let tokens = tempfile::tempdir().unwrap();
+    let token_file = |who: &str| tokens.path().join(who).to_string_lossy().into_owned();
+    let (holder_token, waiter_token) = (token_file("holder"), token_file("waiter"));
     let holder = zkgate(
         &s,
         &[
@@ -1815,7 +1838,7 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
             "--id",
             "holder",
             "--token-file",
-            "/dev/null",
+            &holder_token,
         ],
     )
     .output()
@@ -1835,7 +1858,7 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
             "--id",
             "waiter",
             "--token-file",
-            "/dev/null",
+            &waiter_token,
         ],
     )
     .spawn()

@@ -64,6 +64,14 @@ async fn logged(
     .unwrap_or_else(|_| panic!("no log line with {needle:?} within {WITHIN:?}"))
 }
 
+/// When a log line was written (text format: its first word).
+fn logged_at(line: &str) -> k8s_openapi::jiff::Timestamp {
+    line.split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no timestamp in {line:?}"))
+}
+
 #[tokio::test]
 async fn installs_share_an_ensemble_and_a_root_of_another_cluster_is_refused_untouched() {
     let client = client().await;
@@ -112,15 +120,38 @@ async fn installs_share_an_ensemble_and_a_root_of_another_cluster_is_refused_unt
         "stranger",
         &["--watch-namespace", &a],
     );
-    let line = logged(&mut log, "belongs to another cluster").await;
+    let line = loop {
+        let line = logged(&mut log, "belongs to another cluster").await;
+        if line.contains("retry_in") {
+            break line;
+        }
+    };
     assert!(line.contains("/zkgate"), "{line}");
     assert_eq!(stranger.metric("zkgate_leader").await, Some(0.0));
     eventually(WITHIN, "the refused controller is not ready", || async {
         (stranger.status_of("/readyz").await? == 503).then_some(())
     })
     .await;
-    // It retries (with backoff): a second refusal, still nothing touched.
-    logged(&mut log, "belongs to another cluster").await;
+    // It retries with backoff: refused again and again, nothing touched,
+    // and the gaps between refusals (by the log's own timestamps) grow over
+    // the retries (waits that double from 0.2 s, each within ±20 %; the
+    // first gap, 0.2 s against 0.4 s, is left out: a slow term could hide
+    // its growth).
+    let mut refusals = vec![logged_at(&line)];
+    while refusals.len() < 5 {
+        let next = logged(&mut log, "belongs to another cluster").await;
+        if next.contains("retry_in") {
+            refusals.push(logged_at(&next));
+        }
+    }
+    let gaps: Vec<f64> = refusals
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
+    assert!(
+        gaps[1..].windows(2).all(|w| w[1] > w[0]),
+        "the gaps between refusals must grow: {gaps:?} s"
+    );
     assert_eq!(stranger.status_of("/readyz").await, Some(503));
     assert_eq!(dump(&observer, "/zkgate").await, before);
     stranger.kill().await;

@@ -35,6 +35,66 @@ fn stat(czxid: i64) -> Stat {
     }
 }
 
+/// Near-valid connect strings: a valid one (names, IPv4 and bracketed
+/// IPv6 addresses, with or without a scheme, ports from 0 to past 65535,
+/// maybe a chroot) with up to two edits of the characters the parser cares
+/// about, so that both its accepting and its refusing paths run (random
+/// text almost never gets past the first server).
+fn near_valid_connect_string() -> impl Strategy<Value = String> {
+    let host = prop_oneof![
+        "[a-z][a-z0-9.-]{0,8}",
+        "[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}",
+        "\\[(::1|fe80::[0-9a-f]{1,4}|[0-9a-f]{1,4}:[0-9a-f]{1,4}::[0-9a-f]{1,4})\\]",
+    ];
+    let scheme = prop::sample::select(vec!["", "tcp://", "tcp+tls://"]);
+    let server = (scheme, host, 0u32..70_000).prop_map(|(s, h, p)| format!("{s}{h}:{p}"));
+    let chroot = prop::option::of(prop::collection::vec("[a-z0-9_]{1,6}", 1..3));
+    let valid = (prop::collection::vec(server, 1..4), chroot).prop_map(|(servers, chroot)| {
+        let chroot = chroot
+            .map(|c| format!("/{}", c.join("/")))
+            .unwrap_or_default();
+        format!("{}{chroot}", servers.join(","))
+    });
+    let structural = prop::sample::select(vec![',', ':', '/', '[', ']', ' ', '0', '9', 'a', '.']);
+    let edit = (any::<prop::sample::Index>(), structural, 0u8..3);
+    (valid, prop::collection::vec(edit, 0..3)).prop_map(|(text, edits)| {
+        let mut chars: Vec<char> = text.chars().collect();
+        for (at, c, kind) in edits {
+            let at = at.index(chars.len() + 1);
+            match kind {
+                0 => chars.insert(at, c),
+                1 if at < chars.len() => {
+                    chars.remove(at);
+                }
+                _ if at < chars.len() => chars[at] = c,
+                _ => chars.push(c),
+            }
+        }
+        chars.into_iter().collect()
+    })
+}
+
+/// The generator above reaches both outcomes often (so the property below
+/// checks accepted strings, not only refusals).
+#[test]
+fn near_valid_connect_strings_are_both_accepted_and_refused() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = near_valid_connect_string();
+    let (mut accepted, mut refused) = (0, 0);
+    for _ in 0..2000 {
+        let text = strategy.new_tree(&mut runner).unwrap().current();
+        match text.parse::<ConnectString>() {
+            Ok(_) => accepted += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(
+        accepted >= 400 && refused >= 400,
+        "{accepted} accepted, {refused} refused of 2000"
+    );
+}
+
 proptest! {
     #[test]
     fn sequence_order_is_creation_order_until_the_counter_wraps(start in 0u32..=i32::MAX as u32, steps in 1u32..1000) {
@@ -101,6 +161,30 @@ proptest! {
     #[test]
     fn connect_string_parsing_never_panics(s in "\\PC{0,40}") {
         let _ = s.parse::<ConnectString>();
+    }
+
+    /// Near-valid input: what is accepted prints as a string that parses
+    /// back to the same servers and chroot, with every port in range; what
+    /// is refused is refused as an invalid connect string naming the input.
+    #[test]
+    fn near_valid_connect_strings_round_trip_or_are_refused_clearly(text in near_valid_connect_string()) {
+        match text.parse::<ConnectString>() {
+            Ok(parsed) => {
+                let printed = parsed.to_string();
+                let again: ConnectString = printed.parse().map_err(|e| {
+                    TestCaseError::fail(format!("{text:?} printed as {printed:?}, which does not parse: {e}"))
+                })?;
+                prop_assert_eq!(&again, &parsed, "{:?} printed as {:?}", text, printed);
+                prop_assert!(!parsed.servers().is_empty());
+                prop_assert!(parsed.servers().iter().all(|s| s.port > 0 && !s.host.is_empty()), "{:?}", text);
+            }
+            Err(e) => {
+                prop_assert!(
+                    matches!(&e, zkgate::zk::ZkError::InvalidConnectString { input, .. } if input == &text),
+                    "{:?}: {}", text, e
+                );
+            }
+        }
     }
 
     #[test]

@@ -106,6 +106,17 @@ where
     }
 }
 
+/// Whether process `pid` has ended: gone, or a zombie nobody reaped yet.
+pub fn process_ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) STATE ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
 /// The children of `path`, sorted (empty when it does not exist).
 pub async fn children(session: &Session, path: &str) -> Vec<String> {
     let mut c = session
