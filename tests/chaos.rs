@@ -1016,15 +1016,15 @@ fn ms(t0: i64, us: i64) -> String {
 fn describe(w: &World, h: &Hold) -> String {
     let a = w.attempts.iter().find(|a| a.tag == h.tag).unwrap();
     format!(
-        "{} ({:?} in slot {}, token {}, command [{} .. {}], zkgate exit {:?}: {:?}, faults on it: {:?}{})",
+        "{} ({:?} in slot {}, token {}, command [{} .. {}], zkgate ran {} .. {}, exit {:?}: {:?}, faults on it: {:?}{})",
         h.tag,
         h.kind,
         a.slot,
-        h.run
-            .token
-            .map_or("none".to_owned(), |t| t.to_string()),
+        h.run.token.map_or("none".to_owned(), |t| format!("{t} = {t:#x}")),
         ms(w.t0_us, h.run.start_us),
         ms(w.t0_us, h.run.end_us),
+        ms(w.t0_us, a.spawned_us),
+        ms(w.t0_us, a.ended_us.unwrap_or(i64::MAX)),
         a.exit,
         a.said,
         a.faults
@@ -1140,10 +1140,21 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
                 // frozen may have started its command late: left out).
                 if let (Some(a), Some(b)) = (first.run.token, second.run.token) {
                     if !second.frozen && a >= b {
+                        let spawned = |h: &Hold| {
+                            w.attempts
+                                .iter()
+                                .find(|a| a.tag == h.tag)
+                                .map_or(h.run.start_us, |a| a.spawned_us)
+                        };
                         bad.push(format!(
-                            "{lock}: tokens do not rise in hold order:\n  {}\n  {}",
+                            "{lock}: tokens do not rise in hold order (the later hold's node is the older):\n  {}\n  {}\nfaults meanwhile:\n{}",
                             describe(w, first),
-                            describe(w, second)
+                            describe(w, second),
+                            faults_between(
+                                w,
+                                spawned(first).min(spawned(second)) - 2 * SESSION_TIMEOUT_US,
+                                second.run.end_us
+                            )
                         ));
                     }
                 }
