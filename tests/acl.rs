@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::kube::{client_of, install_crds, namespace, ControllerProcess, PrivateApiServer};
+use support::kube::{namespace, ControllerProcess, PrivateApiServer};
 use support::{children, eventually};
 use tokio::process::Command;
 use zkgate::api::{Barrier, BarrierPhase, LockLease};
@@ -157,11 +157,7 @@ async fn run(cmd: &mut Command) -> (i32, String) {
 
 #[tokio::test]
 async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_old_one() {
-    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
-        .await
-        .unwrap();
-    let client = client_of(&api.kubeconfig()).await;
-    install_crds(&client).await;
+    let (api, client) = PrivateApiServer::with_crds().await;
     let (a, b) = (namespace(&client).await, namespace(&client).await);
     let zk = support::isolated_connect();
     let mut controller = controller_with_credential(&api, &zk, "controller-acl");
@@ -463,11 +459,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
 /// old credential stops working when the grace window closes.
 #[tokio::test]
 async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
-    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
-        .await
-        .unwrap();
-    let client = client_of(&api.kubeconfig()).await;
-    install_crds(&client).await;
+    let (api, client) = PrivateApiServer::with_crds().await;
     let ns = namespace(&client).await;
     let zk = support::isolated_connect();
     let _controller = ControllerProcess::start_with(

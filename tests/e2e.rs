@@ -628,7 +628,7 @@ async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with
     assert_eq!(exit, 143, "{init:?}");
     let log = c.logs(&ns.name, "waiter-b", "barrier").await;
     assert!(
-        log.contains("stopped by SIGTERM") && log.contains("registration of ours was removed"),
+        log.contains("stopped by SIGTERM") && log.contains("our registration was withdrawn"),
         "{log}"
     );
     assert_eq!(registered("waiter-b").await, Some(false));

@@ -663,13 +663,9 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
 async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webhook_up_and_down() {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     use k8s_openapi::api::core::v1::Pod;
-    use support::kube::{client_of, ControllerProcess, PrivateApiServer};
+    use support::kube::{ControllerProcess, PrivateApiServer};
 
-    let server = tokio::task::spawn_blocking(PrivateApiServer::start)
-        .await
-        .unwrap();
-    let client = client_of(&server.kubeconfig()).await;
-    install_crds(&client).await;
+    let (server, client) = PrivateApiServer::with_crds().await;
     let ns = namespace(&client).await;
     let rendered = template(&[
         "-n",

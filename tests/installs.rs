@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use support::kube::{
-    client, client_of, install_crds, namespace, ControllerProcess, PrivateApiServer,
-};
+use support::kube::{client, install_crds, namespace, ControllerProcess, PrivateApiServer};
 use support::{eventually, isolated_connect, session};
 use zkgate::api::Barrier;
 use zkgate::zk::Session;
@@ -109,11 +107,7 @@ async fn installs_share_an_ensemble_and_a_root_of_another_cluster_is_refused_unt
     // Another cluster's controller on the same root refuses, in one line,
     // and leaves every node as it was.
     let before = dump(&observer, "/zkgate").await;
-    let other = tokio::task::spawn_blocking(PrivateApiServer::start)
-        .await
-        .unwrap();
-    let other_client = client_of(&other.kubeconfig()).await;
-    install_crds(&other_client).await;
+    let (other, other_client) = PrivateApiServer::with_crds().await;
     let (mut stranger, mut log) = ControllerProcess::start_logged(
         &other.kubeconfig(),
         &zk,
@@ -173,11 +167,7 @@ async fn installs_share_an_ensemble_and_a_root_of_another_cluster_is_refused_unt
 async fn an_install_for_every_namespace_refuses_to_lead_beside_one_for_a_namespace() {
     // A private API server: an install watching every namespace must not
     // touch the shared one's.
-    let api = tokio::task::spawn_blocking(PrivateApiServer::start)
-        .await
-        .unwrap();
-    let client = client_of(&api.kubeconfig()).await;
-    install_crds(&client).await;
+    let (api, client) = PrivateApiServer::with_crds().await;
     let zk = isolated_connect();
     let ns = namespace(&client).await;
     let _one = ControllerProcess::start_on(&api.kubeconfig(), &ns, &zk, "one-namespace");

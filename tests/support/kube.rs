@@ -232,6 +232,17 @@ impl PrivateApiServer {
         PrivateApiServer { dir }
     }
 
+    /// Starts one (off the runtime's thread), with a client of it and the
+    /// CRDs installed.
+    pub async fn with_crds() -> (PrivateApiServer, Client) {
+        let server = tokio::task::spawn_blocking(PrivateApiServer::start)
+            .await
+            .expect("start the API server");
+        let client = client_of(&server.kubeconfig()).await;
+        install_crds(&client).await;
+        (server, client)
+    }
+
     /// Its kubeconfig (cluster admin).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
