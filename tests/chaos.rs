@@ -348,10 +348,9 @@ async fn attempt(
     std::fs::create_dir_all(&dir).unwrap();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = support::zkgate(&slot.connect, &args);
-    if std::env::var_os("ZKGATE_CHAOS_KEEP").is_some() {
-        cmd.env("ZKGATE_LOG", "zkgate=info,warn");
-    }
-    cmd.env("LC_ALL", "C")
+    // Info logs: a violation shows what its processes said.
+    cmd.env("ZKGATE_LOG", "zkgate=info,warn")
+        .env("LC_ALL", "C")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().expect("start zkgate");
@@ -396,7 +395,12 @@ async fn attempt(
                 .unwrap_or_else(|| -out.status.signal().unwrap_or(0));
             let err = String::from_utf8_lossy(&out.stderr);
             let _ = std::fs::write(dir.join(format!("{tag}.stderr")), &out.stderr);
-            let last = err.lines().rev().find(|l| !l.trim().is_empty());
+            // The one line a failure ends with, else the last line.
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("zkgate:"))
+                .or_else(|| err.lines().rev().find(|l| !l.trim().is_empty()));
             (code, last.unwrap_or("").to_owned())
         }
         Ok(Err(e)) => (-1000, format!("wait: {e}")),
@@ -1032,6 +1036,24 @@ fn describe(w: &World, h: &Hold) -> String {
             .map(|(at, f)| format!("{} at {}", f, ms(w.t0_us, *at)))
             .collect::<Vec<_>>(),
         if h.frozen { ", frozen" } else { "" }
+    ) + &log_tail(a)
+        + &w
+            .attempts
+            .iter()
+            .find(|s| h.kind == Kind::Watch && s.tag == format!("{}sc", h.tag))
+            .map_or(String::new(), log_tail)
+}
+
+/// The last lines `a` wrote on standard error.
+fn log_tail(a: &Attempt) -> String {
+    let log = std::fs::read_to_string(a.dir.join(format!("{}.stderr", a.tag))).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(12)..];
+    format!(
+        "\n    {} (pid {}) said:\n      {}",
+        a.tag,
+        a.pid,
+        tail.join("\n      ")
     )
 }
 
