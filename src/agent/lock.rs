@@ -455,7 +455,19 @@ pub async fn watch(
                 }
             }
         }
-        tokio::time::sleep(WATCH_POLL).await;
+        tokio::select! {
+            () = tokio::time::sleep(WATCH_POLL) => {}
+            exit = signals.received() => {
+                return Err(AgentError::new(
+                    exit,
+                    format!(
+                        "stopped by {} while waiting for the lock sidecar's token ({}); no command was started",
+                        exit.signal_name(),
+                        token_file.display()
+                    ),
+                ))
+            }
+        }
     };
     let published = std::fs::read_to_string(grace_file(token_file))
         .ok()

@@ -189,6 +189,7 @@ async fn queue_and_wait(
     };
 
     let mut last_progress: Option<Instant> = None;
+    let mut woken = false;
     loop {
         let queue = contender::queue(&children);
         let Some(index) = queue.iter().position(|c| c.name == name) else {
@@ -197,8 +198,18 @@ async fn queue_and_wait(
             });
         };
         let Some(blocker) = contender::blocker(&queue, index) else {
+            let node = path::join(parent, &name);
+            // The first listing went out with our create, so the server that
+            // answered it had applied that write: what it shows is current
+            // enough. After a wake-up the listing is a plain read, which a
+            // server behind its leader (a follower cut off a while, catching
+            // up) may answer from a past in which our node still stood and
+            // our session lived: confirm with the leader before holding.
+            if woken {
+                listed_at = confirm_ours(session, &node).await?;
+            }
             return Ok(Acquired {
-                node: path::join(parent, &name),
+                node,
                 siblings: Vec::new(),
                 token,
                 confirmed_at: listed_at,
@@ -231,6 +242,7 @@ async fn queue_and_wait(
         }
         // Every wake-up re-reads the queue: the blocker may be gone for good
         // or merely changed, and others may have joined or left.
+        woken = true;
         listed_at = Instant::now();
         children = list(session, parent).await?;
     }
@@ -281,6 +293,38 @@ async fn find_registration(
         debug!(node = %name, "adopting our earlier registration");
         (name, token, children.clone())
     }))
+}
+
+/// Confirms with the leader that our `node` stands (a `check` in a multi:
+/// a transaction only a quorum behind the leader answers; it fails when our
+/// session has been expired). The check's send time, what it confirms.
+async fn confirm_ours(session: &Session, node: &str) -> Result<Instant> {
+    let client = session.client();
+    loop {
+        let sent = Instant::now();
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_check_version(node, -1)
+            .map_err(|e| ZkError::from_client("check", node, e))?;
+        match writer.commit().await {
+            Ok(_) => return Ok(sent),
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            }) => {
+                return Err(ZkError::NodeRemoved {
+                    path: node.to_owned(),
+                })
+            }
+            Err(e) => {
+                let e = zk::Error::from(e);
+                if !is_connection_loss(&e) {
+                    return Err(ZkError::from_client("check", node, e));
+                }
+                session.await_connected().await?;
+            }
+        }
+    }
 }
 
 /// Lists a lock node's children as the leader has them: a `sync` goes
