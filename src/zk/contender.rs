@@ -46,9 +46,12 @@ pub fn marker(kind: ContenderKind) -> &'static str {
         ContenderKind::Exclusive => "lock-",
         ContenderKind::Read => "__READ__",
         ContenderKind::Write => "__WRIT__",
-        ContenderKind::Lease => super::semaphore::LEASE_MARKER,
+        ContenderKind::Lease => LEASE_MARKER,
     }
 }
+
+/// The marker of a lease node's name before its sequence number.
+pub const LEASE_MARKER: &str = "lease-";
 
 /// Curator's prefix for protected names: `_c_<uuid>-`.
 pub const PROTECTED_PREFIX: &str = "_c_";

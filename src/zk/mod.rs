@@ -39,11 +39,9 @@ pub use barrier::{
     BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, ParticipantData, READY,
 };
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
-pub use contender::ContenderKind;
+pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
-pub use semaphore::{
-    decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LEASE_MARKER, LOCKS,
-};
+pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

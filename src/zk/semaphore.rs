@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, trace};
 use zookeeper_client as zk;
 
-use super::contender::{ContenderKind, PROTECTED_PREFIX};
+use super::contender::{ContenderKind, LEASE_MARKER, PROTECTED_PREFIX};
 use super::error::{within, Result, ZkError};
 use super::guard::NodeGuard;
 use super::hold::LockHold;
@@ -48,8 +48,6 @@ pub const LOCKS: &str = "locks";
 pub const LEASES: &str = "leases";
 /// Where zkgate keeps the number of permits, as a Curator `SharedCount`.
 pub const COUNT: &str = "count";
-/// The marker of a lease node's name before its sequence number.
-pub const LEASE_MARKER: &str = "lease-";
 
 /// Resolves when a watched node may have changed.
 type Changed = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send + 'static>>;
