@@ -131,7 +131,8 @@ async fn a_connection_that_freezes_while_the_hold_is_rechecked_is_never_reported
     })
     .await
     .expect("the monitor reports the hold lost");
-    let frozen_at = frozen_at.unwrap_or(lost_at);
+    let frozen_at =
+        frozen_at.expect("the proxy froze the connection at the recheck (the fault under test)");
     assert!(
         !seen
             .iter()
@@ -1478,4 +1479,47 @@ async fn a_persistent_registration_outlives_no_expired_session() {
         children(&observer, &barrier).await.is_empty(),
         "p1's persistent registration stayed after its session expired: {err}"
     );
+}
+
+/// A token file that is not a regular file (a pipe here; `/dev/null` in a
+/// test once, which zkgate's rename replaced for the whole machine, as
+/// root): refused before anything is registered (exit 2), the file left as
+/// it was.
+#[tokio::test]
+async fn a_token_file_that_is_not_a_regular_file_is_refused_and_left_alone() {
+    use std::os::unix::fs::FileTypeExt;
+    let (direct, _, _proxy) = routes().await;
+    let observer = session(&direct).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("token");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ready = dir.path().join("ready");
+    for command in ["acquire", "sidecar"] {
+        let mut args = vec![
+            "lock",
+            command,
+            "db",
+            "--create",
+            "--token-file",
+            fifo.to_str().unwrap(),
+        ];
+        if command == "sidecar" {
+            args.extend(["--ready-file", ready.to_str().unwrap()]);
+        }
+        let (code, err) = support::output(support::zkgate(&direct, &args)).await;
+        assert_eq!(code, 2, "{command}: {err}");
+        assert!(err.contains("not a regular file"), "{command}: {err}");
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo(),
+            "{command} replaced the pipe"
+        );
+        assert!(children(&observer, &format!("{LOCKS}/db")).await.is_empty());
+    }
 }

@@ -247,6 +247,7 @@ impl<'a> LockCommand<'a> {
     /// returns. A restarted container adopts its own earlier hold. SIGTERM
     /// while waiting removes our node (exit 143).
     pub async fn acquire(&self, token_file: &std::path::Path) -> Result<i32, AgentError> {
+        ready::refuse_special(token_file)?;
         let mut stop = Termination::install()?;
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
@@ -291,6 +292,9 @@ impl<'a> LockCommand<'a> {
     ) -> Result<i32, AgentError> {
         if let Some(grace) = grace {
             check_kill_grace(grace, self.participant.session.session_timeout, "asked for")?;
+        }
+        for published in [token_file, &trust_file(token_file), &grace_file(token_file)] {
+            ready::refuse_special(published)?;
         }
         let mut stop = Termination::install()?;
         // A token left by a sidecar that crashed is no longer held: a

@@ -106,6 +106,11 @@ impl Drop for Readiness {
 
 /// Writes `contents` to `path` by renaming a temporary file into place, so
 /// a reader never sees half a file. Makes the directory when missing.
+///
+/// The rename replaces whatever is at `path`, so a `path` that exists and
+/// is not a regular file (a device such as `/dev/null`, a pipe, a
+/// directory) is refused: as root, the rename would replace the device
+/// for the whole machine.
 pub fn write_atomically(path: &Path, contents: &str) -> Result<(), AgentError> {
     let failed = |e: std::io::Error| {
         AgentError::new(
@@ -116,16 +121,41 @@ pub fn write_atomically(path: &Path, contents: &str) -> Result<(), AgentError> {
             ),
         )
     };
+    refuse_special(path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(failed)?;
     }
-    let tmp = path.with_extension("tmp");
+    // Named after the whole file name: files beside each other (the token,
+    // its trust, its grace) never share a temporary file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     std::fs::write(&tmp, contents).map_err(failed)?;
     std::fs::rename(&tmp, path).map_err(failed)
 }
 
-/// Removes a file we published; a missing file is fine.
+/// Refuses a `path` that exists and is not a regular file (a symbolic
+/// link to one is fine): what a command checks before it registers
+/// anything, for every file it will publish.
+pub fn refuse_special(path: &Path) -> Result<(), AgentError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(AgentError::usage(format!(
+            "{} exists and is not a regular file: zkgate replaces and removes the files it publishes, so give it a path of its own (not a device such as /dev/null, a pipe or a directory)",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Removes a file we published; a missing file is fine, and anything but
+/// a regular file (or a link) is left alone.
 pub fn remove(path: &Path) {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.is_file() && !meta.file_type().is_symlink() {
+            warn!(path = %path.display(), "not removing: not a regular file");
+            return;
+        }
+    }
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
             warn!(path = %path.display(), error = %e, "could not remove");
