@@ -82,42 +82,12 @@ async fn a_sidecar_asked_to_stop_releases_before_the_watched_command_is_dead() {
     let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
     let direct = format!("{}{chroot}", support::shared_zookeeper());
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("fencing-token");
-    let ready = dir.path().join("ready");
     let beat = dir.path().join("beat");
     let next = dir.path().join("next");
-    let sidecar = piped(support::zkgate(
-        &direct,
-        &[
-            "lock",
-            "sidecar",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "8s",
-            "--kill-grace",
-            "2s",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--ready-file",
-            ready.to_str().unwrap(),
-        ],
-    ));
-    let main = piped(support::zkgate(
-        "127.0.0.1:1",
-        &[
-            "lock",
-            "watch",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            &beating(&beat),
-        ],
-    ));
+    let script = beating(&beat);
+    let (sidecar, main) =
+        support::lock_sidecar_and_watch(&direct, dir.path(), "8s", "2s", &["sh", "-c", &script]);
+    let (sidecar, main) = (piped(sidecar), piped(main));
     eventually(
         Duration::from_secs(10),
         "the watched command runs",

@@ -523,41 +523,14 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
 #[tokio::test]
 async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holder_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("fencing-token");
-    let ready = dir.path().join("ready");
     cut_off_holder_stops_before_the_next_starts(|through_proxy, script| {
-        let sidecar = support::zkgate(
-            through_proxy,
-            &[
-                "lock",
-                "sidecar",
-                "db",
-                "--create",
-                "--id",
-                "holder",
-                "--session-timeout",
-                "8s",
-                "--kill-grace",
-                "3s",
-                "--token-file",
-                token.to_str().unwrap(),
-                "--ready-file",
-                ready.to_str().unwrap(),
-            ],
-        );
         // The main container: no ZooKeeper, only the shared volume.
-        let main = support::zkgate(
-            "127.0.0.1:1",
-            &[
-                "lock",
-                "watch",
-                "--token-file",
-                token.to_str().unwrap(),
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
+        let (sidecar, main) = support::lock_sidecar_and_watch(
+            through_proxy,
+            dir.path(),
+            "8s",
+            "3s",
+            &["sh", "-c", script],
         );
         vec![
             (piped(main), "withdrew the token"),
@@ -1019,40 +992,15 @@ async fn a_crashed_sidecars_watched_command_is_dead_before_the_next_holder_start
     let (direct, _, _proxy) = routes().await;
     let dir = tempfile::tempdir().unwrap();
     let worker = write_worker(dir.path());
-    let token = dir.path().join("fencing-token");
-    let ready = dir.path().join("ready");
     let observer = session(&direct).await;
-    let sidecar = piped(support::zkgate(
+    let (sidecar, main) = support::lock_sidecar_and_watch(
         &direct,
-        &[
-            "lock",
-            "sidecar",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "4s",
-            "--kill-grace",
-            "1s",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--ready-file",
-            ready.to_str().unwrap(),
-        ],
-    ));
-    let main = piped(support::zkgate(
-        "127.0.0.1:1",
-        &[
-            "lock",
-            "watch",
-            "--token-file",
-            token.to_str().unwrap(),
-            "--",
-            "sh",
-            worker.to_str().unwrap(),
-        ],
-    ));
+        dir.path(),
+        "4s",
+        "1s",
+        &["sh", worker.to_str().unwrap()],
+    );
+    let (sidecar, main) = (piped(sidecar), piped(main));
     workers_started(dir.path(), 1).await;
     let next = next_holder(&direct, dir.path());
     eventually(

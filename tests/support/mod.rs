@@ -259,3 +259,46 @@ pub async fn finished(child: tokio::process::Child, within: Duration) -> (i32, S
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A pod's lock sidecar and its main container, as processes: `zkgate lock
+/// sidecar db --create --id holder` against `connect` with a session
+/// timeout and kill grace, and `zkgate lock watch -- COMMAND...` beside it
+/// with no ZooKeeper, only the token file they share (in `dir`, with the
+/// sidecar's ready file). The sidecar first, then the watch.
+pub fn lock_sidecar_and_watch(
+    connect: &str,
+    dir: &std::path::Path,
+    session_timeout: &str,
+    kill_grace: &str,
+    command: &[&str],
+) -> (tokio::process::Command, tokio::process::Command) {
+    let token = dir.join("fencing-token");
+    let ready = dir.join("ready");
+    let (token, ready) = (
+        token.to_str().expect("utf-8"),
+        ready.to_str().expect("utf-8"),
+    );
+    let sidecar = zkgate(
+        connect,
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            session_timeout,
+            "--kill-grace",
+            kill_grace,
+            "--token-file",
+            token,
+            "--ready-file",
+            ready,
+        ],
+    );
+    let mut watch_args = vec!["lock", "watch", "--token-file", token, "--"];
+    watch_args.extend_from_slice(command);
+    let watch = zkgate("127.0.0.1:1", &watch_args);
+    (sidecar, watch)
+}
