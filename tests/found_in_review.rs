@@ -43,22 +43,9 @@ fn beating(beat: &Path) -> String {
 /// The next holder: queues on `db` directly and writes when its command
 /// started to `next`.
 fn next_holder(direct: &str, next: &Path) -> tokio::process::Child {
-    piped(support::zkgate(
+    piped(support::next_lock_holder(
         direct,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "next",
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            &format!("date +%s%N > {}", next.display()),
-        ],
+        &format!("date +%s%N > {}", next.display()),
     ))
 }
 

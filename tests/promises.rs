@@ -907,23 +907,7 @@ async fn workers_started(dir: &std::path::Path, n: usize) {
 /// The next holder: queues on `db` (direct connection), and once it holds,
 /// reports which workers of the previous holder still run.
 fn next_holder(direct: &str, dir: &std::path::Path) -> tokio::process::Child {
-    piped(support::zkgate(
-        direct,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "next",
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            &survivors_script(dir),
-        ],
-    ))
+    piped(support::next_lock_holder(direct, &survivors_script(dir)))
 }
 
 /// Issue 24, item 2: a command that leaves children behind (one in its

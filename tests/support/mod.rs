@@ -302,3 +302,26 @@ pub fn lock_sidecar_and_watch(
     let watch = zkgate("127.0.0.1:1", &watch_args);
     (sidecar, watch)
 }
+
+/// The next holder of the lock `db`: `zkgate lock run db --create --id next
+/// --timeout 60s -- sh -c SCRIPT` against `connect` (queues behind the
+/// current holder; the script runs once it holds).
+pub fn next_lock_holder(connect: &str, script: &str) -> tokio::process::Command {
+    zkgate(
+        connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "next",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    )
+}
