@@ -91,6 +91,20 @@ pub enum Command {
         )]
         ready_file: PathBuf,
     },
+    /// Internal: the guardian between `run` (or `lock watch`) and its
+    /// command; see the `agent::guardian` module.
+    #[command(name = "__guard", hide = true)]
+    Guard {
+        /// The zkgate process that started it.
+        #[arg(long)]
+        parent: i32,
+        /// How long what the command leaves behind gets after SIGTERM.
+        #[arg(long)]
+        kill_grace_ms: u64,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
 }
 
 /// Options of the controller.
@@ -704,6 +718,14 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             std::fs::rename(&tmp, &target).map_err(failed)?;
             tracing::info!(to = %target.display(), "installed");
             Ok(0)
+        }
+        Command::Guard {
+            parent,
+            kill_grace_ms,
+            command,
+        } => {
+            crate::agent::guardian::run(parent, Duration::from_millis(kill_grace_ms), &command)
+                .await
         }
         Command::Probe { ready_file } => {
             if ready_file.exists() {

@@ -1092,16 +1092,11 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
     {
         if let Some(run) = read_run(&a.dir) {
             // Stopped at any time (a watch's sidecar too): its command may
-            // have run past its hold. So may the command's children when
-            // its own zkgate was SIGKILLed: the kernel's parent-death signal
-            // takes the command, not the command's children, unless zkgate
-            // is its container's PID 1 (README, the fault model: a known
-            // limit outside a container; the fencing token protects there).
-            // Both stay in the token checks.
+            // have run past its hold. It stays in the token checks. (A
+            // SIGKILLed zkgate is no excuse: its guardian kills the
+            // command's whole tree.)
             let sidecar = format!("{}sc", a.tag);
-            let killed = a.faults.iter().any(|(_, f)| f == "zkgate SIGKILLed");
             let frozen = stopped(a)
-                || killed
                 || (a.kind == Kind::Watch
                     && w.attempts.iter().any(|s| s.tag == sidecar && stopped(s)));
             by_lock.entry(&a.resource).or_default().push(Hold {
@@ -1142,19 +1137,10 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
                     if first.frozen || second.frozen {
                         overlaps_excused += 1;
                     } else {
-                        let killed = w.attempts.iter().any(|a| {
-                            a.tag == first.tag
-                                && a.faults.iter().any(|(_, f)| f == "zkgate SIGKILLed")
-                        });
                         bad.push(format!(
-                            "{lock}: two holds at once for {:.1} ms{}:\n  {}\n  {}\nfaults meanwhile:\n{}",
+                            "{lock}: two holds at once for {:.1} ms:\n  {}\n  {}\nfaults meanwhile:\n{}",
                             (first.run.end_us.min(second.run.end_us) - second.run.start_us) as f64
                                 / 1000.0,
-                            if killed {
-                                " (the first holder's zkgate was SIGKILLed: its command's process tree outlived it and the session)"
-                            } else {
-                                ""
-                            },
                             describe(w, first),
                             describe(w, second),
                             faults_between(
@@ -1228,7 +1214,7 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
         summary.insert(
             lock.to_owned(),
             format!(
-                "{} holds ({} by stopped or SIGKILLed zkgate processes, {} overlaps with them excused){}",
+                "{} holds ({} by stopped zkgate processes, {} overlaps with them excused){}",
                 holds.len(),
                 frozen,
                 overlaps_excused,

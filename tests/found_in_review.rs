@@ -2,8 +2,8 @@
 //! the promises (a lock's command running beside the next holder's, a
 //! barrier round with two outcomes, a `ready` outliving its round, zombies
 //! piling up under a long command). Each failed on the code it was written
-//! against (the head before 60dc8e0, where the fixes landed), and passes
-//! since.
+//! against (the head before 60dc8e0, where the fixes landed, or for the
+//! second review's, b00e21f), and passes since.
 
 mod support;
 
@@ -360,5 +360,111 @@ async fn orphans_that_exit_while_the_command_runs_are_reaped() {
         zombies.trim(),
         "0",
         "exited orphans of the command were left as zkgate's zombies while it ran"
+    );
+}
+
+// ---- The second review (of 60dc8e0..b00e21f) ----
+
+const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
+
+/// An init container's persistent registration (p1) is counted by the
+/// opening (p2 passes), then p1's session expires while it is cut off. p1's
+/// deadline passes and its withdrawal fails with the expired session. The
+/// clean-up from a new session must withdraw the same way (not if `ready`
+/// is there): p1 entered, and its registration stands for the leave. On
+/// b00e21f the clean-up deleted it and p1 exited 3 while p2 passed.
+#[tokio::test]
+async fn a_counted_persistent_registration_is_not_withdrawn_after_its_session_expired() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = Proxy::start(support::shared_zookeeper()).await;
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let through_proxy = format!("{}{chroot}", proxy.address());
+    let observer = session(&direct).await;
+    let barrier = format!("{BARRIERS}/g");
+    let enter = |connect: &str, id: &str, uid: &str, timeout: &str| {
+        support::zkgate(
+            connect,
+            &[
+                "barrier",
+                "enter",
+                "g",
+                "--participants",
+                "2",
+                "--id",
+                id,
+                "--pod-uid",
+                uid,
+                "--timeout",
+                timeout,
+                "--session-timeout",
+                "4s",
+            ],
+        )
+    };
+    let p1 = piped(enter(&through_proxy, "p1", "u1", "3s"));
+    eventually(Duration::from_secs(10), "p1 registered", || async {
+        (children(&observer, &barrier).await == ["p1"]).then_some(())
+    })
+    .await;
+    proxy.stall();
+    // p2 arrives directly and opens the barrier, counting p1.
+    let (code2, err2) = support::output(enter(&direct, "p2", "u2", "10s")).await;
+    assert_eq!(code2, 0, "p2 should pass: {err2}");
+    proxy.stall_until_expired().await;
+    proxy.resume();
+    let (code1, err1) = support::finished(p1, Duration::from_secs(30)).await;
+    let left = children(&observer, &barrier).await;
+    assert!(
+        code1 == 0 && left.iter().any(|c| c == "p1"),
+        "p2 passed counting p1, but p1 exited {code1} and the barrier now holds {left:?}: {err1}"
+    );
+}
+
+/// A waiter woken by `ready`'s watch long after its last round (rounds are
+/// sent again every 10 s) must not start `barrier run`'s monitor from that
+/// round's time: the monitor's deadline (T - T/5 after it) had passed, and
+/// on b00e21f the command was killed at once on a healthy session (exit
+/// 5). Here T = 4 s and the barrier opens 5 s after p1's last round.
+#[tokio::test]
+async fn a_barrier_that_opens_after_a_quiet_wait_does_not_kill_the_command() {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let direct = format!("{}{chroot}", support::shared_zookeeper());
+    let observer = session(&direct).await;
+    let barrier = format!("{BARRIERS}/q");
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let script = format!("sleep 1; touch {}", ran.display());
+    let run = |id: &str, command: &[&str]| {
+        let mut args = vec![
+            "barrier",
+            "run",
+            "q",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--session-timeout",
+            "4s",
+            "--",
+        ];
+        args.extend_from_slice(command);
+        piped(support::zkgate(&direct, &args))
+    };
+    let p1 = run("p1", &["sh", "-c", &script]);
+    eventually(Duration::from_secs(10), "p1 registered", || async {
+        (children(&observer, &barrier).await == ["p1"]).then_some(())
+    })
+    .await;
+    // Longer than T - T/5 = 3.2 s, shorter than the 10 s between rounds:
+    // the quiet wait itself is what the test is about.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p2 = run("p2", &["true"]);
+    let (code1, err1) = support::finished(p1, Duration::from_secs(30)).await;
+    let (code2, err2) = support::finished(p2, Duration::from_secs(30)).await;
+    assert_eq!(code2, 0, "p2: {err2}");
+    assert!(
+        code1 == 0 && ran.exists(),
+        "the barrier opened with p1 on a healthy session, but p1 exited {code1} (its command ran: {}): {err1}",
+        ran.exists()
     );
 }

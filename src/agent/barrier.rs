@@ -250,7 +250,7 @@ impl<'a> BarrierCommand<'a> {
         child::check_command(command)?;
         let mut stop = Termination::install()?;
         let (session, entered) = self.enter_ephemeral(&mut stop).await?;
-        let ended = match child::spawn(command, &[]) {
+        let ended = match child::spawn(command, &[], grace) {
             Ok(child) => {
                 let registration = self.registration(&session, &entered);
                 child::supervise(child, &mut stop, registration.lost(), grace).await

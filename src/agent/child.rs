@@ -9,8 +9,9 @@
 //! whose parent exited. When the command ends, however it ends, the rest
 //! of its tree is stopped (SIGTERM, SIGKILL after the grace) before
 //! [`supervise`] returns, and so before a lock is released or a barrier
-//! left. What no process can do for itself: a SIGKILL of zkgate takes the
-//! command (parent-death signal) but not the command's own children.
+//! left. A SIGKILL of zkgate cannot be caught, so the command runs under
+//! a guardian ([`super::guardian`]) that zkgate's death wakes and that
+//! then kills the command's whole tree.
 
 use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -38,28 +39,26 @@ pub fn check_command(command: &[String]) -> Result<(), AgentError> {
     })
 }
 
-/// Starts the command in its own process group, so that a terminal's
-/// signals reach it only through us and it can be stopped with its children.
-pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, AgentError> {
+/// Starts the command, through a guardian (see [`super::guardian`]), in a
+/// process group of its own, so that a terminal's signals reach it only
+/// through us and it can be stopped with its children. `grace` is the
+/// guardian's for what the command leaves behind when it exits.
+pub fn spawn(
+    command: &[String],
+    env: &[(&str, String)],
+    grace: Duration,
+) -> Result<Child, AgentError> {
     check_command(command)?;
     // Orphans of the command are re-parented to us, not to init, so that
-    // stop_tree finds them.
+    // stop_tree finds them (those of a guardian we had to kill, too).
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| {
         AgentError::new(
             Exit::Internal,
             format!("cannot become the command's subreaper: {e}"),
         )
     })?;
-    let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]).process_group(0).kill_on_drop(true);
-    // SAFETY: prctl only sets a flag of the new process; it is
-    // async-signal-safe. If zkgate dies (even by SIGKILL) the command must
-    // not go on without the lock or barrier it was started under.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
+    let mut cmd = super::guardian::command(Pid::this(), grace, command);
+    cmd.process_group(0).kill_on_drop(true);
     for (key, value) in env {
         cmd.env(key, value);
     }
@@ -170,9 +169,10 @@ const TREE_POLL: Duration = Duration::from_millis(10);
 
 /// Stops every process left of the command (its group, and every
 /// descendant of ours: we are their subreaper): SIGTERM now, SIGKILL from
-/// `kill_at` on, until none is left. Called once the command itself has
-/// been reaped, so nothing we reap here is a child tokio still waits for.
-async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
+/// `kill_at` on (at once when it has passed), until none is left. Called
+/// once the command itself has been reaped (or will never be waited for),
+/// so nothing we reap here is a child tokio still waits for.
+pub(super) async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
     let me = Pid::this();
     let group_gone = || group.is_none_or(|g| killpg(g, None).is_err());
     tree::reap_exited_children(me, None);
@@ -184,7 +184,11 @@ async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
         processes = left.len(),
         "the command left processes behind; stopping them before going on"
     );
-    let mut sig = Signal::SIGTERM;
+    let mut sig = if Instant::now() >= kill_at {
+        Signal::SIGKILL
+    } else {
+        Signal::SIGTERM
+    };
     loop {
         if sig == Signal::SIGTERM && Instant::now() >= kill_at {
             warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
@@ -200,7 +204,7 @@ async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
 }
 
 /// The process tree below a process, read from `/proc`.
-mod tree {
+pub(super) mod tree {
     use nix::sys::wait::{waitpid, WaitPidFlag};
     use nix::unistd::Pid;
 
@@ -217,7 +221,7 @@ mod tree {
     }
 
     /// Every live (not yet exited) descendant of `root`.
-    pub(super) fn descendants(root: Pid) -> Vec<Pid> {
+    pub(in crate::agent) fn descendants(root: Pid) -> Vec<Pid> {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
@@ -250,7 +254,7 @@ mod tree {
     /// Reaps our children (orphans of the command re-parented to us) that
     /// have exited, so they do not linger as zombies; never `except` (the
     /// command itself, which tokio reaps).
-    pub(super) fn reap_exited_children(me: Pid, except: Option<Pid>) {
+    pub(in crate::agent) fn reap_exited_children(me: Pid, except: Option<Pid>) {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };

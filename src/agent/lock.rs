@@ -390,7 +390,7 @@ impl<'a> LockCommand<'a> {
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
                 .await?;
             let env = [("ZKGATE_FENCING_TOKEN", hold.fencing_token().to_string()), ("ZKGATE_LOCK_NODE", hold.path().to_owned())];
-            let child = child::spawn(command, &env)?;
+            let child = child::spawn(command, &env, grace)?;
             let monitor = hold.monitor().with_reserve(grace + safety_margin(session.timeout()));
             match child::supervise(child, &mut stop, monitor.lost(), grace).await? {
                 Ended::Interrupted(reason, code) => {
@@ -494,7 +494,7 @@ pub async fn watch(
         }
     };
     info!(token = %token, "the lock is held by the sidecar: starting the command");
-    let child = child::spawn(command, &[("ZKGATE_FENCING_TOKEN", token.clone())])?;
+    let child = child::spawn(command, &[("ZKGATE_FENCING_TOKEN", token.clone())], grace)?;
     let withdrawn = async {
         loop {
             tokio::time::sleep(WATCH_POLL).await;

@@ -6,6 +6,7 @@
 pub mod barrier;
 pub mod child;
 pub mod exit;
+pub mod guardian;
 pub mod lock;
 pub mod ready;
 

@@ -154,8 +154,8 @@ enum Opening {
 
 /// What became of an existing registration of our id.
 enum Claim {
-    /// It is ours: counted once.
-    Ours,
+    /// It is ours (this node, by its czxid): counted once.
+    Ours(i64),
     /// It was an earlier session's of the same pod, and that session has
     /// ended: register again.
     Gone,
@@ -332,37 +332,35 @@ impl DoubleBarrier {
             // barrier, or another participant's: the outcome is settled by
             // the server, not by our clock.
             Err(e @ ZkError::Timeout { .. }) => Ok(e),
+            // A persistent registration outlives the session: it may have
+            // been counted before the session ended. Settled from a new one.
+            Err(e @ ZkError::SessionExpired) if options.persistent => {
+                return match self.give_up_after_expiry(session, id, &mut guard).await {
+                    Ok(Some(entered)) => {
+                        info!(barrier = %self.path, "the barrier opened with our registration before our session expired");
+                        Ok(Entry::Entered(entered))
+                    }
+                    Ok(None) => Err(e),
+                    Err(after) => Err(after),
+                };
+            }
             Err(e) => {
                 guard.delete_now(session).await;
                 return Err(e);
             }
         };
-        // A create whose reply we have not seen: if its node is there and
-        // ours, it may have been counted like any other; withdraw it the
-        // same way.
-        guard.resolve_pending(session).await;
-        let opened = match guard.armed_node().map(str::to_owned) {
-            Some(node) => match self.withdraw(session, &node).await {
-                Ok(Withdrawal::Withdrawn) => {
-                    guard.disarm();
-                    None
+        let opened = match self.give_up(session, id, &mut guard).await {
+            Ok(opened) => opened,
+            Err(ZkError::SessionExpired) if options.persistent => {
+                match self.give_up_after_expiry(session, id, &mut guard).await {
+                    Ok(opened) => opened,
+                    Err(e) => return Err(e),
                 }
-                Ok(Withdrawal::Opened) => self.settle(session, id, true).await,
-                Err(e) => {
-                    warn!(barrier = %self.path, error = %e, "could not withdraw our registration in one transaction; removing it");
-                    guard.delete_now(session).await;
-                    None
-                }
-            },
-            // A create whose outcome we still do not know (the server
-            // could not be asked): settle by looking, then remove the node
-            // if it turns out to be ours.
-            None => {
-                let entered = self.settle(session, id, guard.is_armed()).await;
-                if entered.is_none() {
-                    guard.delete_now(session).await;
-                }
-                entered
+            }
+            Err(e) => {
+                warn!(barrier = %self.path, error = %e, "could not withdraw our registration in one transaction; removing it");
+                guard.delete_now(session).await;
+                None
             }
         };
         match (opened, gave_up) {
@@ -381,17 +379,104 @@ impl DoubleBarrier {
         }
     }
 
+    /// Settles a registration we give up on `session`: withdrawn unless
+    /// the barrier has opened with it (then the entry, `Some`). A create
+    /// whose reply we have not seen is settled first: if its node is there
+    /// and ours, it may have been counted like any other. A node still of
+    /// unknown outcome when this returns `Ok(None)` has been removed.
+    async fn give_up(
+        &self,
+        session: &Session,
+        id: &str,
+        guard: &mut NodeGuard,
+    ) -> Result<Option<Entered>> {
+        guard.resolve_pending(session).await;
+        match guard.armed_node() {
+            Some((node, czxid)) => {
+                let node = node.to_owned();
+                match self.withdraw(session, &node, czxid).await? {
+                    Withdrawal::Withdrawn => {
+                        guard.disarm();
+                        Ok(None)
+                    }
+                    Withdrawal::Opened => self.settle(session, id, true).await,
+                }
+            }
+            // A create whose outcome we still do not know (the server could
+            // not be asked): settle by looking, then remove the node if it
+            // turns out to be ours.
+            None => {
+                let entered = self.settle(session, id, guard.is_armed()).await?;
+                if entered.is_none() {
+                    guard.delete_now(session).await;
+                }
+                Ok(entered)
+            }
+        }
+    }
+
+    /// [`DoubleBarrier::give_up`] for a persistent registration whose
+    /// session expired, from a new session: the node outlived the session
+    /// and may have been counted, so it is withdrawn the same way (never
+    /// removed by itself: that would take a counted participant out of an
+    /// open round). When even that cannot be done, the node is left for
+    /// the controller (it goes when its pod has ended) and the error says
+    /// why: removing it blindly could break the round.
+    async fn give_up_after_expiry(
+        &self,
+        expired: &Session,
+        id: &str,
+        guard: &mut NodeGuard,
+    ) -> Result<Option<Entered>> {
+        let mut options = expired.options().clone();
+        options.connect_timeout = options.connect_timeout.min(options.session_timeout * 2);
+        let fresh = match Session::connect(&options).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                guard.disarm();
+                warn!(barrier = %self.path, error = %e, "our session expired and a new one could not be made to settle our persistent registration; it stays until the controller removes it");
+                return Err(e);
+            }
+        };
+        let settled = self.give_up(&fresh, id, guard).await;
+        if let Err(e) = &settled {
+            warn!(barrier = %self.path, error = %e, "our session expired and our persistent registration could not be settled from a new one; it stays until the controller removes it");
+        }
+        guard.disarm();
+        let _ = fresh.close().await;
+        settled
+    }
+
     /// Removes our registration `node` unless the barrier has opened, in one
     /// transaction: the barrier's data rewritten as it is (at the version
     /// read: an opening decided on that version fails), `ready` made and
     /// removed (fails when the barrier has opened), our node removed.
     /// Waiters see the data change before the transient `ready` (see
     /// `enter_and_wait`), so they look again rather than pass.
-    async fn withdraw(&self, session: &Session, node: &str) -> Result<Withdrawal> {
+    ///
+    /// With `czxid`, only the node made by that transaction is ours: a node
+    /// there now made later (a new pod's, after ours was removed) is left
+    /// alone, and nothing of ours can be counted any more.
+    async fn withdraw(
+        &self,
+        session: &Session,
+        node: &str,
+        czxid: Option<i64>,
+    ) -> Result<Withdrawal> {
         let client = session.client();
         let ready = path::join(&self.path, READY);
         let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
         loop {
+            let node_version = match czxid {
+                None => None,
+                Some(czxid) => match session
+                    .retry("check", node, || client.check_stat(node))
+                    .await?
+                {
+                    Some(stat) if stat.czxid == czxid => Some(stat.version),
+                    _ => return Ok(Withdrawal::Withdrawn),
+                },
+            };
             let (data, stat) = match session
                 .retry("read", &self.path, || client.get_data(&self.path))
                 .await
@@ -408,7 +493,7 @@ impl DoubleBarrier {
                 .add_set_data(&self.path, &data, Some(stat.version))
                 .and_then(|()| writer.add_create(&ready, &[], &ready_options))
                 .and_then(|()| writer.add_delete(&ready, None))
-                .and_then(|()| writer.add_delete(node, None))
+                .and_then(|()| writer.add_delete(node, node_version))
                 .map_err(|e| ZkError::from_client("withdraw", node, e))?;
             match writer.commit().await {
                 Ok(_) => {
@@ -430,7 +515,7 @@ impl DoubleBarrier {
                 Err(zk::MultiWriteError::OperationFailed {
                     index: 0,
                     source: zk::Error::NoAuth,
-                }) => return self.withdraw_unversioned(session, node).await,
+                }) => return self.withdraw_unversioned(session, node, node_version).await,
                 // The barrier is gone, or our node (removed by someone, or
                 // by our own attempt whose reply was lost): nothing of ours
                 // can be counted any more.
@@ -452,37 +537,51 @@ impl DoubleBarrier {
 
     /// After a deadline: whether the barrier is open with our registration
     /// in it (our node is the one we made or claimed, so `registered`
-    /// tells it is ours).
-    async fn settle(&self, session: &Session, id: &str, registered: bool) -> Option<Entered> {
+    /// tells it is ours). An error when the server could not be asked.
+    async fn settle(
+        &self,
+        session: &Session,
+        id: &str,
+        registered: bool,
+    ) -> Result<Option<Entered>> {
         if !registered {
-            return None;
+            return Ok(None);
         }
         let client = session.client();
         let node = path::join(&self.path, id);
         let ready = path::join(&self.path, READY);
         let sent = Instant::now();
-        let (ready, ours, data) = session
+        let looked = session
             .retry("check", &ready, || async {
                 let ready_f = client.check_stat(&ready);
                 let ours_f = client.check_stat(&node);
                 let data_f = client.get_data(&self.path);
                 Ok((ready_f.await?, ours_f.await?, data_f.await?))
             })
-            .await
-            .ok()?;
-        ready?;
-        ours?;
+            .await;
+        let (ready, ours, data) = match looked {
+            Ok(found) => found,
+            // The barrier is gone: nothing can have opened with us.
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if ready.is_none() || ours.is_none() {
+            return Ok(None);
+        }
         let participants = BarrierData::parse(&self.path, &data.0)
             .ok()
             .flatten()
             .map(|b| b.participants)
             .unwrap_or_default();
-        Some(Entered {
+        Ok(Some(Entered {
             node,
             participants,
             was_registered: false,
             confirmed_at: sent,
-        })
+        }))
     }
 
     async fn enter_and_wait(
@@ -547,8 +646,8 @@ impl DoubleBarrier {
                         // Sent with the barrier missing: it fails, unless
                         // the barrier was made in between. Settle which.
                         Some(create_f) => match create_f.await {
-                            Ok(_) => {
-                                guard.arm(node.clone());
+                            Ok((stat, _)) => {
+                                guard.arm_created(node.clone(), stat.czxid);
                                 registered = true;
                                 continue;
                             }
@@ -595,18 +694,18 @@ impl DoubleBarrier {
             };
             if let Some(create_f) = create_f {
                 match create_f.await {
-                    Ok(_) => {
+                    Ok((stat, _)) => {
                         debug!(%node, "registered");
-                        guard.arm(node.clone());
+                        guard.arm_created(node.clone(), stat.czxid);
                         registered = true;
                     }
                     Err(zk::Error::NodeExists) => {
                         // Not known to be ours until claimed.
                         guard.disarm();
                         match self.claim_existing(session, id, &node, options).await? {
-                            Claim::Ours => {
+                            Claim::Ours(czxid) => {
                                 was_registered = true;
-                                guard.arm(node.clone());
+                                guard.arm_created(node.clone(), czxid);
                                 registered = true;
                             }
                             Claim::Gone => continue,
@@ -731,6 +830,36 @@ impl DoubleBarrier {
                         // the barrier's watch, sent by every waiter at once.
                         session.stats().record_wakeup();
                         session.retire_watch(barrier_changed);
+                        // `confirmed_at` is when this round was sent. A
+                        // wait long past it (rounds are sent again only for
+                        // progress) would start a registration monitor with
+                        // its deadline gone; confirm afresh then (a sync and
+                        // a read of our node, sent together: the leader
+                        // orders them). A quick opening costs no request.
+                        if sent.elapsed() > session.timeout() / 4 {
+                            let at = Instant::now();
+                            let sync_f = client.sync(&node);
+                            let ours_f = client.check_stat(&node);
+                            match (sync_f.await, ours_f.await) {
+                                (Ok(_), Ok(Some(_))) => {
+                                    return Ok(Entered {
+                                        confirmed_at: at,
+                                        ..entered
+                                    })
+                                }
+                                (Ok(_), Ok(None)) => {
+                                    return Err(ZkError::NodeRemoved { path: node.clone() })
+                                }
+                                // A new round settles it (`ready` is there).
+                                (Err(e), _) | (_, Err(e)) if is_connection_loss(&e) => {
+                                    session.await_connected().await?;
+                                    continue;
+                                }
+                                (Err(e), _) | (_, Err(e)) => {
+                                    return Err(ZkError::from_client("check", &node, e))
+                                }
+                            }
+                        }
                         return Ok(entered);
                     }
                 }
@@ -816,7 +945,7 @@ impl DoubleBarrier {
         let same_pod = existing.pod_uid.is_some() && existing.pod_uid == options.data.pod_uid;
         if stat.ephemeral_owner == session.id() {
             debug!(%node, "found our registration from a create whose reply was lost");
-            return Ok(Claim::Ours);
+            return Ok(Claim::Ours(stat.czxid));
         }
         if stat.ephemeral_owner != 0 && same_pod {
             let bound = session.timeout() * 2;
@@ -844,7 +973,7 @@ impl DoubleBarrier {
         }
         if existing.pod_uid == options.data.pod_uid {
             info!(%node, "found our earlier registration; counting it once");
-            return Ok(Claim::Ours);
+            return Ok(Claim::Ours(stat.czxid));
         }
         Err(conflict(format!(
             "an earlier pod (uid {}); it is removed once that pod has ended",
@@ -1042,7 +1171,12 @@ impl DoubleBarrier {
     /// barrier's data: `ready` made and removed (fails when the barrier has
     /// opened) and our node removed, in one transaction. An opening that
     /// counted us and has not landed yet is not stopped by it.
-    async fn withdraw_unversioned(&self, session: &Session, node: &str) -> Result<Withdrawal> {
+    async fn withdraw_unversioned(
+        &self,
+        session: &Session,
+        node: &str,
+        node_version: Option<i32>,
+    ) -> Result<Withdrawal> {
         error!(barrier = %self.path, "this participant may not write the barrier node (its ACL predates zkgate's participant WRITE): withdrawing without moving its version, so an opening in flight that counted us can still land; upgrade the controller");
         let client = session.client();
         let ready = path::join(&self.path, READY);
@@ -1052,7 +1186,7 @@ impl DoubleBarrier {
             writer
                 .add_create(&ready, &[], &ready_options)
                 .and_then(|()| writer.add_delete(&ready, None))
-                .and_then(|()| writer.add_delete(node, None))
+                .and_then(|()| writer.add_delete(node, node_version))
                 .map_err(|e| ZkError::from_client("withdraw", node, e))?;
             return match writer.commit().await {
                 Ok(_) => Ok(Withdrawal::Withdrawn),

@@ -13,8 +13,10 @@ use tokio_util::task::TaskTracker;
 /// What the guard removes.
 #[derive(Clone, Debug)]
 enum Armed {
-    /// A node we know we created.
-    Node(String),
+    /// A node we know we created; its czxid, when known, tells it from a
+    /// node made later under the same name (a new pod's registration,
+    /// once ours was removed), which is not ours to remove.
+    Node { path: String, czxid: Option<i64> },
     /// A sequential create (or a multi of them) was sent under `parent`;
     /// its nodes, if any, are the children whose names start with `prefix`
     /// (a protected name: the prefix holds a uuid of ours).
@@ -49,7 +51,16 @@ impl NodeGuard {
 
     /// From now on the node at `path` is ours to remove on failure.
     pub(crate) fn arm(&mut self, path: String) {
-        self.armed = Some(Armed::Node(path));
+        self.armed = Some(Armed::Node { path, czxid: None });
+    }
+
+    /// From now on the node at `path` made by the transaction `czxid` is
+    /// ours to remove on failure; another node of that name is not.
+    pub(crate) fn arm_created(&mut self, path: String, czxid: i64) {
+        self.armed = Some(Armed::Node {
+            path,
+            czxid: Some(czxid),
+        });
     }
 
     /// A sequential create under `parent` with the protected `prefix` is
@@ -84,14 +95,15 @@ impl NodeGuard {
         let Some(Armed::Pending { path, data }) = &self.armed else {
             return;
         };
-        match session
-            .retry("read", path, || self.client.get_data(path))
-            .await
-        {
+        let client = session.client();
+        match session.retry("read", path, || client.get_data(path)).await {
             Ok((found, stat)) => {
                 let ours = stat.ephemeral_owner == session.id()
                     || (stat.ephemeral_owner == 0 && found == *data);
-                self.armed = ours.then(|| Armed::Node(path.clone()));
+                self.armed = ours.then(|| Armed::Node {
+                    path: path.clone(),
+                    czxid: Some(stat.czxid),
+                });
             }
             Err(super::ZkError::Zk {
                 source: zk::Error::NoNode,
@@ -101,10 +113,12 @@ impl NodeGuard {
         }
     }
 
-    /// The node armed by [`NodeGuard::arm`]: known to be ours.
-    pub(crate) fn armed_node(&self) -> Option<&str> {
+    /// The node armed by [`NodeGuard::arm`] (or `arm_created`): known to
+    /// be ours, and the czxid that tells it from a later node of that name
+    /// when known.
+    pub(crate) fn armed_node(&self) -> Option<(&str, Option<i64>)> {
         match &self.armed {
-            Some(Armed::Node(path)) => Some(path),
+            Some(Armed::Node { path, czxid }) => Some((path, *czxid)),
             _ => None,
         }
     }
@@ -186,6 +200,7 @@ async fn clean_up(
             }
         }
     }
+    warn!(?armed, "the connection kept dropping while our node was being removed; gave up after 10 attempts: it goes with the session (ephemeral) or is removed by the controller when its pod has ended (persistent)");
 }
 
 /// [`clean_up`] from a new session, of persistent nodes only: the ended
@@ -222,18 +237,35 @@ async fn remove(
     session: i64,
     persistent_only: bool,
 ) -> std::result::Result<Option<String>, zk::Error> {
-    let persistent = |path: String| async move {
+    // A persistent node there, made by `czxid` when that is known: its
+    // version to delete it by.
+    let persistent = |path: String, czxid: Option<i64>| async move {
         match client.check_stat(&path).await? {
-            Some(stat) if stat.ephemeral_owner == 0 => Ok(Some((path, Some(stat.version)))),
+            Some(stat) if stat.ephemeral_owner == 0 && czxid.is_none_or(|c| c == stat.czxid) => {
+                Ok(Some((path, Some(stat.version))))
+            }
             _ => Ok::<_, zk::Error>(None),
         }
     };
     let (path, version) = match armed {
-        Armed::Node(path) if persistent_only => match persistent(path.clone()).await? {
-            Some(found) => found,
-            None => return Ok(None),
+        Armed::Node { path, czxid } if persistent_only => {
+            match persistent(path.clone(), *czxid).await? {
+                Some(found) => found,
+                None => return Ok(None),
+            }
+        }
+        // Our session lives: an ephemeral node there is ours; a persistent
+        // one is ours if it is the one we made.
+        Armed::Node {
+            path,
+            czxid: Some(czxid),
+        } => match client.check_stat(path).await? {
+            Some(stat) if stat.ephemeral_owner == session || stat.czxid == *czxid => {
+                (path.clone(), Some(stat.version))
+            }
+            _ => return Ok(None),
         },
-        Armed::Node(path) => (path.clone(), None),
+        Armed::Node { path, czxid: None } => (path.clone(), None),
         Armed::Protected { parent, prefix } => {
             // As the leader has them: a lagging server may not show the
             // node of a create whose reply was lost.
@@ -248,7 +280,7 @@ async fn remove(
             for name in children.iter().filter(|c| c.starts_with(prefix.as_str())) {
                 let node = path::join(parent, name);
                 let version = if persistent_only {
-                    match persistent(node.clone()).await? {
+                    match persistent(node.clone(), None).await? {
                         Some((_, version)) => version,
                         None => continue,
                     }

@@ -391,16 +391,21 @@ impl Session {
     /// the session (from cancelled recipes) finish first.
     ///
     /// Clean-ups of our nodes still under way (a wait cancelled just
-    /// before) are waited for first, at most a session timeout, so that a
-    /// process that exits after `close` leaves none of its nodes behind.
+    /// before) are waited for first, so that a process that exits after
+    /// `close` leaves none of its nodes behind: at most three session
+    /// timeouts, what a clean-up from a new session may take (it connects
+    /// within two, see the guard's `clean_up_persistent`, then deletes).
     pub async fn close(self) -> Result<()> {
-        let timeout = self.timeout();
+        let timeout = self.timeout() * 3;
         self.cleanups.close();
         if tokio::time::timeout(timeout, self.cleanups.wait())
             .await
             .is_err()
         {
-            warn!("clean-up of our nodes did not finish within the session timeout");
+            warn!(
+                waited = ?timeout,
+                "clean-up of our nodes did not finish in time; what is left goes with the session (ephemeral) or is removed by the controller when the pod has ended (persistent)"
+            );
         }
         let mut watcher = self.client.state_watcher();
         if SessionState::from_client(watcher.peek_state()).is_terminal() {

@@ -129,6 +129,32 @@ impl Proxy {
         self.control.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// Stalls (as [`Proxy::stall`]) until the server has expired the
+    /// sessions that came through the proxy: it closes their connections,
+    /// so its `cons` no longer lists them. Resume with [`Proxy::resume`].
+    pub async fn stall_until_expired(&self) {
+        self.stall();
+        let upstream = self.upstream.lock().unwrap().clone();
+        let port: u16 = upstream
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the proxy's server has a port");
+        let ours = self.upstream_ports();
+        super::eventually(
+            std::time::Duration::from_secs(20),
+            "the sessions through the proxy expired",
+            || async {
+                let cons = super::zookeeper::four_letter(port, "cons").unwrap_or_default();
+                (!ours
+                    .iter()
+                    .any(|p| cons.contains(&format!("127.0.0.1:{p}["))))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Freezes the connection that next sends a request whose op is one of
     /// `ops` and whose bytes contain `pattern` (a path, say): with
     /// `forward`, the request reaches the server first (it is applied, its

@@ -113,8 +113,13 @@ async fn queue_and_wait(
         None
     };
     let mut listed_at = Instant::now();
+    // An adopted registration was found by a plain listing, which a server
+    // behind its leader may answer from a past in which the node stood (a
+    // revocation since): confirmed with the leader before holding, as
+    // after a wake-up.
+    let mut woken = adopted.is_some();
     let (name, token, mut children) = if let Some(found) = adopted {
-        guard.arm(path::join(parent, &found.0));
+        guard.arm_created(path::join(parent, &found.0), found.1);
         found
     } else {
         loop {
@@ -129,7 +134,7 @@ async fn queue_and_wait(
             match create.await {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", path::name_of(&prefix));
-                    guard.arm(path::join(parent, &name));
+                    guard.arm_created(path::join(parent, &name), stat.czxid);
                     let children = match listing.await {
                         Ok(children) => children,
                         Err(_) => {
@@ -178,7 +183,7 @@ async fn queue_and_wait(
                             stat.filter(|s| spec.persistent || s.ephemeral_owner == session.id())
                         {
                             debug!(%node, "found the node of a create whose reply was lost");
-                            guard.arm(node);
+                            guard.arm_created(node, stat.czxid);
                             break (name, stat.czxid, children);
                         }
                     }
@@ -189,7 +194,6 @@ async fn queue_and_wait(
     };
 
     let mut last_progress: Option<Instant> = None;
-    let mut woken = false;
     loop {
         let queue = contender::queue(&children);
         let Some(index) = queue.iter().position(|c| c.name == name) else {

@@ -1,0 +1,129 @@
+//! The guardian: a small zkgate process between a `run` (or `lock watch`)
+//! and its command, so that nothing of the command outlives a zkgate that
+//! was SIGKILLed (an OOM kill, a node's eviction of one process).
+//!
+//! zkgate itself cannot act on its own SIGKILL, and the kernel's
+//! parent-death signal reaches only a process's direct children: a
+//! command's SIGKILL would leave the command's own children running
+//! beside the next holder. So zkgate starts `zkgate __guard -- COMMAND`
+//! instead of the command, with a parent-death signal the guardian
+//! catches. The guardian is a child subreaper, so every process the
+//! command starts stays its descendant (also one that left the group with
+//! `setsid` or whose parent exited); when zkgate dies it SIGKILLs all of
+//! them at once and exits. When the command exits by itself, the guardian
+//! stops what the command left (SIGTERM, SIGKILL after the grace) before
+//! it reports the command's exit code as its own, so zkgate sees the
+//! command end only once nothing of it runs.
+//!
+//! Signals zkgate passes on reach the guardian's process group, which the
+//! command shares: the guardian catches them (it must not die of them)
+//! and does nothing more, since the command already has them.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::child::{self, tree};
+use super::exit::{AgentError, Exit};
+use super::Termination;
+
+/// The hidden subcommand that runs the guardian.
+pub const SUBCOMMAND: &str = "__guard";
+
+/// The signal the guardian gets when the zkgate that started it dies: a
+/// real-time one, which no terminal sends and zkgate never passes on.
+fn parent_died() -> i32 {
+    nix::libc::SIGRTMIN() + 1
+}
+
+/// The guardian's command line for `command`, started by `parent` (this
+/// process) and given `grace` to stop what the command leaves behind. The
+/// caller adds the process group and the environment.
+pub(super) fn command(parent: Pid, grace: Duration, command: &[String]) -> Command {
+    // /proc/self/exe: this very binary, even when the file was replaced
+    // or removed since (an upgrade of an emptyDir copy).
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg0("zkgate")
+        .arg(SUBCOMMAND)
+        .arg("--parent")
+        .arg(parent.to_string())
+        .arg("--kill-grace-ms")
+        .arg(grace.as_millis().to_string())
+        .arg("--")
+        .args(command);
+    // SAFETY: prctl only sets a flag of the new process; it is
+    // async-signal-safe. The flag survives the exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, parent_died()) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd
+}
+
+/// Runs the guardian: starts `command`, and returns its exit code once it
+/// and everything it started have ended, or 137 once `parent` died and
+/// all of it was killed.
+pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32, AgentError> {
+    let failed = |what: &str, e: std::io::Error| {
+        AgentError::new(Exit::Internal, format!("guardian: cannot {what}: {e}"))
+    };
+    // Handlers first, then the check: a parent that dies after this point
+    // is seen by one or the other.
+    let mut orphaned =
+        signal(SignalKind::from_raw(parent_died())).map_err(|e| failed("handle signals", e))?;
+    let mut children = signal(SignalKind::child()).map_err(|e| failed("handle signals", e))?;
+    let mut passed_on = Termination::install()?;
+    if nix::unistd::getppid().as_raw() != parent {
+        return Err(AgentError::new(
+            Exit::Internal,
+            "guardian: the zkgate that started it has ended; the command was not started",
+        ));
+    }
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| failed("become the command's subreaper", e.into()))?;
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]).kill_on_drop(true);
+    // SAFETY: as in `command`. Should the guardian itself be SIGKILLed, the
+    // command goes too, and its children are re-parented to zkgate (a
+    // subreaper as well), which stops them.
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Into::into));
+    }
+    let mut started = cmd
+        .spawn()
+        .map_err(|e| failed(&format!("start {:?}", command[0]), e))?;
+    let pid = started.id().map(|id| Pid::from_raw(id as i32));
+    let me = Pid::this();
+    loop {
+        tokio::select! {
+            status = started.wait() => {
+                let code = match status {
+                    Ok(status) => child::exit_code(status),
+                    Err(e) => {
+                        warn!(error = %e, "guardian: lost track of the command");
+                        137
+                    }
+                };
+                child::stop_tree(None, Instant::now() + grace).await;
+                return Ok(code);
+            }
+            _ = orphaned.recv() => {
+                warn!("zkgate ended without stopping its command: killing the command and everything it started");
+                child::stop_tree(None, Instant::now()).await;
+                return Ok(137);
+            }
+            _ = children.recv() => tree::reap_exited_children(me, pid),
+            _ = passed_on.any() => {}
+        }
+    }
+}
