@@ -266,6 +266,14 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
             && !managed.contains("ZKGATE_WEBHOOK_NAMES"),
         "with cert-manager the controller neither makes certificates nor patches the caBundle"
     );
+    // Issue 25, item 8: nor may it read or write any Secret then (it reads
+    // the certificate from the mounted files; without TLS to ZooKeeper and
+    // without a credential nothing else of its is a Secret).
+    let secret_rules = rules_on(&managed, "secrets");
+    assert!(
+        secret_rules.is_empty(),
+        "with cert-manager the controller keeps Secret rules it does not use: {secret_rules:?}"
+    );
 
     let new_cluster = template(&[
         "--set",
@@ -279,6 +287,22 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         new_cluster.contains("apiVersion: policy/v1\n")
             && new_cluster.contains("kind: ServiceMonitor")
     );
+}
+
+/// The rules of the rendered Roles and ClusterRoles on `resource`.
+fn rules_on(rendered: &str, resource: &str) -> Vec<String> {
+    rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc["kind"] == "Role" || doc["kind"] == "ClusterRole")
+        .flat_map(|doc| doc["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|rule| {
+            rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r == resource))
+        })
+        .map(|rule| rule.to_string())
+        .collect()
 }
 
 #[test]
@@ -650,29 +674,13 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
     }
 }
 
-/// The chart's own webhook configuration (`helm template`, as rendered,
-/// only its Service reference replaced by the controller's loopback URL: a
-/// bare API server routes no Service) on an API server of the test's own
-/// (the configuration covers every namespace), 1.20 like the local cluster:
-/// a labelled pod in kube-system is never sent to the webhook, neither
-/// while it serves (the pod is admitted without injection) nor while it is
-/// down (admitted, not refused); the same pod in another namespace is
-/// injected while it serves and refused while it is down, so the
-/// configuration does reach the webhook.
-#[tokio::test]
-async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webhook_up_and_down() {
+/// Installs the chart's own webhook configuration (`helm template` with
+/// `set`, as rendered, only its Service reference replaced by a loopback
+/// URL: a bare API server routes no Service); its name and the port the
+/// webhook must serve on.
+async fn install_charts_webhook_configuration(client: &kube::Client, set: &str) -> (String, u16) {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use k8s_openapi::api::core::v1::Pod;
-    use support::kube::{ControllerProcess, PrivateApiServer};
-
-    let (server, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let rendered = template(&[
-        "-n",
-        "zkgate-system",
-        "--set",
-        "zookeeper.connect=zk:2181,webhook.enabled=true",
-    ]);
+    let rendered = template(&["-n", "zkgate-system", "--set", set]);
     let mut configuration: serde_json::Value = rendered
         .split("\n---")
         .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
@@ -688,53 +696,47 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
     }
     let configuration: MutatingWebhookConfiguration =
         serde_json::from_value(configuration).unwrap();
-    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    configurations
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &configuration)
         .await
         .unwrap();
+    (name, port)
+}
 
-    let pod = |name: &str| -> Pod {
-        serde_json::from_value(json!({
-            "metadata": { "name": name, "labels": { "zkgate.io/barrier": "train" } },
-            "spec": { "containers": [{ "name": "w", "image": "busybox" }] }
-        }))
-        .unwrap()
-    };
-    let create = |namespace: &str, name: &str| {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let pod = pod(name);
-        async move { pods.create(&PostParams::default(), &pod).await }
-    };
-    let injected = |pod: &Pod| {
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .is_some_and(|c| !c.is_empty())
-    };
-
-    // Up: the controller serves the webhook (every namespace, as the chart
-    // runs it) and publishes its CA into the configuration.
+/// A controller serving the webhook of configuration `name` on `port`
+/// (`extra`: more options); returns once it serves and its CA is published.
+async fn controller_serving_webhook(
+    server: &support::kube::PrivateApiServer,
+    client: &kube::Client,
+    secret_namespace: &str,
+    name: &str,
+    port: u16,
+    extra: &[&str],
+) -> support::kube::ControllerProcess {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let addr = format!("127.0.0.1:{port}");
-    let mut controller = ControllerProcess::start_with(
+    let mut args = vec![
+        "--webhook-addr",
+        &addr,
+        "--webhook-names",
+        "127.0.0.1",
+        "--webhook-secret",
+        "zkgate-webhook-tls",
+        "--webhook-secret-namespace",
+        secret_namespace,
+        "--webhook-configuration",
+        name,
+        "--image",
+        "registry.test/zkgate:test",
+    ];
+    args.extend_from_slice(extra);
+    let controller = support::kube::ControllerProcess::start_with(
         &server.kubeconfig(),
         &isolated_connect(),
         "controller-0",
-        &[
-            "--webhook-addr",
-            &addr,
-            "--webhook-names",
-            "127.0.0.1",
-            "--webhook-secret",
-            "zkgate-webhook-tls",
-            "--webhook-secret-namespace",
-            &ns,
-            "--webhook-configuration",
-            &name,
-            "--image",
-            "registry.test/zkgate:test",
-        ],
+        &args,
     );
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     support::eventually(
         Duration::from_secs(60),
         "the webhook serving, its CA published",
@@ -743,7 +745,7 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
                 .await
                 .ok()?;
             configurations
-                .get(&name)
+                .get(name)
                 .await
                 .ok()?
                 .webhooks?
@@ -753,12 +755,86 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
         },
     )
     .await;
-    let member = create(&ns, "member-up").await.expect("admitted while up");
+    controller
+}
+
+/// Waits until nothing listens on `port` any more.
+async fn webhook_gone(port: u16) {
+    support::eventually(Duration::from_secs(30), "the webhook gone", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+}
+
+/// A labelled pod `name` in `namespace` (of the Barrier `train`).
+async fn create_labelled_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<k8s_openapi::api::core::v1::Pod, kube::Error> {
+    let pod = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "zkgate.io/barrier": "train" } },
+        "spec": { "containers": [{ "name": "w", "image": "busybox" }] }
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+}
+
+/// Whether admission injected zkgate into `pod`.
+fn injected(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// Makes the Barrier `train` of one in `namespace` (admission refuses a pod
+/// whose Barrier nobody makes).
+async fn create_train(client: &kube::Client, namespace: &str) {
+    let train: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "train" }, "spec": { "participants": 1 }
+    }))
+    .unwrap();
+    Api::<Barrier>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &train)
+        .await
+        .unwrap();
+}
+
+/// The chart's own webhook configuration on an API server of the test's
+/// own (the configuration covers every namespace), 1.20 like the local
+/// cluster: a labelled pod in kube-system is never sent to the webhook,
+/// neither while it serves (the pod is admitted without injection) nor
+/// while it is down (admitted, not refused); the same pod in another
+/// namespace is injected while it serves and refused while it is down, so
+/// the configuration does reach the webhook.
+#[tokio::test]
+async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webhook_up_and_down() {
+    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let (name, port) = install_charts_webhook_configuration(
+        &client,
+        "zookeeper.connect=zk:2181,webhook.enabled=true",
+    )
+    .await;
+    // Up: the controller serves the webhook (every namespace, as the chart
+    // runs it) and publishes its CA into the configuration.
+    let mut controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    create_train(&client, &ns).await;
+    let member = create_labelled_pod(&client, &ns, "member-up")
+        .await
+        .expect("admitted while up");
     assert!(
         injected(&member),
         "the webhook serves: a labelled pod elsewhere is injected"
     );
-    let system = create("kube-system", "zkgate-labelled-up")
+    let system = create_labelled_pod(&client, "kube-system", "zkgate-labelled-up")
         .await
         .expect("a labelled kube-system pod is admitted while the webhook is up");
     assert!(
@@ -768,19 +844,58 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
 
     // Down: nothing listens at the configuration's address any more.
     controller.kill().await;
-    support::eventually(Duration::from_secs(30), "the webhook gone", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
-    let refused = create(&ns, "member-down")
+    webhook_gone(port).await;
+    let refused = create_labelled_pod(&client, &ns, "member-down")
         .await
         .expect_err("with the webhook down a labelled pod elsewhere is refused");
     assert!(refused.to_string().contains("pods.zkgate.io"), "{refused}");
-    let system = create("kube-system", "zkgate-labelled-down")
+    let system = create_labelled_pod(&client, "kube-system", "zkgate-labelled-down")
         .await
         .expect("a labelled kube-system pod is admitted while the webhook is down");
     assert!(!injected(&system));
+}
+
+/// Issue 25, item 6: with `controller.watchNamespace` the chart's webhook
+/// configuration covers only that namespace. On a 1.20 API server (no
+/// name labels: the controller labels the watched namespace with its
+/// name), with the webhook down: a labelled pod of another namespace is
+/// admitted as it is (nothing reconciles it there; before, the chart's
+/// selector sent it to the webhook and it was refused), while one of the
+/// watched namespace is refused.
+#[tokio::test]
+async fn with_a_watched_namespace_the_charts_webhook_holds_up_no_other_namespace() {
+    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let other = namespace(&client).await;
+    let (name, port) = install_charts_webhook_configuration(
+        &client,
+        &format!("zookeeper.connect=zk:2181,webhook.enabled=true,controller.watchNamespace={ns}"),
+    )
+    .await;
+    let mut controller = controller_serving_webhook(
+        &server,
+        &client,
+        &ns,
+        &name,
+        port,
+        &["--watch-namespace", &ns],
+    )
+    .await;
+    create_train(&client, &ns).await;
+    let member = create_labelled_pod(&client, &ns, "member-up")
+        .await
+        .expect("admitted while up");
+    assert!(injected(&member), "the watched namespace's pod is injected");
+    controller.kill().await;
+    webhook_gone(port).await;
+    let elsewhere = create_labelled_pod(&client, &other, "elsewhere-down")
+        .await
+        .expect(
+            "a labelled pod outside the watched namespace is admitted while the webhook is down",
+        );
+    assert!(!injected(&elsewhere));
+    let refused = create_labelled_pod(&client, &ns, "member-down")
+        .await
+        .expect_err("the watched namespace's labelled pod is refused while the webhook is down");
+    assert!(refused.to_string().contains("pods.zkgate.io"), "{refused}");
 }

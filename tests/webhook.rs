@@ -52,7 +52,7 @@ impl Hooked {
                 json!({
                     "name": format!("{kind}.pods.zkgate.io"),
                     "admissionReviewVersions": ["v1"],
-                    "sideEffects": "NoneOnDryRun",
+                    "sideEffects": "None",
                     "failurePolicy": "Fail",
                     "timeoutSeconds": 10,
                     "reinvocationPolicy": "IfNeeded",
@@ -137,6 +137,33 @@ impl Hooked {
         })
         .await;
         controller
+    }
+
+    /// Creates the Barrier `name` (admission refuses a pod whose label
+    /// names a Barrier nobody makes).
+    async fn barrier(&self, name: &str, participants: u32) {
+        let barrier: Barrier = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+            "metadata": { "name": name }, "spec": { "participants": participants }
+        }))
+        .unwrap();
+        Api::<Barrier>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &barrier)
+            .await
+            .unwrap();
+    }
+
+    /// Creates the LockLease `name`.
+    async fn locklease(&self, name: &str) {
+        let lease: zkgate::api::LockLease = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease",
+            "metadata": { "name": name }, "spec": {}
+        }))
+        .unwrap();
+        Api::<zkgate::api::LockLease>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &lease)
+            .await
+            .unwrap();
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -279,6 +306,7 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
     assert_eq!(inits[0].name, "barrier");
 
     // A lock by label: its init container, the token visible to the worker.
+    h.locklease("db").await;
     let locked = h
         .create_pod(pod_of(
             "migrate",
@@ -384,6 +412,75 @@ async fn a_bad_label_is_refused_with_the_reason() {
     h.done().await;
 }
 
+/// Issue 25, item 7: a labelled pod that would wait for something nobody
+/// makes is refused at admission, with a message that says what is
+/// missing: a LockLease that does not exist; a Barrier that does not exist
+/// for a pod of no Job; a Barrier that does not exist for a pod whose Job
+/// does not carry the label (or does not exist). A pod whose Job carries
+/// the label is admitted: the controller makes that Job's Barrier.
+#[tokio::test]
+async fn a_pod_naming_what_does_not_exist_is_refused_with_the_reason() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let refusal = |e: kube::Error| e.to_string();
+    let no_lock = refusal(
+        h.create_pod(pod_of("locked", json!({ "zkgate.io/lock": "nosuch" })))
+            .await
+            .expect_err("no LockLease nosuch"),
+    );
+    assert!(
+        no_lock.contains("LockLease")
+            && no_lock.contains("nosuch")
+            && no_lock.contains("does not exist"),
+        "{no_lock}"
+    );
+    let no_barrier = refusal(
+        h.create_pod(pod_of("gang-0", json!({ "zkgate.io/barrier": "nosuch" })))
+            .await
+            .expect_err("no Barrier nosuch"),
+    );
+    assert!(
+        no_barrier.contains("Barrier")
+            && no_barrier.contains("nosuch")
+            && no_barrier.contains("no Job"),
+        "{no_barrier}"
+    );
+    // A Job whose template does not carry the label: nobody makes the Barrier.
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "unlabelled" },
+        "spec": { "template": { "spec": { "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }] } } }
+    }))
+    .unwrap();
+    let job = jobs.create(&PostParams::default(), &job).await.unwrap();
+    let mut pod = pod_of("unlabelled-0", json!({ "zkgate.io/barrier": "nosuch" }));
+    pod["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "name": "unlabelled",
+        "uid": job.uid().unwrap(), "controller": true
+    }]);
+    let unlabelled = refusal(
+        h.create_pod(pod)
+            .await
+            .expect_err("its Job makes no Barrier"),
+    );
+    assert!(
+        unlabelled.contains("unlabelled") && unlabelled.contains("does not carry the label"),
+        "{unlabelled}"
+    );
+    assert!(
+        h.pods()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nothing was admitted"
+    );
+    drop(controller);
+    h.done().await;
+}
+
 /// The certificate the webhook serves, verified against `ca` for 127.0.0.1.
 async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
     use rustls::pki_types::pem::PemObject;
@@ -408,6 +505,118 @@ async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
         .await
         .expect("the served certificate chains to the CA and names 127.0.0.1");
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// POSTs `review` to the webhook as anyone in the cluster could (no client
+/// certificate; the server verified against `ca`): the HTTP status and the
+/// response body.
+async fn post_review(port: u16, ca: &[u8], review: &serde_json::Value) -> (u16, String) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let body = review.to_string();
+    let request = format!(
+        "POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Issue 25, item 1: anyone who can reach the webhook's port can POST an
+/// AdmissionReview of their own making. One naming a labelled pod of a Job
+/// that does not exist must make nothing: no Barrier (with the name and
+/// the Job the caller chose), no Secret. Admission is a pure function of
+/// the request and what the API server says.
+#[tokio::test]
+async fn a_forged_admission_review_creates_nothing() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let ca = secrets.get(SECRET).await.unwrap().data.unwrap()["ca.crt"]
+        .0
+        .clone();
+    let before: Vec<String> = secrets
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    let mut pod = pod_of("forged-0", json!({ "zkgate.io/barrier": "forged" }));
+    pod["metadata"]["namespace"] = json!(h.ns);
+    pod["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "name": "ghost",
+        "uid": "00000000-0000-0000-0000-000000000001", "controller": true
+    }]);
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-00000000000f",
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "resource": { "group": "", "version": "v1", "resource": "pods" },
+            "operation": "CREATE",
+            "namespace": h.ns,
+            "name": "forged-0",
+            "userInfo": { "username": "system:serviceaccount:tenant:default" },
+            "object": pod,
+            "dryRun": false
+        }
+    });
+    let (status, body) = post_review(h.port, &ca, &review).await;
+    assert_eq!(status, 200, "{body}");
+    // The response is written after anything admission does: what it made
+    // is there now.
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    assert!(
+        barriers.get_opt("forged").await.unwrap().is_none(),
+        "a forged review made the Barrier 'forged' for a Job that does not exist ({body})"
+    );
+    let after: Vec<String> = secrets
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(before, after, "a forged review wrote a Secret");
+    drop(controller);
+    h.done().await;
 }
 
 fn pem_der(pem: &[u8]) -> Vec<u8> {
@@ -451,6 +660,7 @@ async fn a_rotated_certificate_is_served_and_admission_keeps_working() {
         (served_certificate(h.port, &ca).await == new).then_some(())
     })
     .await;
+    h.barrier("train", 1).await;
     let admitted = h
         .create_pod(pod_of(
             "after-rotation",
@@ -520,6 +730,7 @@ async fn a_certificate_from_a_directory_is_served_and_its_renewal_picked_up() {
         served_certificate(h.port, ca.as_bytes()).await,
         pem_der(first.0.as_bytes())
     );
+    h.barrier("train", 1).await;
     let admitted = h
         .create_pod(pod_of("before", json!({ "zkgate.io/barrier": "train" })))
         .await
@@ -720,7 +931,8 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     .await;
 
     // A copy that drifted (edited by hand, or the controller's CA rotated)
-    // is corrected at the next admission in the namespace.
+    // is corrected by the controller's next look at the namespace (a
+    // resource's reconcile, the copy trusted for 30 s in between).
     let mut drifted = copied;
     drifted.data.as_mut().unwrap().insert(
         "ca.crt".to_owned(),
@@ -734,12 +946,16 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     h.create_pod(pod_of("solo-1", json!({ "zkgate.io/barrier": "solo" })))
         .await
         .expect("admitted");
-    let corrected = secrets.get("zkgate-zookeeper-tls").await.unwrap();
-    assert_eq!(
-        corrected.data.unwrap()["ca.crt"].0,
-        std::fs::read(&ca).unwrap(),
-        "corrected before the pod was admitted"
-    );
+    let ca_pem = std::fs::read(&ca).unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "the drifted copy corrected",
+        || async {
+            let corrected = secrets.get("zkgate-zookeeper-tls").await.ok()?;
+            (corrected.data?["ca.crt"].0 == ca_pem).then_some(())
+        },
+    )
+    .await;
     drop(controller);
     h.done().await;
 }

@@ -2,17 +2,22 @@
 //! cache (no request per reconcile), and which Barriers follow which Job,
 //! so that a change of the Job's parallelism reconciles them at once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use futures::Stream;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use kube::api::Api;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
-use crate::api::Barrier;
+use tracing::info;
+
+use super::BARRIER_LABEL;
+use crate::api::{Barrier, BarrierSpec};
 
 /// How many participants a Job's pods make: the smaller of its parallelism
 /// (1 when unset) and its completions (unbounded when unset); `None` when
@@ -30,6 +35,9 @@ const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct Jobs {
     store: Store<Job>,
     followers: Mutex<Followers>,
+    /// The uids of the labelled Jobs whose Barrier this term made (or
+    /// found): each Job's is made once, not at each of its changes.
+    barriers_made: Mutex<HashSet<String>>,
 }
 
 /// Which Barriers follow which Job, indexed both ways so that a Barrier's
@@ -43,17 +51,81 @@ struct Followers {
     job_of: HashMap<(String, String), String>,
 }
 
-/// A Job stripped to what sizing reads (the cache keeps no pod template).
+/// A Job stripped to what sizing reads, and its pod template's
+/// [`BARRIER_LABEL`] (the cache keeps nothing else of the template).
 fn strip(job: &mut Job) {
     job.managed_fields_mut().clear();
     job.metadata.annotations = None;
     job.status = None;
     if let Some(spec) = job.spec.as_mut() {
+        let label = template_label(&spec.template).map(str::to_owned);
         *spec = JobSpec {
             parallelism: spec.parallelism,
             completions: spec.completions,
             ..JobSpec::default()
         };
+        if let Some(label) = label {
+            spec.template.metadata = Some(ObjectMeta {
+                labels: Some([(BARRIER_LABEL.to_owned(), label)].into()),
+                ..ObjectMeta::default()
+            });
+        }
+    }
+}
+
+fn template_label(template: &PodTemplateSpec) -> Option<&str> {
+    template
+        .metadata
+        .as_ref()?
+        .labels
+        .as_ref()?
+        .get(BARRIER_LABEL)
+        .map(String::as_str)
+}
+
+/// The Barrier a Job's pods take part in: its pod template's
+/// [`BARRIER_LABEL`].
+pub fn barrier_label(job: &Job) -> Option<&str> {
+    template_label(&job.spec.as_ref()?.template)
+}
+
+/// Makes the Barrier of a Job whose pod template carries [`BARRIER_LABEL`]
+/// when there is none of that name: sized from the Job (`spec.jobRef`),
+/// owned by it (deleted with it). A Barrier of that name already there is
+/// left as it is, whoever made it.
+pub async fn make_barrier(client: &kube::Client, job: &Job) -> Result<(), kube::Error> {
+    let (Some(name), Some(namespace), Some(uid)) = (barrier_label(job), job.namespace(), job.uid())
+    else {
+        return Ok(());
+    };
+    let api: Api<Barrier> = Api::namespaced(client.clone(), &namespace);
+    if api.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let mut barrier = Barrier::new(
+        name,
+        BarrierSpec {
+            participants: None,
+            job_ref: Some(job.name_any()),
+            ..BarrierSpec::default()
+        },
+    );
+    barrier.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "batch/v1".to_owned(),
+        kind: "Job".to_owned(),
+        name: job.name_any(),
+        uid,
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    }]);
+    barrier.metadata.labels = Some(crate::controller::managed_by());
+    match api.create(&PostParams::default(), &barrier).await {
+        Ok(_) => {
+            info!(%namespace, barrier = %name, job = %job.name_any(), "made the Job's Barrier");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -70,6 +142,7 @@ impl Jobs {
         let jobs = Jobs {
             store,
             followers: Default::default(),
+            barriers_made: Default::default(),
         };
         (jobs, stream)
     }
@@ -117,6 +190,33 @@ impl Jobs {
         }
     }
 
+    /// Makes `job`'s Barrier (see [`make_barrier`]) unless this term did
+    /// already; a failure is logged and tried again at the Job's next change.
+    pub async fn make_barrier_once(&self, client: &kube::Client, job: &Job) {
+        let Some(uid) = job.uid().filter(|_| barrier_label(job).is_some()) else {
+            return;
+        };
+        if self
+            .barriers_made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&uid)
+        {
+            return;
+        }
+        match make_barrier(client, job).await {
+            Ok(()) => {
+                self.barriers_made
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(uid);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = ?job.namespace(), job = %job.name_any(), error = %e, "cannot make the Job's Barrier; trying again at the Job's next change")
+            }
+        }
+    }
+
     /// The Barriers that follow `job`.
     pub fn followers(&self, job: &Job) -> Vec<ObjectRef<Barrier>> {
         let namespace = job.namespace().unwrap_or_default();
@@ -157,6 +257,7 @@ mod tests {
                 Jobs {
                     store,
                     followers: Default::default(),
+                    barriers_made: Default::default(),
                 },
                 (),
             )

@@ -376,13 +376,20 @@ async fn lead(
         },
         jobs,
         leader_node: hold.path().to_owned(),
+        tls: options.webhook.as_ref().and_then(|w| w.tls.clone()),
+        tls_copied: Default::default(),
     });
-    // A Job's change reconciles the Barriers it sizes.
+    // A Job's change reconciles the Barriers it sizes; a labelled Job gets
+    // its Barrier (admission makes nothing: see webhook).
     let job_followers = job_changes.filter_map({
         let ctx = ctx.clone();
         move |job| {
-            let followers = job.ok().map(|job| ctx.jobs.followers(&job));
-            async move { followers.map(futures::stream::iter) }
+            let ctx = ctx.clone();
+            async move {
+                let job = job.ok()?;
+                ctx.jobs.make_barrier_once(&ctx.client, &job).await;
+                Some(futures::stream::iter(ctx.jobs.followers(&job)))
+            }
         }
     });
     let job_followers = job_followers.flatten();

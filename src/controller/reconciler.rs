@@ -65,6 +65,7 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
             // readable only with them (see credentials.rs).
             Finalized::Apply(o) => {
                 let acls = ctx.namespace_acls(&namespace).await?;
+                ctx.copy_tls(&namespace).await?;
                 o.apply(&namespace, &acls, &ctx).await
             }
             Finalized::Cleanup(o) => {

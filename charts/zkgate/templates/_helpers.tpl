@@ -56,14 +56,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch"]
-{{- if .Values.webhook.enabled }}
-# The webhook makes a labelled Job's Barrier.
+# A Job whose pod template is labelled zkgate.io/barrier gets its Barrier
+# (made by the leading controller from the Jobs it watches; admission makes
+# nothing).
 - apiGroups: ["zkgate.io"]
   resources: ["barriers"]
   verbs: ["create"]
+{{- if .Values.webhook.enabled }}
 {{- if .Values.zookeeper.tls.existingSecret }}
-# The webhook copies the ZooKeeper TLS material into injected pods'
-# namespaces: by name; made when missing (create cannot be narrowed).
+# The controller copies the ZooKeeper TLS material that injected pods mount
+# into the namespaces with resources: by name; made when missing (create
+# cannot be narrowed).
 - apiGroups: [""]
   resources: ["secrets"]
   resourceNames: [{{ .Values.webhook.zookeeperTlsSecret | quote }}]

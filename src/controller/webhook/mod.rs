@@ -1,11 +1,16 @@
 //! The mutating admission webhook (`zkgate controller --webhook-addr`): a
 //! pod labelled `zkgate.io/barrier` or `zkgate.io/lock` comes out of
-//! admission with the container that makes it wait ([`inject`]), and a
-//! labelled Job's first pod makes the Job's Barrier when it has none.
+//! admission with the container that makes it wait ([`inject`]).
 //!
-//! Every replica serves it (admission does not need the leader: it writes
-//! only the pod's own patch, the namespace's TLS Secret and a Job's
-//! Barrier, each of them idempotent). The chart registers it with an
+//! Admission writes nothing: it is a function of the request and of what
+//! the API server says (the LockLease or Barrier the label names, or the
+//! Job that will have one), so a review forged by anyone who can reach the
+//! port (it carries no proof of coming from the API server) makes nothing
+//! happen. What a labelled pod needs besides its patch is made by the
+//! leading controller from what it watches: a labelled Job's Barrier (from
+//! the Jobs, [`crate::controller::jobs`]) and the namespace's ZooKeeper
+//! TLS material (with its resources' reconciles). Every replica serves
+//! admission (it needs no leadership). The chart registers it with an
 //! `objectSelector`, so only labelled pods ever reach it and an unlabelled
 //! pod is never held up by a webhook that is down, and `failurePolicy:
 //! Fail`, so a gang member never starts without its barrier.
@@ -24,8 +29,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
@@ -40,7 +46,7 @@ use super::backoff::Backoff;
 use super::http::Health;
 use super::metrics::Metrics;
 use super::BARRIER_LABEL;
-use crate::api::{Barrier, BarrierSpec};
+use crate::api::{Barrier, LockLease};
 
 /// How the webhook gets its serving certificate.
 #[derive(Clone, Debug)]
@@ -84,7 +90,8 @@ pub struct WebhookOptions {
     /// What the injected containers are given (the TLS Secret's name and
     /// whether it holds a client certificate among it).
     pub injection: Injection,
-    /// The TLS material to copy, when ZooKeeper is reached over TLS.
+    /// The TLS material the leading controller copies into namespaces with
+    /// resources, when ZooKeeper is reached over TLS.
     pub tls: Option<TlsMaterial>,
     /// The one namespace the controller reconciles, if it is limited to
     /// one: pods elsewhere are left as they are (nothing would reconcile
@@ -95,7 +102,6 @@ pub struct WebhookOptions {
 struct Webhook {
     client: kube::Client,
     injection: Injection,
-    tls: Option<TlsMaterial>,
     scope: Option<String>,
     metrics: Arc<Metrics>,
 }
@@ -111,7 +117,7 @@ pub async fn run(
     let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
     injection.native_sidecars = native_sidecars(&client).await;
-    exclude_system_namespace(&client).await;
+    label_for_selector(&client, options.scope.as_deref()).await;
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
         .context("cannot get the webhook's serving certificate")?;
@@ -133,7 +139,6 @@ pub async fn run(
     let hook = Arc::new(Webhook {
         client,
         injection,
-        tls: options.tls,
         scope: options.scope,
         metrics,
     });
@@ -174,35 +179,52 @@ pub const EXCLUDED_VALUE: &str = "disabled";
 /// The namespace admission never touches.
 const SYSTEM_NAMESPACE: &str = "kube-system";
 
-/// Labels kube-system with [`EXCLUDED_LABEL`] where the API server does
-/// not label it with its name (before 1.21), so the chart's
-/// `namespaceSelector` excludes it there too. Only kube-system, only that
-/// label; a failure is logged, not fatal (the chart grants the patch).
-async fn exclude_system_namespace(client: &kube::Client) {
+/// The label API servers from 1.21 put on every namespace: its name.
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Where the API server does not label namespaces with their names (before
+/// 1.21), gives the chart's `namespaceSelector` what it selects by: with a
+/// watched namespace (`scope`), that namespace's name label (the selector
+/// takes only it); otherwise [`EXCLUDED_LABEL`] on kube-system (the
+/// selector leaves it out). One namespace, one label; a failure is logged,
+/// not fatal (the chart grants the patch).
+async fn label_for_selector(client: &kube::Client, scope: Option<&str>) {
     use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Patch, PatchParams};
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let labels = match namespaces.get(SYSTEM_NAMESPACE).await {
+    let (namespace, key, value, unlabelled) = match scope {
+        Some(scope) => (
+            scope,
+            NAME_LABEL,
+            scope,
+            "the webhook does not reach its labelled pods",
+        ),
+        None => (
+            SYSTEM_NAMESPACE,
+            EXCLUDED_LABEL,
+            EXCLUDED_VALUE,
+            "its labelled pods reach the webhook",
+        ),
+    };
+    let labels = match namespaces.get(namespace).await {
         Ok(ns) => ns.metadata.labels.unwrap_or_default(),
         Err(e) => {
-            warn!(error = %e, "cannot read {SYSTEM_NAMESPACE}'s labels: its labelled pods may reach the webhook on API servers before 1.21");
+            warn!(error = %e, "cannot read {namespace}'s labels: on API servers before 1.21 {unlabelled}");
             return;
         }
     };
-    let named = labels
-        .get("kubernetes.io/metadata.name")
-        .map(String::as_str)
-        == Some(SYSTEM_NAMESPACE);
-    if named || labels.get(EXCLUDED_LABEL).map(String::as_str) == Some(EXCLUDED_VALUE) {
+    if labels.get(NAME_LABEL).map(String::as_str) == Some(namespace)
+        || labels.get(key).map(String::as_str) == Some(value)
+    {
         return;
     }
-    let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDED_LABEL: EXCLUDED_VALUE } } });
+    let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
     match namespaces
-        .patch(SYSTEM_NAMESPACE, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => info!("labelled {SYSTEM_NAMESPACE} {EXCLUDED_LABEL}={EXCLUDED_VALUE}: this API server does not label namespaces with their names, and the webhook's namespaceSelector excludes it by this label"),
-        Err(e) => warn!(error = %e, "cannot label {SYSTEM_NAMESPACE} {EXCLUDED_LABEL}={EXCLUDED_VALUE}: its labelled pods reach the webhook on this API server"),
+        Ok(_) => info!("labelled {namespace} {key}={value}: this API server does not label namespaces with their names, and the webhook's namespaceSelector goes by it"),
+        Err(e) => warn!(error = %e, "cannot label {namespace} {key}={value}: on this API server {unlabelled}"),
     }
 }
 
@@ -425,12 +447,10 @@ impl Webhook {
             }
             Ok(Some(mutated)) => mutated,
         };
-        if !request.dry_run {
-            if let Err(e) = self.prepare(pod, &namespace).await {
-                warn!(%namespace, pod = %who, error = %e, "cannot prepare the pod's namespace");
-                self.metrics.admitted("failed");
-                return response.deny(format!("zkgate could not prepare the pod: {e}"));
-            }
+        if let Err(refusal) = self.check_resources(pod, &namespace).await {
+            info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
+            self.metrics.admitted("refused");
+            return response.deny(refusal);
         }
         let (before, after) = match (serde_json::to_value(pod), serde_json::to_value(&mutated)) {
             (Ok(b), Ok(a)) => (b, a),
@@ -449,69 +469,80 @@ impl Webhook {
         }
     }
 
-    /// What must exist before the pod can run: the namespace's copy of the
-    /// ZooKeeper TLS material, and a labelled Job's Barrier.
-    async fn prepare(&self, pod: &Pod, namespace: &str) -> Result<(), kube::Error> {
-        if let Some(tls) = &self.tls {
-            copy_tls(&self.client, namespace, tls).await?;
+    /// Whether what the pod's labels name exists (reads only): a LockLease
+    /// of that name, and a Barrier of that name or a Job of the pod's that
+    /// will have one (the controller makes a labelled Job's Barrier). A pod
+    /// that would wait for something nobody makes is refused with the
+    /// reason, rather than left waiting without one.
+    async fn check_resources(&self, pod: &Pod, namespace: &str) -> Result<(), String> {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let unreadable = |what: &str, e: kube::Error| {
+            format!("zkgate could not check the {what} the pod's label names: {e}")
+        };
+        if let Some(lock) = labels.get(super::LOCK_LABEL) {
+            let api: Api<LockLease> = Api::namespaced(self.client.clone(), namespace);
+            if api
+                .get_opt(lock)
+                .await
+                .map_err(|e| unreadable("LockLease", e))?
+                .is_none()
+            {
+                return Err(format!(
+                    "the pod's label {}={lock} names a LockLease that does not exist in namespace {namespace}: create the LockLease first",
+                    super::LOCK_LABEL
+                ));
+            }
         }
-        let barrier = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(BARRIER_LABEL));
-        let job =
-            pod.metadata.owner_references.iter().flatten().find(|o| {
+        if let Some(barrier) = labels.get(BARRIER_LABEL) {
+            let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
+            if api
+                .get_opt(barrier)
+                .await
+                .map_err(|e| unreadable("Barrier", e))?
+                .is_some()
+            {
+                return Ok(());
+            }
+            let job = pod.metadata.owner_references.iter().flatten().find(|o| {
                 o.kind == "Job" && o.api_version == "batch/v1" && o.controller == Some(true)
             });
-        if let (Some(barrier), Some(job)) = (barrier, job) {
-            job_barrier(&self.client, namespace, barrier, job).await?;
+            let missing = format!(
+                "the pod's label {BARRIER_LABEL}={barrier} names a Barrier that does not exist in namespace {namespace}"
+            );
+            let Some(owner) = job else {
+                return Err(format!(
+                    "{missing}, and the pod belongs to no Job (for a Job whose pod template carries the label, the controller makes it): create the Barrier first"
+                ));
+            };
+            let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+            let found = jobs
+                .get_opt(&owner.name)
+                .await
+                .map_err(|e| unreadable("Job", e))?;
+            let labelled = found.as_ref().is_some_and(|j| {
+                j.metadata.uid.as_deref() == Some(owner.uid.as_str())
+                    && super::jobs::barrier_label(j) == Some(barrier.as_str())
+            });
+            if !labelled {
+                return Err(format!(
+                    "{missing}, and its Job {} (uid {}) {}: create the Barrier first",
+                    owner.name,
+                    owner.uid,
+                    if found.is_none() {
+                        "does not exist"
+                    } else {
+                        "is not that one or its pod template does not carry the label"
+                    }
+                ));
+            }
         }
         Ok(())
     }
 }
 
-/// Makes `name` for the Job `job` when there is no such Barrier: sized
-/// from the Job (`spec.jobRef`), owned by it (deleted with it).
-async fn job_barrier(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    job: &OwnerReference,
-) -> Result<(), kube::Error> {
-    let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
-    if api.get_opt(name).await?.is_some() {
-        return Ok(());
-    }
-    let mut barrier = Barrier::new(
-        name,
-        BarrierSpec {
-            participants: None,
-            job_ref: Some(job.name.clone()),
-            ..BarrierSpec::default()
-        },
-    );
-    barrier.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: job.api_version.clone(),
-        kind: job.kind.clone(),
-        name: job.name.clone(),
-        uid: job.uid.clone(),
-        controller: Some(false),
-        block_owner_deletion: Some(false),
-    }]);
-    barrier.metadata.labels = Some(crate::controller::managed_by());
-    match api.create(&PostParams::default(), &barrier).await {
-        Ok(_) => {
-            info!(%namespace, barrier = %name, job = %job.name, "made the Job's Barrier");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Makes (or corrects) the namespace's copy of the ZooKeeper TLS material.
-async fn copy_tls(
+/// Makes (or corrects) the namespace's copy of the ZooKeeper TLS material
+/// (the leading controller does, for namespaces with resources).
+pub(crate) async fn copy_tls(
     client: &kube::Client,
     namespace: &str,
     tls: &TlsMaterial,
