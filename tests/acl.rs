@@ -546,3 +546,100 @@ async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
     .await;
     refused_as_no_auth(&err, "the old credential after the grace window");
 }
+
+/// Removes namespace `ns` for good on an API server without a
+/// kube-controller-manager: deleted, then its `kubernetes` finalizer
+/// dropped (what the namespace controller does once it emptied it; the
+/// test emptied it first).
+async fn remove_namespace(client: &kube::Client, ns: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(ns, &Default::default()).await.unwrap();
+    let mut terminating = namespaces.get(ns).await.unwrap();
+    terminating.metadata.managed_fields = None;
+    if let Some(spec) = terminating.spec.as_mut() {
+        spec.finalizers = Some(Vec::new());
+    }
+    namespaces
+        .replace_subresource("finalize", ns, &PostParams::default(), &terminating)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "the namespace gone", || async {
+        namespaces.get_opt(ns).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Issue 25, item 3: a namespace's credential and subtree go when the
+/// namespace goes, whatever the order of deletions (here its resources
+/// first, while the namespace still stood, then the namespace), and a
+/// namespace made again under the same name gets a new credential and its
+/// Secret at once; the old credential opens nothing there.
+#[tokio::test]
+async fn a_namespace_made_again_gets_a_new_credential_at_once() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (api, client) = PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let _controller = controller_with_credential(&api, &zk, "controller-remade");
+    let within = Duration::from_secs(30);
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let old = credential_of(&client, &ns).await;
+    // The resources go first, while the namespace stands (its credential
+    // stays: the namespace may get resources again), then the namespace.
+    barriers.delete("gang", &Default::default()).await.unwrap();
+    eventually(within, "the Barrier gone", || async {
+        barriers.get_opt("gang").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets.delete(SECRET, &Default::default()).await.unwrap();
+    remove_namespace(&client, &ns).await;
+    let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
+    let stored = format!("/zkgate/credentials/{ns}");
+    let subtree = format!("/zkgate/namespaces/{ns}");
+    eventually(
+        Duration::from_secs(90),
+        "the namespace's stored credential and subtree gone with it",
+        || async {
+            let c = observer.client();
+            (c.check_stat(&stored).await.ok()?.is_none()
+                && c.check_stat(&subtree).await.ok()?.is_none())
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Made again under the same name: a new credential, at once.
+    let again: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } })).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &again)
+        .await
+        .unwrap();
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let new = credential_of(&client, &ns).await;
+    assert_ne!(new, old, "the namespace made again got the old credential");
+    let with_old = session_as(&zk, Some(&old)).await;
+    assert!(
+        is_no_auth(
+            with_old
+                .client()
+                .create(
+                    &format!("{subtree}/barriers/gang/intruder"),
+                    b"{}",
+                    &zk::CreateMode::Ephemeral.with_acls(with_old.node_acls()),
+                )
+                .await
+        ),
+        "the old credential must open nothing in the namespace made again"
+    );
+    drop(api);
+}

@@ -31,8 +31,13 @@
 //! the next rotation, so a rotation cut short by an error or a crash is
 //! finished by the next look rather than lost.
 //!
-//! When a namespace is deleted, the deletion of its last resource removes
-//! its subtree and its stored credential as well.
+//! A credential belongs to one namespace object (its uid is stored with
+//! it): when the namespace goes (the controller follows the namespaces),
+//! its subtree and stored credential go too, whatever the order of the
+//! deletions, and a namespace made again under the same name gets a new
+//! credential at its first resource's reconcile (a stored credential of
+//! another uid is never handed out: it and its subtree are removed first).
+//! The deletion of a terminating namespace's last resource tidies up too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +47,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -122,9 +130,15 @@ struct Stored {
     /// over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     previous_until_ms: Option<i64>,
+    /// The uid of the namespace object it was made for (absent: stored by
+    /// an older controller; adopted by the namespace of that name then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    namespace_uid: Option<String>,
 }
 
 struct Known {
+    /// The uid of the namespace object it belongs to, when stored.
+    namespace_uid: Option<String>,
     /// The current credential (this session holds it).
     credential: Credential,
     /// The one it replaced, while nodes may still name it (this session
@@ -194,6 +208,8 @@ pub struct Credentials {
     /// race a first look of the same namespace, but namespaces do not wait
     /// for each other's network round trips.
     known: std::sync::Mutex<HashMap<String, Slot>>,
+    /// The namespaces (names and uids), followed by [`Credentials::follow`].
+    namespaces: Store<PartialObjectMeta<Namespace>>,
 }
 
 /// One namespace's entry (`None` until loaded).
@@ -205,13 +221,120 @@ impl Credentials {
         controller: Option<Credential>,
         secret_name: String,
         grace: Duration,
+        namespaces: Store<PartialObjectMeta<Namespace>>,
     ) -> Credentials {
         Credentials {
             controller,
             secret_name,
             grace,
             known: Default::default(),
+            namespaces,
         }
+    }
+
+    /// The uid of the namespace object named `namespace` now: from the
+    /// followed namespaces, or asked for when they do not show it (yet).
+    async fn namespace_uid(&self, namespace: &str, client: &kube::Client) -> Result<String, Error> {
+        if let Some(uid) = self
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .and_then(|n| n.metadata.uid.clone())
+        {
+            return Ok(uid);
+        }
+        Api::<Namespace>::all(client.clone())
+            .get_opt(namespace)
+            .await?
+            .and_then(|n| n.metadata.uid)
+            .ok_or(Error::Incomplete("the resource's namespace"))
+    }
+
+    /// Follows the namespaces (`events`, of a metadata watcher whose store
+    /// is this one's): when one is deleted, or found gone when the watch
+    /// (re)lists, its subtree and stored credential go, so a namespace
+    /// made later under the same name gets a new one. Runs until `events`
+    /// ends. A no-op without a controller credential.
+    pub async fn follow(
+        &self,
+        events: impl futures::Stream<
+            Item = Result<watcher::Event<PartialObjectMeta<Namespace>>, watcher::Error>,
+        >,
+        zk: &Session,
+        layout: &Layout,
+    ) {
+        use futures::StreamExt;
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            if self.controller.is_none() {
+                continue;
+            }
+            let gone: Vec<(String, Option<String>)> = match event {
+                Ok(watcher::Event::Delete(ns)) => {
+                    vec![(ns.name_any(), ns.metadata.uid.clone())]
+                }
+                // A full listing: every stored credential whose namespace
+                // is not there (deleted while nobody watched).
+                Ok(watcher::Event::InitDone) => match stored_namespaces(zk, layout).await {
+                    Ok(stored) => stored
+                        .into_iter()
+                        .filter(|name| self.namespaces.get(&ObjectRef::new(name)).is_none())
+                        .map(|name| (name, None))
+                        .collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list the stored namespace credentials");
+                        Vec::new()
+                    }
+                },
+                Ok(_) => Vec::new(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "following the namespaces");
+                    Vec::new()
+                }
+            };
+            for (namespace, uid) in gone {
+                if let Err(e) = self.forget(&namespace, uid.as_deref(), zk, layout).await {
+                    tracing::warn!(%namespace, error = %e, "cannot remove what ZooKeeper keeps of a deleted namespace; trying again at the next listing");
+                }
+            }
+        }
+    }
+
+    /// Removes `namespace`'s subtree and stored credential, the namespace
+    /// (of `uid`, when known) being gone: unless the credential stored now
+    /// is of another namespace object (one made again meanwhile).
+    async fn forget(
+        &self,
+        namespace: &str,
+        uid: Option<&str>,
+        zk: &Session,
+        layout: &Layout,
+    ) -> Result<(), Error> {
+        let slot = self.slot(namespace);
+        let mut known = slot.lock().await;
+        let node = layout.credential(namespace)?;
+        let stored_uid = match load(zk, &node, namespace, None, false).await? {
+            Some(stored) => stored.namespace_uid,
+            None => None,
+        };
+        if let (Some(uid), Some(stored)) = (uid, &stored_uid) {
+            if uid != stored {
+                return Ok(());
+            }
+        }
+        if let Some(now) = self
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .and_then(|n| n.metadata.uid.clone())
+        {
+            if stored_uid.as_deref().is_none_or(|s| s == now) {
+                // The namespace of that name stands (made again, its
+                // credential adopted or its own): nothing to remove.
+                return Ok(());
+            }
+        }
+        remove_namespace_state(zk, layout, namespace).await?;
+        *known = None;
+        Ok(())
     }
 
     /// `namespace`'s entry.
@@ -253,7 +376,8 @@ impl Credentials {
         };
         let slot = self.slot(namespace);
         let mut known = slot.lock().await;
-        let k = hold(&mut known, namespace, zk, layout, true)
+        let uid = self.namespace_uid(namespace, client).await?;
+        let k = hold(&mut known, namespace, zk, layout, Some(&uid), true)
             .await?
             .ok_or(Error::Incomplete("namespace credential"))?;
         k.close_grace_if_over(namespace);
@@ -304,6 +428,7 @@ impl Credentials {
         store(
             zk,
             &layout.credential(namespace)?,
+            k.namespace_uid.as_deref(),
             &new,
             Some((&k.credential, until)),
         )
@@ -367,13 +492,8 @@ impl Credentials {
         }
         let slot = self.slot(namespace);
         let mut known = slot.lock().await;
-        tree::delete_tree(zk, &dirs[0]).await?;
-        tree::delete_if_present(zk, &layout.credential(namespace)?).await?;
+        remove_namespace_state(zk, layout, namespace).await?;
         *known = None;
-        info!(
-            namespace,
-            "the namespace is being deleted: removed its ZooKeeper subtree and credential"
-        );
         Ok(())
     }
 
@@ -387,7 +507,7 @@ impl Credentials {
     pub async fn hold(&self, namespace: &str, zk: &Session, layout: &Layout) -> Result<(), Error> {
         if self.controller.is_some() {
             let slot = self.slot(namespace);
-            hold(&mut *slot.lock().await, namespace, zk, layout, false).await?;
+            hold(&mut *slot.lock().await, namespace, zk, layout, None, false).await?;
         }
         Ok(())
     }
@@ -449,21 +569,42 @@ impl Credentials {
     }
 }
 
-/// The namespace's entry, loading its stored credentials (making one if
-/// there is none and `create`) and adding them to the session the first
-/// time; `None` when none is stored and not `create`.
+/// The namespace's entry, loading its stored credentials and adding them
+/// to the session the first time; `None` when none is stored and not
+/// `create`. With `uid` (the namespace object's, now), a credential stored
+/// for another namespace object of that name (deleted since) is never
+/// used: it goes, with that namespace's subtree, and with `create` a new
+/// one is made; one stored without a uid (by an older controller) is
+/// adopted.
 async fn hold<'k>(
     known: &'k mut Option<Known>,
     namespace: &str,
     zk: &Session,
     layout: &Layout,
+    uid: Option<&str>,
     create: bool,
 ) -> Result<Option<&'k mut Known>, Error> {
+    let stale =
+        |k: &Known| uid.is_some_and(|uid| k.namespace_uid.as_deref().is_some_and(|u| u != uid));
+    if known.as_ref().is_some_and(stale) {
+        remove_namespace_state(zk, layout, namespace).await?;
+        *known = None;
+    }
     if known.is_none() {
-        let Some(loaded) = load(zk, &layout.credential(namespace)?, namespace, create).await?
-        else {
+        let node = layout.credential(namespace)?;
+        let mut loaded = load(zk, &node, namespace, uid, create).await?;
+        if loaded.as_ref().is_some_and(stale) {
+            remove_namespace_state(zk, layout, namespace).await?;
+            loaded = load(zk, &node, namespace, uid, create).await?;
+        }
+        let Some(mut loaded) = loaded else {
             return Ok(None);
         };
+        if let (Some(uid), None) = (uid, &loaded.namespace_uid) {
+            let previous = loaded.previous.as_ref().zip(loaded.grace_until);
+            store(zk, &node, Some(uid), &loaded.credential, previous).await?;
+            loaded.namespace_uid = Some(uid.to_owned());
+        }
         for c in std::iter::once(&loaded.credential).chain(loaded.previous.as_ref()) {
             zk.add_credential(c).await?;
         }
@@ -472,17 +613,45 @@ async fn hold<'k>(
     Ok(known.as_mut())
 }
 
+/// The namespaces with a stored credential.
+async fn stored_namespaces(zk: &Session, layout: &Layout) -> Result<Vec<String>, Error> {
+    let dir = layout.credential("x")?;
+    let dir = dir
+        .rsplit_once('/')
+        .map_or(dir.as_str(), |(d, _)| d)
+        .to_owned();
+    children(zk, &dir).await
+}
+
+/// Removes what ZooKeeper keeps of `namespace`: its subtree and its stored
+/// credential.
+async fn remove_namespace_state(
+    zk: &Session,
+    layout: &Layout,
+    namespace: &str,
+) -> Result<(), Error> {
+    let dirs = layout.namespace_dirs(namespace)?;
+    tree::delete_tree(zk, &dirs[0]).await?;
+    tree::delete_if_present(zk, &layout.credential(namespace)?).await?;
+    info!(
+        namespace,
+        "removed the ZooKeeper subtree and stored credential of a namespace that is gone"
+    );
+    Ok(())
+}
+
 /// The digest user of a namespace's credential.
 fn user_of(namespace: &str) -> String {
     format!("namespace-{namespace}")
 }
 
-/// The stored credentials; with `create`, making one when there is none
-/// (else `None`).
+/// The stored credentials; with `create`, making one (for the namespace
+/// object `uid`) when there is none (else `None`).
 async fn load(
     zk: &Session,
     node: &str,
     namespace: &str,
+    uid: Option<&str>,
     create: bool,
 ) -> Result<Option<Known>, Error> {
     let client = zk.client();
@@ -501,6 +670,7 @@ async fn load(
                     })
                 };
                 return Ok(Some(Known {
+                    namespace_uid: stored.namespace_uid,
                     credential: parse(&stored.current)?,
                     previous: stored.previous.as_deref().map(parse).transpose()?,
                     grace_until: stored
@@ -523,6 +693,7 @@ async fn load(
                     current: fresh.expose(),
                     previous: None,
                     previous_until_ms: None,
+                    namespace_uid: uid.map(str::to_owned),
                 })
                 .unwrap_or_default();
                 // The controller's own ACL: nobody else may read it.
@@ -553,10 +724,12 @@ async fn load(
 async fn store(
     zk: &Session,
     node: &str,
+    namespace_uid: Option<&str>,
     current: &Credential,
     previous: Option<(&Credential, SystemTime)>,
 ) -> Result<(), Error> {
     let data = serde_json::to_vec(&Stored {
+        namespace_uid: namespace_uid.map(str::to_owned),
         current: current.expose(),
         previous: previous.map(|(c, _)| c.expose()),
         previous_until_ms: previous.and_then(|(_, until)| {

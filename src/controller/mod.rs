@@ -355,6 +355,24 @@ async fn lead(
     let (barrier_pod_cache, barrier_pods) = pods::watch(options.api(client), BARRIER_LABEL);
     let (lock_pod_cache, lock_pods) = pods::watch(options.api(client), LOCK_LABEL);
     let (jobs, job_changes) = jobs::Jobs::watch(options.api(client));
+    // The namespaces (metadata only), whose credentials go with them: only
+    // with a controller credential (the chart grants the watch then).
+    let (namespaces, namespace_writer) = kube::runtime::reflector::store();
+    let namespace_events = options.zookeeper.credential.is_some().then(|| {
+        use kube::runtime::WatchStreamExt;
+        let config = match &options.watch_namespace {
+            Some(scope) => watcher::Config::default().fields(&format!("metadata.name={scope}")),
+            None => watcher::Config::default(),
+        };
+        watcher(
+            Api::<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(
+                client.clone(),
+            ),
+            config,
+        )
+        .default_backoff()
+        .reflect(namespace_writer)
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         zk: session.clone(),
@@ -365,6 +383,7 @@ async fn lead(
             options.zookeeper.credential.clone(),
             options.namespace_secret.clone(),
             options.rotation_grace,
+            namespaces,
         ),
         failures: Default::default(),
         barrier_status: Default::default(),
@@ -425,6 +444,15 @@ async fn lead(
         all_locks: all_locks_tx,
     };
     let follow = zkevents::follow(session, &options.layout, triggers);
+    let follow_namespaces = {
+        let ctx = ctx.clone();
+        async move {
+            match namespace_events {
+                Some(events) => ctx.credentials.follow(events, &ctx.zk, &ctx.layout).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
 
     // The controllers live in this block: leaving it drops them (and their
     // reconciles) before leadership is given up.
@@ -433,6 +461,7 @@ async fn lead(
         tokio::pin!(controllers);
         tokio::select! {
             reason = hold.lost() => Err(anyhow::anyhow!("lost leadership: {reason}")),
+            () = follow_namespaces => Err(anyhow::anyhow!("stopped following the namespaces")),
             result = follow => Err(anyhow::anyhow!("stopped following ZooKeeper: {}", result.err().map(|e| e.to_string()).unwrap_or_default())),
             _ = &mut controllers => Err(anyhow::anyhow!("the controllers stopped")),
             () = shutdown.cancelled() => {
