@@ -66,12 +66,31 @@ fn usage_for(args: impl Iterator<Item = String>) -> String {
     current.clone().render_usage().to_string()
 }
 
+/// Standard error for log lines, where a line that cannot be written (the
+/// reader of a pipe gone, as when a pipeline is killed) is dropped: the
+/// subscriber reports a failed write with `eprintln!`, which panics when
+/// standard error is that broken pipe, and a panic must not stop a
+/// participant from releasing, nor a guardian from killing its command.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("ZKGATE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),

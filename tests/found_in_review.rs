@@ -468,3 +468,235 @@ async fn a_barrier_that_opens_after_a_quiet_wait_does_not_kill_the_command() {
         ran.exists()
     );
 }
+// ---- Third review (of 55417aa: the guardian) ----
+
+/// R3-1: a command that puts itself in a process group of its own (GNU
+/// `timeout` does, unless --foreground; so do `setsid`, `bash -m`) no
+/// longer gets the signals zkgate passes on. Before the guardian the
+/// command was the group leader, so `setpgid(0, 0)` changed nothing; now
+/// the guardian leads the group zkgate `killpg`s, catches the signal and
+/// drops it ("the command already has them"), and zkgate waits on.
+#[tokio::test]
+async fn r3_a_command_in_a_process_group_of_its_own_gets_the_sigterm_passed_on() {
+    let direct = support::isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let (started, got) = (dir.path().join("started"), dir.path().join("got"));
+    let script = format!(
+        "trap 'echo got > {g}; exit 7' TERM; echo > {s}; while :; do sleep 0.05; done",
+        g = got.display(),
+        s = started.display()
+    );
+    let mut holder = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--",
+            "timeout",
+            "600",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    eventually(Duration::from_secs(10), "the command runs", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    signal_pid(holder.id().unwrap(), libc::SIGTERM);
+    let ended = tokio::time::timeout(Duration::from_secs(10), holder.wait()).await;
+    if ended.is_err() {
+        // Killed with its stderr still read (see R3-4), then checked.
+        signal_pid(holder.id().unwrap(), libc::SIGKILL);
+        let _ = holder.wait().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        ended.is_ok() && got.exists(),
+        "the SIGTERM zkgate passed on never reached `timeout 600 sh -c ...` (its trap ran: {}; zkgate exited within 10 s: {})",
+        got.exists(),
+        ended.is_ok()
+    );
+}
+
+/// R3-2: zkgate SIGKILLed after its command exited, while the guardian
+/// stops what the command left: the guardian is in `stop_tree` (SIGTERM,
+/// SIGKILL after the grace), no longer selecting on its parent-death
+/// signal, so the leftovers run on for the rest of the grace instead of
+/// dying "with it, + 100 ms" (README, fault model). The same holds when the
+/// command exits late in the grace of a lost hold: then the leftovers
+/// outlive zkgate's own SIGKILL deadline by up to a whole grace.
+#[tokio::test]
+async fn r3_a_sigkilled_zkgate_takes_what_its_exited_command_left_with_it() {
+    let direct = support::isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("leftover");
+    let script = format!(
+        "(trap '' TERM; while :; do sleep 0.05; done) </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; exit 0",
+        p = pid_file.display()
+    );
+    let holder = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--kill-grace",
+            "4s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let leftover: i32 = eventually(
+        Duration::from_secs(10),
+        "the command started its child",
+        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
+    )
+    .await;
+    // The command has exited; its guardian gives the leftover its grace.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!support::process_ended(leftover));
+    signal_pid(holder.id().unwrap(), libc::SIGKILL);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alive = !support::process_ended(leftover);
+    // SAFETY: kill(2) of the test's own leftover.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
+    assert!(
+        !alive,
+        "the command's child {leftover} still ran 1 s after its zkgate was SIGKILLed (the command had exited; the guardian was giving it its 4 s grace)"
+    );
+    drop(holder);
+}
+
+/// R3-3: a signal zkgate passes on while the guardian starts the command
+/// (after the guardian installed its handlers, before the command's exec:
+/// the guardian's handler, or the inherited one in the forked child before
+/// exec, takes it) never reaches the command, which runs to its end.
+/// zkgate passes a signal on once, so a SIGTERM then is lost: the pod is
+/// SIGKILLed at the end of its grace period instead. Swept over the first
+/// milliseconds of the guardian's life.
+#[test]
+fn r3_a_signal_passed_on_while_the_guardian_starts_reaches_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fencing-token");
+    std::fs::write(&token, "12345\n").unwrap();
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    let boot_ms = now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000;
+    std::fs::write(
+        dir.path().join("fencing-token.trusted-until"),
+        format!("{}\n", boot_ms + 600_000),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("fencing-token.kill-grace"), "1s\n").unwrap();
+    let mut lost = Vec::new();
+    for step in 0..100u64 {
+        let delay = Duration::from_micros(80 * step);
+        let mut zkgate = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args([
+                "lock",
+                "watch",
+                "--token-file",
+                token.to_str().unwrap(),
+                "--",
+            ])
+            .args(["sh", "-c", "trap 'exit 42' TERM; sleep 1; exit 0"])
+            .env("ZKGATE_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let children = format!("/proc/{0}/task/{0}/children", zkgate.id());
+        let start = std::time::Instant::now();
+        while std::fs::read_to_string(&children).map_or(true, |c| c.trim().is_empty()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no guardian started"
+            );
+            std::thread::yield_now();
+        }
+        std::thread::sleep(delay);
+        signal_pid(zkgate.id(), libc::SIGTERM);
+        let status = zkgate.wait().unwrap();
+        if status.code() == Some(0) {
+            lost.push(delay);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "the SIGTERM zkgate passed on {} ms after it started the guardian never reached the command (it ran to its end, exit 0) in {} of 100 runs, delays {lost:?}",
+        lost.first().map_or(0, |d| d.as_millis()),
+        lost.len()
+    );
+}
+
+/// R3-4: the guardian panics at its first log line when its standard error
+/// is a pipe whose reader has gone (tracing-subscriber reports the failed
+/// write with `eprintln!`, which panics on EPIPE), and exits 101 before it
+/// kills anything: the command dies of its own parent-death signal, its
+/// children run on (re-parented to init). zkgate's stderr reader dies with
+/// zkgate whenever both are killed together (`zkgate ... 2>&1 | tee log`, a
+/// CI runner or `kubectl exec` killed with its pipes, `timeout -s KILL` of
+/// such a pipeline: the guardian is in a group of its own and survives).
+#[tokio::test]
+async fn r3_a_sigkilled_zkgate_whose_stderr_reader_died_too_takes_its_commands_tree() {
+    let direct = support::isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("worker");
+    let script = format!(
+        "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; wait",
+        p = pid_file.display()
+    );
+    let mut holder = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let worker: i32 = eventually(
+        Duration::from_secs(10),
+        "the command started its worker",
+        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
+    )
+    .await;
+    // The reader of zkgate's stderr goes, then zkgate (killed together).
+    drop(holder.stderr.take());
+    signal_pid(holder.id().unwrap(), libc::SIGKILL);
+    let _ = holder.wait().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alive = !support::process_ended(worker);
+    // SAFETY: kill(2) of the test's own worker.
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    assert!(
+        !alive,
+        "worker {worker} of the SIGKILLed zkgate's command still ran 1 s later (its stderr reader had gone too)"
+    );
+}

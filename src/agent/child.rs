@@ -18,7 +18,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::time::Instant;
@@ -89,20 +89,21 @@ pub enum Ended<T> {
 
 /// Waits for the command, passing on SIGTERM, SIGINT, SIGHUP, SIGQUIT,
 /// SIGUSR1 and SIGUSR2 (caught by `signals` since before the command was
-/// started, so none is lost in between). When `interrupt` resolves first,
-/// the command's whole tree (its group and every descendant, also those
-/// that left the group) gets SIGTERM at once and SIGKILL `grace` later:
-/// one deadline for all of it. When the command exits by itself, what is
-/// left of its tree is stopped the same way. Either way nothing of it runs
-/// when this returns. Orphans that exit while the command runs are reaped
-/// as they go (we are their subreaper).
+/// started, so none is lost in between) to its guardian, which passes each
+/// on once to the command's process group. When `interrupt` resolves
+/// first, the command's whole tree (every descendant, also those that left
+/// the group) gets SIGTERM at once and SIGKILL `grace` later: one deadline
+/// for all of it. When the command exits by itself, its guardian stops
+/// what is left of its tree the same way before it exits. Either way
+/// nothing of it runs when this returns. Orphans that exit while the
+/// command runs are reaped as they go (we are their subreaper).
 pub async fn supervise<T>(
     mut child: Child,
     signals: &mut Termination,
     interrupt: impl Future<Output = T>,
     grace: Duration,
 ) -> Result<Ended<T>, AgentError> {
-    let pid = child.id().map(|id| Pid::from_raw(id as i32));
+    let guardian = child.id().map(|id| Pid::from_raw(id as i32));
     let me = Pid::this();
     let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))?;
@@ -114,70 +115,72 @@ pub async fn supervise<T>(
                 match status {
                     Ok(status) => break (Ended::Exited(exit_code(status)), kill_at),
                     Err(e) => {
-                        stop_tree(pid, kill_at).await;
+                        stop_tree(None, kill_at).await;
                         return Err(AgentError::new(Exit::Internal, format!("lost track of the command: {e}")));
                     }
                 }
             }
             reason = &mut interrupt => {
                 let kill_at = Instant::now() + grace;
-                let code = terminate(&mut child, pid, kill_at).await;
+                let code = terminate(&mut child, guardian, kill_at).await;
                 break (Ended::Interrupted(reason, code), kill_at);
             }
             _ = orphans.recv() => {
-                // Never the command itself: tokio reaps it.
-                tree::reap_exited_children(me, pid);
+                // Never the guardian itself: tokio reaps it.
+                tree::reap_exited_children(me, guardian);
                 continue;
             }
             sig = signals.any() => sig,
         };
         info!(signal = %sig, "passing the signal on to the command");
-        if let Some(pid) = pid {
-            let _ = killpg(pid, sig);
+        // To the guardian alone, which passes it on to the command's group
+        // exactly once (also while it starts: it keeps the signals blocked
+        // until it can take them).
+        if let Some(guardian) = guardian {
+            let _ = nix::sys::signal::kill(guardian, sig);
         }
     };
-    stop_tree(pid, kill_at).await;
+    stop_tree(None, kill_at).await;
     Ok(ended)
 }
 
-/// SIGTERM to the command's whole tree at once, SIGKILL at `kill_at`;
-/// the command's exit code.
-async fn terminate(child: &mut Child, pid: Option<Pid>, kill_at: Instant) -> i32 {
-    signal_tree(pid, Signal::SIGTERM);
+/// SIGTERM to the command's whole tree at once (not to the guardian, which
+/// would pass it on a second time), SIGKILL to all of it, the guardian
+/// too, at `kill_at`; the command's exit code (as its guardian reports it).
+async fn terminate(child: &mut Child, guardian: Option<Pid>, kill_at: Instant) -> i32 {
+    signal_tree(guardian, Signal::SIGTERM);
     match tokio::time::timeout_at(kill_at, child.wait()).await {
         Ok(Ok(status)) => exit_code(status),
         _ => {
             warn!("the command did not stop after SIGTERM within its kill grace; killing it");
-            signal_tree(pid, Signal::SIGKILL);
+            signal_tree(None, Signal::SIGKILL);
             child.wait().await.map(exit_code).unwrap_or(137)
         }
     }
 }
 
-/// `sig` to the command's group and to every live descendant of ours.
-fn signal_tree(group: Option<Pid>, sig: Signal) {
-    if let Some(group) = group {
-        let _ = killpg(group, sig);
-    }
+/// `sig` to every live descendant of ours but `spared`.
+fn signal_tree(spared: Option<Pid>, sig: Signal) {
     for pid in tree::descendants(Pid::this()) {
-        let _ = nix::sys::signal::kill(pid, sig);
+        if Some(pid) != spared {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
     }
 }
 
 /// How often the stopping tree is looked at.
 const TREE_POLL: Duration = Duration::from_millis(10);
 
-/// Stops every process left of the command (its group, and every
-/// descendant of ours: we are their subreaper): SIGTERM now, SIGKILL from
-/// `kill_at` on (at once when it has passed), until none is left. Called
-/// once the command itself has been reaped (or will never be waited for),
-/// so nothing we reap here is a child tokio still waits for.
-pub(super) async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
+/// Stops every process left of the command (every descendant of ours but
+/// `spared`: we are their subreaper): SIGTERM now, SIGKILL (to `spared`
+/// too) from `kill_at` on (at once when it has passed), until none is
+/// left. Called once the command itself has been reaped (or will never be
+/// waited for), so nothing we reap here is a child tokio still waits for.
+pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
     let me = Pid::this();
-    let group_gone = || group.is_none_or(|g| killpg(g, None).is_err());
     tree::reap_exited_children(me, None);
     let left = tree::descendants(me);
-    if left.is_empty() && group_gone() {
+    if left.is_empty() {
         return;
     }
     info!(
@@ -194,9 +197,9 @@ pub(super) async fn stop_tree(group: Option<Pid>, kill_at: Instant) {
             warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
             sig = Signal::SIGKILL;
         }
-        signal_tree(group, sig);
+        signal_tree(spared.filter(|_| sig != Signal::SIGKILL), sig);
         tree::reap_exited_children(me, None);
-        if group_gone() && tree::descendants(me).is_empty() {
+        if tree::descendants(me).is_empty() {
             return;
         }
         tokio::time::sleep(TREE_POLL).await;

@@ -15,9 +15,15 @@
 //! it reports the command's exit code as its own, so zkgate sees the
 //! command end only once nothing of it runs.
 //!
-//! Signals zkgate passes on reach the guardian's process group, which the
-//! command shares: the guardian catches them (it must not die of them)
-//! and does nothing more, since the command already has them.
+//! Signals zkgate passes on go to the guardian, which passes each on once
+//! to the command's process group (the command leads a group of its own,
+//! so a command that makes itself a group, as GNU `timeout` does, still
+//! gets them). The guardian starts with those signals blocked (zkgate
+//! blocks them before the exec): one sent before it can take them waits,
+//! and is passed on once the command runs, rather than killing the
+//! guardian or being lost. Parent death is acted on first and logged
+//! after; a log line that cannot be written (zkgate's stderr reader gone
+//! with it) is dropped, never a panic.
 
 use std::time::Duration;
 
@@ -31,6 +37,22 @@ use tracing::warn;
 use super::child::{self, tree};
 use super::exit::{AgentError, Exit};
 use super::Termination;
+
+/// The signals zkgate passes on (see [`super::Termination::any`]).
+fn passed_on() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ] {
+        set.add(sig);
+    }
+    set
+}
 
 /// The hidden subcommand that runs the guardian.
 pub const SUBCOMMAND: &str = "__guard";
@@ -56,15 +78,20 @@ pub(super) fn command(parent: Pid, grace: Duration, command: &[String]) -> Comma
         .arg(grace.as_millis().to_string())
         .arg("--")
         .args(command);
-    // SAFETY: prctl only sets a flag of the new process; it is
-    // async-signal-safe. The flag survives the exec.
+    // SAFETY: prctl and pthread_sigmask only set the new process's
+    // parent-death signal and signal mask; both are async-signal-safe and
+    // survive the exec.
     unsafe {
         cmd.pre_exec(|| {
-            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, parent_died()) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, parent_died()) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
+            nix::sys::signal::pthread_sigmask(
+                nix::sys::signal::SigmaskHow::SIG_BLOCK,
+                Some(&passed_on()),
+                None,
+            )
+            .map_err(std::io::Error::from)
         });
     }
     cmd
@@ -77,12 +104,22 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     let failed = |what: &str, e: std::io::Error| {
         AgentError::new(Exit::Internal, format!("guardian: cannot {what}: {e}"))
     };
+    // `ps` and `pgrep` show it for what it is (not `exe`).
+    let _ = nix::sys::prctl::set_name(c"zkgate-guard");
     // Handlers first, then the check: a parent that dies after this point
     // is seen by one or the other.
     let mut orphaned =
         signal(SignalKind::from_raw(parent_died())).map_err(|e| failed("handle signals", e))?;
     let mut children = signal(SignalKind::child()).map_err(|e| failed("handle signals", e))?;
-    let mut passed_on = Termination::install()?;
+    let mut passed = Termination::install()?;
+    // Blocked since before our exec (see `command`): what came meanwhile
+    // is taken now, and passed on once the command runs.
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_UNBLOCK,
+        Some(&passed_on()),
+        None,
+    )
+    .map_err(|e| failed("take signals", e.into()))?;
     if nix::unistd::getppid().as_raw() != parent {
         return Err(AgentError::new(
             Exit::Internal,
@@ -92,10 +129,12 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| failed("become the command's subreaper", e.into()))?;
     let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]).kill_on_drop(true);
-    // SAFETY: as in `command`. Should the guardian itself be SIGKILLed, the
-    // command goes too, and its children are re-parented to zkgate (a
-    // subreaper as well), which stops them.
+    // A group of its own: what is passed on reaches it and its group.
+    cmd.args(&command[1..]).process_group(0).kill_on_drop(true);
+    // SAFETY: prctl only sets a flag of the new process; async-signal-safe.
+    // Should the guardian itself be SIGKILLed, the command goes too, and
+    // its children are re-parented to zkgate (a subreaper as well), which
+    // stops them.
     unsafe {
         cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Into::into));
     }
@@ -104,26 +143,39 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
         .map_err(|e| failed(&format!("start {:?}", command[0]), e))?;
     let pid = started.id().map(|id| Pid::from_raw(id as i32));
     let me = Pid::this();
-    loop {
+    let code = loop {
         tokio::select! {
-            status = started.wait() => {
-                let code = match status {
-                    Ok(status) => child::exit_code(status),
-                    Err(e) => {
-                        warn!(error = %e, "guardian: lost track of the command");
-                        137
-                    }
-                };
-                child::stop_tree(None, Instant::now() + grace).await;
-                return Ok(code);
-            }
-            _ = orphaned.recv() => {
-                warn!("zkgate ended without stopping its command: killing the command and everything it started");
-                child::stop_tree(None, Instant::now()).await;
-                return Ok(137);
-            }
+            // zkgate's death first: nothing of the command may outlive it.
+            biased;
+            _ = orphaned.recv() => return Ok(kill_all().await),
+            status = started.wait() => break match status {
+                Ok(status) => child::exit_code(status),
+                Err(e) => {
+                    warn!(error = %e, "guardian: lost track of the command");
+                    137
+                }
+            },
             _ = children.recv() => tree::reap_exited_children(me, pid),
-            _ = passed_on.any() => {}
+            sig = passed.any() => {
+                if let Some(pid) = pid {
+                    let _ = nix::sys::signal::killpg(pid, sig);
+                }
+            }
         }
+    };
+    // What the command left gets its grace, unless zkgate dies meanwhile.
+    tokio::select! {
+        biased;
+        _ = orphaned.recv() => Ok(kill_all().await),
+        () = child::stop_tree(None, Instant::now() + grace) => Ok(code),
     }
+}
+
+/// zkgate died: SIGKILL to every process of the command, then a word.
+async fn kill_all() -> i32 {
+    child::stop_tree(None, Instant::now()).await;
+    warn!(
+        "zkgate ended without stopping its command: killed the command and everything it started"
+    );
+    137
 }

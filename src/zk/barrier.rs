@@ -399,7 +399,13 @@ impl DoubleBarrier {
                         guard.disarm();
                         Ok(None)
                     }
-                    Withdrawal::Opened => self.settle(session, id, true).await,
+                    // Open with our node in it: it may be counted, so it
+                    // stays whatever settling says (never removed on an
+                    // error here).
+                    Withdrawal::Opened => {
+                        guard.disarm();
+                        self.settle(session, id, true).await
+                    }
                 }
             }
             // A create whose outcome we still do not know (the server could
@@ -467,10 +473,17 @@ impl DoubleBarrier {
         let ready = path::join(&self.path, READY);
         let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
         loop {
+            // As the leader has it (a new session's server may be a
+            // follower behind our node's create): a sync goes first.
             let node_version = match czxid {
                 None => None,
                 Some(czxid) => match session
-                    .retry("check", node, || client.check_stat(node))
+                    .retry("check", node, || async {
+                        let sync = client.sync(node);
+                        let stat = client.check_stat(node);
+                        sync.await?;
+                        stat.await
+                    })
                     .await?
                 {
                     Some(stat) if stat.czxid == czxid => Some(stat.version),
