@@ -801,9 +801,25 @@ async fn run_as_the_kubelet(
     pod: &Pod,
     container: &k8s_openapi::api::core::v1::Container,
 ) -> (i32, String) {
+    use std::os::unix::fs::PermissionsExt;
     let ns = pod.namespace().unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let root = tempfile::tempdir().unwrap();
+    // The container's user must get through to its volumes and binary.
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let security = container.security_context.as_ref();
+    let (uid, gid) = (
+        security.and_then(|s| s.run_as_user),
+        security.and_then(|s| s.run_as_group),
+    );
+    assert!(
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.fs_group)
+            .is_none(),
+        "this stand-in for the kubelet does not apply an fsGroup"
+    );
     let volumes = pod
         .spec
         .as_ref()
@@ -821,10 +837,16 @@ async fn run_as_the_kubelet(
                 .get(source.secret_name.as_deref().unwrap())
                 .await
                 .expect("the Secret the volume names");
+            // As the kubelet writes a Secret volume: root-owned files of
+            // the volume's mode (0644 when it sets none).
+            let mode = source.default_mode.unwrap_or(0o644) as u32;
             for (key, value) in secret.data.unwrap_or_default() {
-                std::fs::write(dir.join(key), value.0).unwrap();
+                let file = dir.join(key);
+                std::fs::write(&file, value.0).unwrap();
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
             }
         }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         mounts.push((mount.mount_path.clone(), dir));
     }
     let in_container = |value: &str| {
@@ -836,7 +858,18 @@ async fn run_as_the_kubelet(
             })
             .unwrap_or_else(|| value.to_owned())
     };
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    // The image's binary, where the container's user can run it.
+    let binary = root.path().join("zkgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = tokio::process::Command::new(&binary);
+    // As the container's user (the test runs as root, as the kubelet does).
+    if let Some(uid) = uid {
+        cmd.uid(uid as u32);
+    }
+    if let Some(gid) = gid {
+        cmd.gid(gid as u32);
+    }
     cmd.env_clear()
         .args(container.args.iter().flatten())
         .stdin(std::process::Stdio::null())

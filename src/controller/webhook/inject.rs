@@ -255,7 +255,12 @@ pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> 
             name: TLS_VOLUME.to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(tls.name.clone()),
-                default_mode: Some(0o440),
+                // Readable by the injected container's user (65532): the
+                // kubelet writes the files root-owned, and without an
+                // fsGroup (which would chown every volume of the pod) the
+                // group bits give that user nothing. Only the injected
+                // container mounts this volume.
+                default_mode: Some(0o444),
                 ..Default::default()
             }),
             ..Default::default()
