@@ -187,6 +187,24 @@ pub struct WebhookArgs {
     /// certificate, if any) into for them.
     #[arg(long, env = "ZKGATE_ZOOKEEPER_TLS_SECRET", default_value = "zkgate-zookeeper-tls", value_parser = node_name)]
     pub zookeeper_tls_secret: String,
+    /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
+    /// issues each namespace's participant client certificate from (one
+    /// that names the namespace; the ensemble must trust this CA). Without
+    /// it participants get the server CA alone, never the controller's own
+    /// client certificate.
+    #[arg(
+        long,
+        env = "ZKGATE_PARTICIPANT_CA_CERT",
+        requires = "participant_ca_key"
+    )]
+    pub participant_ca_cert: Option<PathBuf>,
+    /// The key (PEM) of `--participant-ca-cert`.
+    #[arg(
+        long,
+        env = "ZKGATE_PARTICIPANT_CA_KEY",
+        requires = "participant_ca_cert"
+    )]
+    pub participant_ca_key: Option<PathBuf>,
 }
 
 impl ControllerArgs {
@@ -238,13 +256,24 @@ impl ControllerArgs {
                 names: w.webhook_names.clone(),
             },
         };
+        let participant_ca = match (&w.participant_ca_cert, &w.participant_ca_key) {
+            (Some(cert), Some(key)) => {
+                let read = |path: &PathBuf| {
+                    std::fs::read_to_string(path).map_err(|e| {
+                        AgentError::usage(format!("cannot read {}: {e}", path.display()))
+                    })
+                };
+                let ca =
+                    crate::controller::webhook::certs::ParticipantCa::new(read(cert)?, read(key)?)
+                        .map_err(|e| AgentError::usage(format!("the participant CA: {e}")))?;
+                Some(ca)
+            }
+            _ => None,
+        };
         let tls = zookeeper.tls.as_ref().map(|t| TlsMaterial {
             secret: w.zookeeper_tls_secret.clone(),
             ca: t.ca.clone().into_bytes(),
-            client: t
-                .identity
-                .as_ref()
-                .map(|(c, k)| (c.clone().into_bytes(), k.clone().into_bytes())),
+            participant_ca: participant_ca.clone(),
         });
         Ok(Some(WebhookOptions {
             addr,
@@ -259,7 +288,7 @@ impl ControllerArgs {
                     .then(|| self.namespace_secret.clone()),
                 tls: tls.as_ref().map(|t| TlsSecret {
                     name: t.secret.clone(),
-                    client_certificate: t.client.is_some(),
+                    client_certificate: t.participant_ca.is_some(),
                 }),
                 native_sidecars: false,
             },

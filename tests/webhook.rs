@@ -921,7 +921,16 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
         tls.path("client.crt"),
         tls.path("client.key"),
     );
-    let args = tls.controller_args();
+    // Participants' certificates are issued from the CA the ensemble
+    // trusts (the test's one).
+    let mut args = tls.controller_args();
+    for (option, file) in [
+        ("--participant-ca-cert", "ca.crt"),
+        ("--participant-ca-key", "ca.key"),
+    ] {
+        args.push(option.to_owned());
+        args.push(tls.path(file).to_string_lossy().into_owned());
+    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let controller = h.controller_and(&zk, &args).await;
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
@@ -946,9 +955,25 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
     let copied = secrets.get("zkgate-zookeeper-tls").await.expect("the copy");
     let data = copied.data.clone().unwrap();
-    for (name, file) in [("ca.crt", &ca), ("tls.crt", &cert), ("tls.key", &key)] {
-        assert_eq!(data[name].0, std::fs::read(file).unwrap(), "{name}");
-    }
+    assert_eq!(
+        data["ca.crt"].0,
+        std::fs::read(&ca).unwrap(),
+        "the server CA"
+    );
+    // Issue 25, item 2: the namespace's own certificate, never the
+    // controller's identity.
+    assert_ne!(
+        data["tls.key"].0,
+        std::fs::read(&key).unwrap(),
+        "the controller's own client key was handed to the namespace"
+    );
+    assert_ne!(data["tls.crt"].0, std::fs::read(&cert).unwrap());
+    let der = pem_der(&data["tls.crt"].0);
+    let named = format!("zkgate-participant.{}", h.ns);
+    assert!(
+        der.windows(named.len()).any(|w| w == named.as_bytes()),
+        "the participant certificate names its namespace ({named})"
+    );
 
     let (code, err) = run_as_the_kubelet(&h.client, &pod, init).await;
     assert_eq!(code, 0, "the injected container passes the barrier: {err}");

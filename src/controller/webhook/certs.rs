@@ -306,3 +306,113 @@ fn serving(secret: &Secret) -> Result<Serving, CertError> {
         key: field(secret, TLS_KEY)?,
     })
 }
+
+/// The CA the namespaces' participant client certificates are issued from
+/// (`--participant-ca-cert`/`--participant-ca-key`): each namespace gets a
+/// certificate of its own, which names it (`CN=zkgate-participant.<ns>`),
+/// so a namespace's pods never hold the controller's identity, and one
+/// namespace's certificate says nothing of another's.
+#[derive(Clone)]
+pub struct ParticipantCa {
+    cert: String,
+    key: String,
+    /// Tells certificates of this CA from those of one it replaced.
+    fingerprint: String,
+}
+
+impl std::fmt::Debug for ParticipantCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParticipantCa")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A participant certificate, its key and the annotations that say what
+/// issued it and until when.
+pub struct Issued {
+    /// The certificate (PEM).
+    pub cert: String,
+    /// Its key (PEM).
+    pub key: String,
+    /// [`PARTICIPANT_CA_ANNOTATION`] and the not-after time.
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// On the namespace's TLS Secret: the participant CA its certificate was
+/// issued from (a fingerprint).
+pub const PARTICIPANT_CA_ANNOTATION: &str = "zkgate.io/participant-ca";
+
+impl ParticipantCa {
+    /// The CA from its certificate and key (PEM); refused when they cannot
+    /// sign.
+    pub fn new(cert: String, key: String) -> Result<ParticipantCa, rcgen::Error> {
+        use std::hash::{Hash, Hasher};
+        let ca = ParticipantCa {
+            fingerprint: {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                cert.hash(&mut h);
+                format!("{:016x}", h.finish())
+            },
+            cert,
+            key,
+        };
+        ca.issue("check")?;
+        Ok(ca)
+    }
+
+    /// Whether the certificate that `annotations` describe must be issued
+    /// again: of another CA, or a third of its lifetime or less left.
+    pub fn due(&self, annotations: &std::collections::BTreeMap<String, String>) -> bool {
+        if annotations.get(PARTICIPANT_CA_ANNOTATION) != Some(&self.fingerprint) {
+            return true;
+        }
+        let renew_at = annotations
+            .get(NOT_AFTER_ANNOTATION)
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .and_then(|t| {
+                t.checked_sub(k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME / 3).ok()?)
+                    .ok()
+            });
+        renew_at.is_none_or(|at| Timestamp::now() >= at)
+    }
+
+    /// A new client certificate for `namespace`'s participants.
+    pub fn issue(&self, namespace: &str) -> Result<Issued, rcgen::Error> {
+        let issuer = Issuer::from_ca_cert_pem(&self.cert, KeyPair::from_pem(&self.key)?)?;
+        let now = Timestamp::now();
+        let mut leaf = CertificateParams::default();
+        leaf.distinguished_name = DistinguishedName::new();
+        leaf.distinguished_name.push(
+            DnType::CommonName,
+            format!("zkgate-participant.{namespace}"),
+        );
+        leaf.distinguished_name
+            .push(DnType::OrganizationName, "zkgate");
+        leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let (not_before, not_after) =
+            validity(now, LEAF_LIFETIME).map_err(|_| rcgen::Error::Time)?;
+        leaf.not_before = not_before;
+        leaf.not_after = not_after;
+        let key = KeyPair::generate()?;
+        let cert = leaf.signed_by(&key, &issuer)?;
+        let until = now
+            .checked_add(
+                k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME).unwrap_or_default(),
+            )
+            .unwrap_or(now);
+        Ok(Issued {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            annotations: [
+                (
+                    PARTICIPANT_CA_ANNOTATION.to_owned(),
+                    self.fingerprint.clone(),
+                ),
+                (NOT_AFTER_ANNOTATION.to_owned(), until.to_string()),
+            ]
+            .into(),
+        })
+    }
+}

@@ -67,17 +67,20 @@ pub enum CertSource {
     Dir(PathBuf),
 }
 
-/// ZooKeeper TLS material the injected containers need: copied into a
-/// Secret of each namespace whose pods are injected (a pod can mount only
-/// Secrets of its own namespace).
+/// ZooKeeper TLS material the injected containers need, in a Secret of
+/// each namespace with resources (a pod can mount only Secrets of its own
+/// namespace): the server CA, and with a participant CA a client
+/// certificate of the namespace's own. Never the controller's own client
+/// certificate: with ZooKeeper's x509 authentication that is the
+/// controller's identity, and the namespace's pods could read it.
 #[derive(Clone, Debug)]
 pub struct TlsMaterial {
     /// The Secret's name in each namespace.
     pub secret: String,
-    /// The CA bundle (PEM).
+    /// The CA bundle (PEM) the servers' certificates chain to.
     pub ca: Vec<u8>,
-    /// A client certificate and key (PEM), when the controller has one.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
+    /// The CA the namespaces' participant certificates are issued from.
+    pub participant_ca: Option<certs::ParticipantCa>,
 }
 
 /// How the webhook runs.
@@ -541,24 +544,61 @@ impl Webhook {
 }
 
 /// Makes (or corrects) the namespace's copy of the ZooKeeper TLS material
-/// (the leading controller does, for namespaces with resources).
+/// (the leading controller does, for namespaces with resources): the
+/// server CA, and a participant certificate issued for the namespace,
+/// renewed when due or when the participant CA changed.
 pub(crate) async fn copy_tls(
     client: &kube::Client,
     namespace: &str,
     tls: &TlsMaterial,
 ) -> Result<(), kube::Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let existing = api.get_opt(&tls.secret).await?;
+    let field = |key: &str| {
+        existing
+            .as_ref()
+            .and_then(|s| s.data.as_ref()?.get(key))
+            .map(|b| b.0.clone())
+    };
+    let annotations = existing
+        .as_ref()
+        .and_then(|s| s.metadata.annotations.clone())
+        .unwrap_or_default();
+    let participant = match &tls.participant_ca {
+        None => None,
+        Some(ca) => match (field("tls.crt"), field("tls.key")) {
+            (Some(cert), Some(key)) if !ca.due(&annotations) => Some((cert, key, annotations)),
+            _ => {
+                let issued = ca.issue(namespace).map_err(|e| {
+                    kube::Error::Service(
+                        format!("cannot issue the namespace's participant certificate: {e}").into(),
+                    )
+                })?;
+                Some((
+                    issued.cert.into_bytes(),
+                    issued.key.into_bytes(),
+                    issued.annotations,
+                ))
+            }
+        },
+    };
     let mut data = vec![("ca.crt", tls.ca.clone())];
-    if let Some((cert, key)) = &tls.client {
-        data.push(("tls.crt", cert.clone()));
-        data.push(("tls.key", key.clone()));
+    let mut annotations = std::collections::BTreeMap::new();
+    if let Some((cert, key, issued)) = participant {
+        data.push(("tls.crt", cert));
+        data.push(("tls.key", key));
+        annotations = issued;
     }
     let data: std::collections::BTreeMap<_, _> = data
         .into_iter()
         .map(|(k, v)| (k.to_owned(), ByteString(v)))
         .collect();
-    let existing = api.get_opt(&tls.secret).await?;
-    if existing.as_ref().and_then(|s| s.data.as_ref()) == Some(&data) {
+    let current = existing.as_ref().and_then(|s| s.data.as_ref());
+    let current_annotations = existing
+        .as_ref()
+        .and_then(|s| s.metadata.annotations.clone())
+        .unwrap_or_default();
+    if current == Some(&data) && current_annotations == annotations {
         return Ok(());
     }
     let secret = Secret {
@@ -566,6 +606,7 @@ pub(crate) async fn copy_tls(
             name: Some(tls.secret.clone()),
             resource_version: existing.and_then(|s| s.metadata.resource_version),
             labels: Some(crate::controller::managed_by()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         },
         type_: Some("Opaque".to_owned()),
@@ -581,7 +622,7 @@ pub(crate) async fn copy_tls(
     };
     match written {
         Ok(_) => {
-            info!(%namespace, secret = %tls.secret, "copied the ZooKeeper TLS material into the namespace");
+            info!(%namespace, secret = %tls.secret, "wrote the namespace's ZooKeeper TLS material");
             Ok(())
         }
         // Another replica or request wrote it at the same time.
