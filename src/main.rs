@@ -26,7 +26,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cli.log_format);
+    // The guardian must never wait on its standard error (see guardian).
+    init_logging(
+        cli.log_format,
+        matches!(cli.command, zkgate::cli::Command::Guard { .. }),
+    );
     // The participant commands do a handful of requests: one thread starts
     // fastest and stays smallest. The controller reconciles many resources
     // at once: a worker per core.
@@ -71,26 +75,55 @@ fn usage_for(args: impl Iterator<Item = String>) -> String {
 /// subscriber reports a failed write with `eprintln!`, which panics when
 /// standard error is that broken pipe, and a panic must not stop a
 /// participant from releasing, nor a guardian from killing its command.
-struct LogWriter;
+/// With `Some`, lines go to a non-blocking description of standard error
+/// (see [`nonblocking_stderr`]).
+#[derive(Clone)]
+struct LogWriter(Option<std::sync::Arc<std::fs::File>>);
 
 impl std::io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
+        let _ = match &self.0 {
+            Some(file) => (&**file).write_all(buf),
+            None => std::io::stderr().write_all(buf),
+        };
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
         Ok(())
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Standard error opened again, non-blocking, when it is a pipe or a
+/// terminal: a full pipe (a reader that does not read) or a paused
+/// terminal then drops the guardian's log lines instead of blocking it
+/// before it acts. A description of its own: O_NONBLOCK on the shared one
+/// would reach the command's writes too.
+fn nonblocking_stderr() -> Option<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let kind = std::fs::metadata("/proc/self/fd/2").ok()?.file_type();
+    if !(kind.is_fifo() || kind.is_char_device()) {
+        return None;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open("/proc/self/fd/2")
+        .ok()
+}
+
+fn init_logging(format: LogFormat, never_block: bool) {
     let filter = EnvFilter::try_from_env("ZKGATE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn"));
+    let writer = LogWriter(
+        never_block
+            .then(nonblocking_stderr)
+            .flatten()
+            .map(std::sync::Arc::new),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| LogWriter)
+        .with_writer(move || writer.clone())
         .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),

@@ -700,3 +700,150 @@ async fn r3_a_sigkilled_zkgate_whose_stderr_reader_died_too_takes_its_commands_t
         "worker {worker} of the SIGKILLed zkgate's command still ran 1 s later (its stderr reader had gone too)"
     );
 }
+
+// ---- Fourth review (of cc5cbca), by the reviewing helper; these fail on cc5cbca. ----
+
+/// The children of `pid` (all its threads').
+fn r4_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+/// The guardian cannot act on zkgate's death while its standard error is a
+/// full pipe (a reader alive but not reading: `| less`, a stalled log
+/// shipper, a terminal after Ctrl-S): `kill_all` → `stop_tree` logs "the
+/// command left processes behind" (info, on by default) *before* its first
+/// SIGKILL, and that write blocks.
+#[tokio::test]
+async fn r4_a_sigkilled_zkgate_whose_stderr_pipe_is_full_takes_its_commands_tree() {
+    let direct = support::isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("worker");
+    let script = format!(
+        "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; head -c 1000000 /dev/zero >&2; wait",
+        p = pid_file.display()
+    );
+    let mut cmd = support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--session-timeout",
+            "8s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    // zkgate's default logging (what a user runs), not the tests' warn.
+    cmd.env_remove("ZKGATE_LOG");
+    let mut holder = piped(cmd);
+    let worker: i32 = eventually(
+        Duration::from_secs(10),
+        "the command started its worker",
+        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
+    )
+    .await;
+    // The command fills the (unread) pipe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stderr = holder.stderr.take();
+    signal_pid(holder.id().unwrap(), libc::SIGKILL);
+    let _ = holder.wait().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let alive = !support::process_ended(worker);
+    // SAFETY: kill(2) of the test's own worker.
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    drop(stderr);
+    assert!(
+        !alive,
+        "worker {worker} of the SIGKILLed zkgate's command still ran 2 s later (its stderr pipe was full: the guardian blocked logging before it killed)"
+    );
+}
+
+/// zkgate's terminate (a loss) spares the guardian, so a guardian that has
+/// not started the command yet (a slow start: here SIGSTOPped until the
+/// loss has been acted on) starts it afterwards: the command never gets
+/// SIGTERM and runs until the kill grace, then SIGKILL (exit 137).
+#[test]
+fn r4_a_loss_while_the_guardian_starts_sends_the_command_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fencing-token");
+    std::fs::write(&token, "42\n").unwrap();
+    let mut ts = nix_boottime_ms();
+    ts += 3_600_000;
+    std::fs::write(
+        dir.path().join("fencing-token.trusted-until"),
+        format!("{ts}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("fencing-token.kill-grace"), "4s\n").unwrap();
+    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args([
+            "lock",
+            "watch",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--",
+            "sleep",
+            "600",
+        ])
+        .env("ZKGATE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let zkgate = watch.id() as i32;
+    // The guardian, once it is exec'd (zkgate has gone on to supervise it),
+    // stopped before it started the command.
+    let start = std::time::Instant::now();
+    let guardian = loop {
+        assert!(start.elapsed() < Duration::from_secs(10), "no guardian");
+        if let Some(&g) = r4_children(zkgate).first() {
+            if std::fs::read(format!("/proc/{g}/cmdline"))
+                .is_ok_and(|c| c.windows(7).any(|w| w == b"__guard"))
+            {
+                // SAFETY: kill(2) of the test's own zkgate's child.
+                unsafe { libc::kill(g, libc::SIGSTOP) };
+                break g;
+            }
+        }
+    };
+    assert!(
+        r4_children(guardian).is_empty(),
+        "caught the guardian too late (it had started the command): rerun"
+    );
+    let lost = std::time::Instant::now();
+    std::fs::remove_file(&token).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: as above.
+    unsafe { libc::kill(guardian, libc::SIGCONT) };
+    let out = watch.wait_with_output().unwrap();
+    let took = lost.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("it exited 143") && took < Duration::from_secs(3),
+        "the command should have had SIGTERM (exit 143) soon after the loss; after {took:?}: {stderr}"
+    );
+}
+
+fn nix_boottime_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a local.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}

@@ -145,25 +145,20 @@ pub async fn supervise<T>(
 }
 
 /// SIGTERM to the command's whole tree at once (not to the guardian, which
-/// would pass it on a second time), SIGKILL to all of it, the guardian
-/// too, at `kill_at`; the command's exit code (as its guardian reports it).
+/// would pass it on a second time), and to every process of it that
+/// appears later (the command itself, when the guardian was still
+/// starting it; a child forked meanwhile); SIGKILL to all of it, the
+/// guardian too, at `kill_at`. The command's exit code (as its guardian
+/// reports it).
 async fn terminate(child: &mut Child, guardian: Option<Pid>, kill_at: Instant) -> i32 {
-    signal_tree(guardian, Signal::SIGTERM);
-    match tokio::time::timeout_at(kill_at, child.wait()).await {
-        Ok(Ok(status)) => exit_code(status),
-        _ => {
-            warn!("the command did not stop after SIGTERM within its kill grace; killing it");
-            signal_tree(None, Signal::SIGKILL);
-            child.wait().await.map(exit_code).unwrap_or(137)
-        }
-    }
-}
-
-/// `sig` to every live descendant of ours but `spared`.
-fn signal_tree(spared: Option<Pid>, sig: Signal) {
-    for pid in tree::descendants(Pid::this()) {
-        if Some(pid) != spared {
-            let _ = nix::sys::signal::kill(pid, sig);
+    let mut stopping = Stopping::new(guardian, kill_at);
+    loop {
+        stopping.step();
+        tokio::select! {
+            status = child.wait() => {
+                return status.map(exit_code).unwrap_or(137);
+            }
+            () = tokio::time::sleep(TREE_POLL) => {}
         }
     }
 }
@@ -171,11 +166,63 @@ fn signal_tree(spared: Option<Pid>, sig: Signal) {
 /// How often the stopping tree is looked at.
 const TREE_POLL: Duration = Duration::from_millis(10);
 
+/// Stopping the processes below us: each gets SIGTERM once, when it is
+/// first seen; from the kill deadline on, all get SIGKILL, at every look.
+struct Stopping {
+    /// Spared SIGTERM (the guardian, which would pass it on again), not
+    /// SIGKILL.
+    spared: Option<Pid>,
+    termed: std::collections::HashSet<Pid>,
+    kill_at: Instant,
+    killing: bool,
+}
+
+impl Stopping {
+    fn new(spared: Option<Pid>, kill_at: Instant) -> Stopping {
+        Stopping {
+            spared,
+            termed: Default::default(),
+            kill_at,
+            killing: Instant::now() >= kill_at,
+        }
+    }
+
+    /// One look: signals what is there; whether anything is left.
+    fn step(&mut self) -> bool {
+        if !self.killing && Instant::now() >= self.kill_at {
+            warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
+            self.killing = true;
+        }
+        let left = tree::descendants(Pid::this());
+        for &pid in &left {
+            if self.killing {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            } else if Some(pid) != self.spared && self.termed.insert(pid) {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            }
+        }
+        !left.is_empty()
+    }
+}
+
+/// SIGKILL, now, to every process below us, until none is left.
+pub(super) async fn kill_tree() {
+    let mut stopping = Stopping::new(None, Instant::now());
+    loop {
+        tree::reap_exited_children(Pid::this(), None);
+        if !stopping.step() {
+            return;
+        }
+        tokio::time::sleep(TREE_POLL).await;
+    }
+}
+
 /// Stops every process left of the command (every descendant of ours but
-/// `spared`: we are their subreaper): SIGTERM now, SIGKILL (to `spared`
-/// too) from `kill_at` on (at once when it has passed), until none is
-/// left. Called once the command itself has been reaped (or will never be
-/// waited for), so nothing we reap here is a child tokio still waits for.
+/// `spared`: we are their subreaper): SIGTERM once each, SIGKILL (to
+/// `spared` too) from `kill_at` on (at once when it has passed), until
+/// none is left. Called once the command itself has been reaped (or will
+/// never be waited for), so nothing we reap here is a child tokio still
+/// waits for.
 pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
     let me = Pid::this();
     tree::reap_exited_children(me, None);
@@ -187,19 +234,10 @@ pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
         processes = left.len(),
         "the command left processes behind; stopping them before going on"
     );
-    let mut sig = if Instant::now() >= kill_at {
-        Signal::SIGKILL
-    } else {
-        Signal::SIGTERM
-    };
+    let mut stopping = Stopping::new(spared, kill_at);
     loop {
-        if sig == Signal::SIGTERM && Instant::now() >= kill_at {
-            warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
-            sig = Signal::SIGKILL;
-        }
-        signal_tree(spared.filter(|_| sig != Signal::SIGKILL), sig);
         tree::reap_exited_children(me, None);
-        if tree::descendants(me).is_empty() {
+        if !stopping.step() {
             return;
         }
         tokio::time::sleep(TREE_POLL).await;

@@ -22,8 +22,8 @@
 //! blocks them before the exec): one sent before it can take them waits,
 //! and is passed on once the command runs, rather than killing the
 //! guardian or being lost. Parent death is acted on first and logged
-//! after; a log line that cannot be written (zkgate's stderr reader gone
-//! with it) is dropped, never a panic.
+//! after; the guardian's log lines never block (a full pipe, a paused
+//! terminal: they are dropped) and never panic (a reader gone).
 
 use std::time::Duration;
 
@@ -163,17 +163,28 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
             }
         }
     };
-    // What the command left gets its grace, unless zkgate dies meanwhile.
-    tokio::select! {
-        biased;
-        _ = orphaned.recv() => Ok(kill_all().await),
-        () = child::stop_tree(None, Instant::now() + grace) => Ok(code),
+    // What the command left gets its grace, unless zkgate dies meanwhile;
+    // what is passed on still reaches the command's group.
+    let leftovers = child::stop_tree(None, Instant::now() + grace);
+    tokio::pin!(leftovers);
+    loop {
+        tokio::select! {
+            biased;
+            _ = orphaned.recv() => return Ok(kill_all().await),
+            () = &mut leftovers => return Ok(code),
+            sig = passed.any() => {
+                if let Some(pid) = pid {
+                    let _ = nix::sys::signal::killpg(pid, sig);
+                }
+            }
+        }
     }
 }
 
-/// zkgate died: SIGKILL to every process of the command, then a word.
+/// zkgate died: SIGKILL to every process of the command, then a word (the
+/// guardian's log lines never block: see `main`).
 async fn kill_all() -> i32 {
-    child::stop_tree(None, Instant::now()).await;
+    child::kill_tree().await;
     warn!(
         "zkgate ended without stopping its command: killed the command and everything it started"
     );
