@@ -75,16 +75,24 @@ fn usage_for(args: impl Iterator<Item = String>) -> String {
 /// subscriber reports a failed write with `eprintln!`, which panics when
 /// standard error is that broken pipe, and a panic must not stop a
 /// participant from releasing, nor a guardian from killing its command.
-/// With `Some`, lines go to a non-blocking description of standard error
-/// (see [`nonblocking_stderr`]).
 #[derive(Clone)]
-struct LogWriter(Option<std::sync::Arc<std::fs::File>>);
+enum LogWriter {
+    /// Standard error as it is.
+    Stderr,
+    /// A non-blocking description of standard error (see
+    /// [`never_blocking_stderr`]): a line that would block is dropped.
+    NonBlocking(std::sync::Arc<std::fs::File>),
+    /// Nowhere: standard error could not be made non-blocking, and a
+    /// guardian must never wait on it.
+    Dropped,
+}
 
 impl std::io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = match &self.0 {
-            Some(file) => (&**file).write_all(buf),
-            None => std::io::stderr().write_all(buf),
+        let _ = match self {
+            LogWriter::Stderr => std::io::stderr().write_all(buf),
+            LogWriter::NonBlocking(file) => (&**file).write_all(buf),
+            LogWriter::Dropped => Ok(()),
         };
         Ok(buf.len())
     }
@@ -94,33 +102,39 @@ impl std::io::Write for LogWriter {
     }
 }
 
-/// Standard error opened again, non-blocking, when it is a pipe or a
-/// terminal: a full pipe (a reader that does not read) or a paused
-/// terminal then drops the guardian's log lines instead of blocking it
-/// before it acts. A description of its own: O_NONBLOCK on the shared one
-/// would reach the command's writes too.
-fn nonblocking_stderr() -> Option<std::fs::File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let kind = std::fs::metadata("/proc/self/fd/2").ok()?.file_type();
-    if !(kind.is_fifo() || kind.is_char_device()) {
-        return None;
+/// The guardian's log lines: to a regular file as they are (a write there
+/// does not wait on anyone); otherwise to standard error opened again,
+/// non-blocking, so a full pipe (a reader that does not read) or a paused
+/// terminal drops them instead of blocking the guardian before it acts (a
+/// description of its own: O_NONBLOCK on the shared one would reach the
+/// command's writes too); nowhere when that cannot be done (a socket, or a
+/// pipe a pod's non-root user may not open again).
+fn never_blocking_stderr() -> LogWriter {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return LogWriter::Dropped;
+    };
+    if meta.file_type().is_file() {
+        return LogWriter::Stderr;
     }
-    std::fs::OpenOptions::new()
+    match std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open("/proc/self/fd/2")
-        .ok()
+    {
+        Ok(file) => LogWriter::NonBlocking(std::sync::Arc::new(file)),
+        Err(_) => LogWriter::Dropped,
+    }
 }
 
 fn init_logging(format: LogFormat, never_block: bool) {
     let filter = EnvFilter::try_from_env("ZKGATE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn"));
-    let writer = LogWriter(
-        never_block
-            .then(nonblocking_stderr)
-            .flatten()
-            .map(std::sync::Arc::new),
-    );
+    let writer = if never_block {
+        never_blocking_stderr()
+    } else {
+        LogWriter::Stderr
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(move || writer.clone())

@@ -108,10 +108,7 @@ async fn a_sidecar_asked_to_stop_releases_before_the_watched_command_is_dead() {
 /// daemon is SIGKILLed about T + G - T/10 after the last confirmation.
 #[tokio::test]
 async fn a_daemon_of_a_slow_command_gets_a_second_grace_beyond_the_session() {
-    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
-    let direct = format!("{}{chroot}", support::shared_zookeeper());
-    let proxy = Proxy::start(support::shared_zookeeper()).await;
-    let through_proxy = format!("{}{chroot}", proxy.address());
+    let (direct, through_proxy, proxy) = support::proxy::routes().await;
     let dir = tempfile::tempdir().unwrap();
     let beat = dir.path().join("beat");
     let next = dir.path().join("next");
@@ -375,10 +372,7 @@ const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
 /// b00e21f the clean-up deleted it and p1 exited 3 while p2 passed.
 #[tokio::test]
 async fn a_counted_persistent_registration_is_not_withdrawn_after_its_session_expired() {
-    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
-    let proxy = Proxy::start(support::shared_zookeeper()).await;
-    let direct = format!("{}{chroot}", support::shared_zookeeper());
-    let through_proxy = format!("{}{chroot}", proxy.address());
+    let (direct, through_proxy, proxy) = support::proxy::routes().await;
     let observer = session(&direct).await;
     let barrier = format!("{BARRIERS}/g");
     let enter = |connect: &str, id: &str, uid: &str, timeout: &str| {
@@ -541,41 +535,14 @@ async fn r3_a_sigkilled_zkgate_takes_what_its_exited_command_left_with_it() {
         "(trap '' TERM; while :; do sleep 0.05; done) </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; exit 0",
         p = pid_file.display()
     );
-    let holder = piped(support::zkgate(
-        &direct,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "8s",
-            "--kill-grace",
-            "4s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
-    let leftover: i32 = eventually(
-        Duration::from_secs(10),
-        "the command started its child",
-        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
-    )
-    .await;
+    let holder = piped(holder_command(&direct, &["--kill-grace", "4s"], &script));
+    let leftover = pid_in(&pid_file).await;
     // The command has exited; its guardian gives the leftover its grace.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!support::process_ended(leftover));
     signal_pid(holder.id().unwrap(), libc::SIGKILL);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let alive = !support::process_ended(leftover);
-    // SAFETY: kill(2) of the test's own leftover.
-    unsafe { libc::kill(leftover, libc::SIGKILL) };
     assert!(
-        !alive,
+        ended_within(leftover, Duration::from_secs(1)).await,
         "the command's child {leftover} still ran 1 s after its zkgate was SIGKILLed (the command had exited; the guardian was giving it its 4 s grace)"
     );
     drop(holder);
@@ -664,39 +631,14 @@ async fn r3_a_sigkilled_zkgate_whose_stderr_reader_died_too_takes_its_commands_t
         "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; wait",
         p = pid_file.display()
     );
-    let mut holder = piped(support::zkgate(
-        &direct,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "8s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
-    let worker: i32 = eventually(
-        Duration::from_secs(10),
-        "the command started its worker",
-        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
-    )
-    .await;
+    let mut holder = piped(holder_command(&direct, &[], &script));
+    let worker = pid_in(&pid_file).await;
     // The reader of zkgate's stderr goes, then zkgate (killed together).
     drop(holder.stderr.take());
     signal_pid(holder.id().unwrap(), libc::SIGKILL);
     let _ = holder.wait().await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let alive = !support::process_ended(worker);
-    // SAFETY: kill(2) of the test's own worker.
-    unsafe { libc::kill(worker, libc::SIGKILL) };
     assert!(
-        !alive,
+        ended_within(worker, Duration::from_secs(1)).await,
         "worker {worker} of the SIGKILLed zkgate's command still ran 1 s later (its stderr reader had gone too)"
     );
 }
@@ -730,44 +672,20 @@ async fn r4_a_sigkilled_zkgate_whose_stderr_pipe_is_full_takes_its_commands_tree
         "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; head -c 1000000 /dev/zero >&2; wait",
         p = pid_file.display()
     );
-    let mut cmd = support::zkgate(
-        &direct,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--create",
-            "--id",
-            "holder",
-            "--session-timeout",
-            "8s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let mut cmd = holder_command(&direct, &[], &script);
     // zkgate's default logging (what a user runs), not the tests' warn.
     cmd.env_remove("ZKGATE_LOG");
     let mut holder = piped(cmd);
-    let worker: i32 = eventually(
-        Duration::from_secs(10),
-        "the command started its worker",
-        || async { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() },
-    )
-    .await;
+    let worker = pid_in(&pid_file).await;
     // The command fills the (unread) pipe.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let stderr = holder.stderr.take();
     signal_pid(holder.id().unwrap(), libc::SIGKILL);
     let _ = holder.wait().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let alive = !support::process_ended(worker);
-    // SAFETY: kill(2) of the test's own worker.
-    unsafe { libc::kill(worker, libc::SIGKILL) };
+    let ended = ended_within(worker, Duration::from_secs(2)).await;
     drop(stderr);
     assert!(
-        !alive,
+        ended,
         "worker {worker} of the SIGKILLed zkgate's command still ran 2 s later (its stderr pipe was full: the guardian blocked logging before it killed)"
     );
 }
@@ -778,18 +696,19 @@ async fn r4_a_sigkilled_zkgate_whose_stderr_pipe_is_full_takes_its_commands_tree
 /// SIGTERM and runs until the kill grace, then SIGKILL (exit 137).
 #[test]
 fn r4_a_loss_while_the_guardian_starts_sends_the_command_sigterm() {
+    loss_while_the_guardian_starts(None);
+}
+
+/// A loss (the token removed) while the guardian is held (SIGSTOPped)
+/// before it starts the command, the command started after that; with
+/// `path`, its exec is slow (a PATH of many entries), so zkgate looks at
+/// the guardian's copy before it is the command. The command must get
+/// SIGTERM (exit 143) soon after the loss.
+fn loss_while_the_guardian_starts(path: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("fencing-token");
-    std::fs::write(&token, "42\n").unwrap();
-    let mut ts = nix_boottime_ms();
-    ts += 3_600_000;
-    std::fs::write(
-        dir.path().join("fencing-token.trusted-until"),
-        format!("{ts}\n"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("fencing-token.kill-grace"), "4s\n").unwrap();
-    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+    let token = watched_token(dir.path(), "4s");
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    watch
         .args([
             "lock",
             "watch",
@@ -801,9 +720,11 @@ fn r4_a_loss_while_the_guardian_starts_sends_the_command_sigterm() {
         ])
         .env("ZKGATE_LOG", "warn")
         .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    if let Some(path) = path {
+        watch.env("PATH", path);
+    }
+    let watch = watch.spawn().unwrap();
     let zkgate = watch.id() as i32;
     // The guardian, once it is exec'd (zkgate has gone on to supervise it),
     // stopped before it started the command.
@@ -846,4 +767,148 @@ fn nix_boottime_ms() -> u64 {
     // SAFETY: clock_gettime into a local.
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+// ---- The fifth review (of 00c92b1), by the reviewing helper; both failed on 00c92b1. ----
+
+/// A `lock watch` whose token and its trust are in `dir`, readable by
+/// anyone (for runs as another user), with a kill grace of `grace`.
+fn watched_token(dir: &Path, grace: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let token = dir.join("fencing-token");
+    std::fs::write(&token, "42\n").unwrap();
+    std::fs::write(
+        dir.join("fencing-token.trusted-until"),
+        format!("{}\n", nix_boottime_ms() + 3_600_000),
+    )
+    .unwrap();
+    std::fs::write(dir.join("fencing-token.kill-grace"), format!("{grace}\n")).unwrap();
+    for f in [
+        "fencing-token",
+        "fencing-token.trusted-until",
+        "fencing-token.kill-grace",
+    ] {
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    token
+}
+
+/// A: a loss while the guardian's copy has not exec'd the command yet (the
+/// guardian held until after the loss, then a slow exec: a PATH of 40,000
+/// entries before the real ones): the SIGTERM
+/// zkgate sent that copy was taken by the guardian's inherited handler and
+/// the pid counted as signalled, so the command ran to the kill deadline
+/// (exit 137 after 4 s). A guardian's copy is signalled once it is the
+/// command.
+#[test]
+fn r5_a_loss_while_the_command_is_being_execd_sends_it_sigterm() {
+    let path = format!("{}:/usr/bin:/bin", vec!["/x"; 40000].join(":"));
+    loss_while_the_guardian_starts(Some(&path));
+}
+
+/// B: as a pod's non-root user, standard error (a root-owned pipe, mode
+/// 0600) cannot be opened again, and the guardian fell back to blocking
+/// writes: with that pipe full, it blocked on its first log line while
+/// stopping what its command left, and a SIGKILLed zkgate's leftovers ran
+/// on. Its log lines are dropped then.
+#[test]
+fn r5_as_a_non_root_user_a_full_stderr_never_blocks_the_guardian() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = watched_token(dir.path(), "30s");
+    let binary = dir.path().join("zkgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pid_file = dir.path().join("worker");
+    let script = format!(
+        "trap '' TERM; sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; timeout 0.5 cat /dev/zero >&2; exit 0",
+        p = pid_file.display()
+    );
+    // Default logging (info): the guardian has lines to write.
+    let mut watch = std::process::Command::new(&binary)
+        .args([
+            "lock",
+            "watch",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env_remove("ZKGATE_LOG")
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let worker: i32 = loop {
+        assert!(start.elapsed() < Duration::from_secs(10), "no worker");
+        if let Some(p) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+        {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The command fills the unread pipe and exits; its guardian stops the
+    // worker it left (which ignores SIGTERM: 30 s grace).
+    std::thread::sleep(Duration::from_secs(1));
+    let stderr = watch.stderr.take();
+    signal_pid(watch.id(), libc::SIGKILL);
+    let _ = watch.wait();
+    let ended = futures::executor::block_on(ended_within(worker, Duration::from_secs(2)));
+    drop(stderr);
+    assert!(
+        ended,
+        "worker {worker} of the SIGKILLed zkgate's command still ran 2 s later (its guardian, a non-root user's, blocked on a full stderr)"
+    );
+}
+
+/// `lock run db --create --id holder --session-timeout 8s EXTRA -- sh -c
+/// SCRIPT` on `connect`.
+fn holder_command(connect: &str, extra: &[&str], script: &str) -> tokio::process::Command {
+    let mut args = vec![
+        "lock",
+        "run",
+        "db",
+        "--create",
+        "--id",
+        "holder",
+        "--session-timeout",
+        "8s",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    support::zkgate(connect, &args)
+}
+
+/// The pid a command wrote into `file` (within 10 s).
+async fn pid_in(file: &Path) -> i32 {
+    eventually(
+        Duration::from_secs(10),
+        "the command's pid file",
+        || async { std::fs::read_to_string(file).ok()?.trim().parse().ok() },
+    )
+    .await
+}
+
+/// Whether `pid` has ended within `within` (looked at every 10 ms); one
+/// that has not is SIGKILLed, so that no test leaves it behind.
+async fn ended_within(pid: i32, within: Duration) -> bool {
+    let until = std::time::Instant::now() + within;
+    while std::time::Instant::now() < until {
+        if support::process_ended(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) of a process of the test's own making.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    false
 }

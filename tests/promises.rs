@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::proxy::{op, Proxy};
+use support::proxy::{op, routes, Proxy};
 use support::{children, eventually, session, session_with_timeout};
 use tokio::time::Instant;
 use zkgate::zk::{
@@ -26,18 +26,6 @@ fn mutex(persistent: bool) -> Mutex {
             persistent,
             ..LockOptions::default()
         },
-    )
-}
-
-/// A fresh chroot and the connect strings to it: straight, and through a
-/// new proxy.
-async fn routes() -> (String, String, Proxy) {
-    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
-    let proxy = Proxy::start(support::shared_zookeeper()).await;
-    (
-        format!("{}{chroot}", support::shared_zookeeper()),
-        format!("{}{chroot}", proxy.address()),
-        proxy,
     )
 }
 
@@ -1423,15 +1411,11 @@ async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
     opening.abort();
 }
 
-/// Issue 24, item 12: a persistent registration (an init container's)
-/// whose session expired while the command gave up waiting is removed all
-/// the same, by a new session: nothing of ours stays behind to be counted.
-#[tokio::test]
-async fn a_persistent_registration_outlives_no_expired_session() {
-    let (direct, through_proxy, proxy) = routes().await;
-    let observer = session(&direct).await;
+/// p1's `barrier enter g` (of 2; pod uid u1; 3 s to enter, a 4 s session;
+/// a persistent registration) through `connect`, once registered.
+async fn p1_registered(connect: &str, observer: &zkgate::zk::Session) -> tokio::process::Child {
     let entering = piped(support::zkgate(
-        &through_proxy,
+        connect,
         &[
             "barrier",
             "enter",
@@ -1450,9 +1434,21 @@ async fn a_persistent_registration_outlives_no_expired_session() {
     ));
     let barrier = format!("{BARRIERS}/g");
     eventually(Duration::from_secs(10), "p1 registered", || async {
-        (children(&observer, &barrier).await == ["p1"]).then_some(())
+        (children(observer, &barrier).await == ["p1"]).then_some(())
     })
     .await;
+    entering
+}
+
+/// Issue 24, item 12: a persistent registration (an init container's)
+/// whose session expired while the command gave up waiting is removed all
+/// the same, by a new session: nothing of ours stays behind to be counted.
+#[tokio::test]
+async fn a_persistent_registration_outlives_no_expired_session() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let observer = session(&direct).await;
+    let entering = p1_registered(&through_proxy, &observer).await;
+    let barrier = format!("{BARRIERS}/g");
     proxy.stall_until_expired().await;
     proxy.resume();
     let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
@@ -1473,30 +1469,9 @@ async fn a_persistent_registration_outlives_no_expired_session() {
 async fn a_clean_up_after_expiry_leaves_a_new_registration_of_the_same_name_alone() {
     let (direct, through_proxy, proxy) = routes().await;
     let observer = session(&direct).await;
-    let entering = piped(support::zkgate(
-        &through_proxy,
-        &[
-            "barrier",
-            "enter",
-            "g",
-            "--participants",
-            "2",
-            "--id",
-            "p1",
-            "--pod-uid",
-            "u1",
-            "--timeout",
-            "3s",
-            "--session-timeout",
-            "4s",
-        ],
-    ));
+    let entering = p1_registered(&through_proxy, &observer).await;
     let barrier = format!("{BARRIERS}/g");
     let node = format!("{barrier}/p1");
-    eventually(Duration::from_secs(10), "p1 registered", || async {
-        (children(&observer, &barrier).await == ["p1"]).then_some(())
-    })
-    .await;
     proxy.stall_until_expired().await;
     // Replaced with the very same data: only the node's identity differs.
     let (data, _) = observer.client().get_data(&node).await.unwrap();

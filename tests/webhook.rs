@@ -568,14 +568,17 @@ async fn a_forged_admission_review_creates_nothing() {
     let ca = secrets.get(SECRET).await.unwrap().data.unwrap()["ca.crt"]
         .0
         .clone();
-    let before: Vec<String> = secrets
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
+    let secret_names = || async {
+        secrets
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .collect::<Vec<_>>()
+    };
+    let before = secret_names().await;
     let mut pod = pod_of("forged-0", json!({ "zkgate.io/barrier": "forged" }));
     pod["metadata"]["namespace"] = json!(h.ns);
     pod["metadata"]["ownerReferences"] = json!([{
@@ -606,15 +609,11 @@ async fn a_forged_admission_review_creates_nothing() {
         barriers.get_opt("forged").await.unwrap().is_none(),
         "a forged review made the Barrier 'forged' for a Job that does not exist ({body})"
     );
-    let after: Vec<String> = secrets
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
-    assert_eq!(before, after, "a forged review wrote a Secret");
+    assert_eq!(
+        before,
+        secret_names().await,
+        "a forged review wrote a Secret"
+    );
     drop(controller);
     h.done().await;
 }

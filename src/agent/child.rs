@@ -197,7 +197,14 @@ impl Stopping {
         for &pid in &left {
             if self.killing {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-            } else if Some(pid) != self.spared && self.termed.insert(pid) {
+            } else if Some(pid) != self.spared
+                // A guardian's copy between its fork and the command's
+                // exec still has the guardian's handlers, which would take
+                // the SIGTERM meant for the command: it gets it once it
+                // is the command, at a later look.
+                && !tree::is_guardian(pid)
+                && self.termed.insert(pid)
+            {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
             }
         }
@@ -259,6 +266,13 @@ pub(super) mod tree {
         let state = fields.next()?;
         let ppid = fields.next()?.parse().ok()?;
         Some((ppid, state == "Z" || state == "X"))
+    }
+
+    /// Whether `pid` is a guardian (the name it gives itself), or a copy of
+    /// one that has not exec'd the command yet.
+    pub(in crate::agent) fn is_guardian(pid: Pid) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == super::super::guardian::NAME)
     }
 
     /// Every live (not yet exited) descendant of `root`.

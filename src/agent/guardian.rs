@@ -54,6 +54,9 @@ fn passed_on() -> nix::sys::signal::SigSet {
     set
 }
 
+/// The name the guardian gives itself (`/proc/PID/comm`).
+pub const NAME: &str = "zkgate-guard";
+
 /// The hidden subcommand that runs the guardian.
 pub const SUBCOMMAND: &str = "__guard";
 
@@ -104,7 +107,8 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     let failed = |what: &str, e: std::io::Error| {
         AgentError::new(Exit::Internal, format!("guardian: cannot {what}: {e}"))
     };
-    // `ps` and `pgrep` show it for what it is (not `exe`).
+    // `ps` and `pgrep` show it for what it is (not `exe`), and zkgate
+    // tells it (and its copies before the command's exec) by it.
     let _ = nix::sys::prctl::set_name(c"zkgate-guard");
     // Handlers first, then the check: a parent that dies after this point
     // is seen by one or the other.

@@ -377,3 +377,15 @@ async fn wait_while(control: &Control, flag: &AtomicBool) {
         notified.await;
     }
 }
+
+/// A fresh chroot on the shared server, reached directly and through a new
+/// proxy: the two connect strings and the proxy.
+pub async fn routes() -> (String, String, Proxy) {
+    let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    let proxy = Proxy::start(super::shared_zookeeper()).await;
+    (
+        format!("{}{chroot}", super::shared_zookeeper()),
+        format!("{}{chroot}", proxy.address()),
+        proxy,
+    )
+}

@@ -140,17 +140,7 @@ impl SelfManaged {
         if annotations.get(NAMES_ANNOTATION) != Some(&self.names.join(",")) {
             return Some("the names it must carry changed");
         }
-        let not_after = annotations
-            .get(NOT_AFTER_ANNOTATION)
-            .and_then(|t| t.parse::<Timestamp>().ok());
-        let renew_at = not_after.and_then(|t| {
-            t.checked_sub(k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME / 3).ok()?)
-                .ok()
-        });
-        match renew_at {
-            Some(at) if now < at => None,
-            _ => Some("it expires within a third of its lifetime"),
-        }
+        renewal_due(&annotations, now).then_some("it expires within a third of its lifetime")
     }
 
     /// A Secret with a new leaf, signed by `ca` (its certificate and key
@@ -188,11 +178,7 @@ impl SelfManaged {
         leaf.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = leaf.signed_by(&key, &issuer)?;
-        let until = now
-            .checked_add(
-                k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME).unwrap_or_default(),
-            )
-            .unwrap_or(now);
+        let until = leaf_not_after(now);
         Ok(Secret {
             metadata: ObjectMeta {
                 name: Some(self.secret_name.clone()),
@@ -270,6 +256,26 @@ fn ca_params(now: Timestamp) -> Result<CertificateParams, CertError> {
     ca.not_before = not_before;
     ca.not_after = not_after;
     Ok(ca)
+}
+
+/// Whether the leaf whose expiry [`NOT_AFTER_ANNOTATION`] (among
+/// `annotations`) gives has a third of its lifetime or less left at `now`
+/// (or says nothing readable).
+fn renewal_due(annotations: &std::collections::BTreeMap<String, String>, now: Timestamp) -> bool {
+    let renew_at = annotations
+        .get(NOT_AFTER_ANNOTATION)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .and_then(|t| {
+            t.checked_sub(k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME / 3).ok()?)
+                .ok()
+        });
+    renew_at.is_none_or(|at| now >= at)
+}
+
+/// When a leaf made `now` expires, for its annotation.
+fn leaf_not_after(now: Timestamp) -> Timestamp {
+    now.checked_add(k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME).unwrap_or_default())
+        .unwrap_or(now)
 }
 
 /// From an hour ago (clocks differ a little) for `lifetime`.
@@ -367,14 +373,7 @@ impl ParticipantCa {
         if annotations.get(PARTICIPANT_CA_ANNOTATION) != Some(&self.fingerprint) {
             return true;
         }
-        let renew_at = annotations
-            .get(NOT_AFTER_ANNOTATION)
-            .and_then(|t| t.parse::<Timestamp>().ok())
-            .and_then(|t| {
-                t.checked_sub(k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME / 3).ok()?)
-                    .ok()
-            });
-        renew_at.is_none_or(|at| Timestamp::now() >= at)
+        renewal_due(annotations, Timestamp::now())
     }
 
     /// A new client certificate for `namespace`'s participants.
@@ -397,11 +396,7 @@ impl ParticipantCa {
         leaf.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = leaf.signed_by(&key, &issuer)?;
-        let until = now
-            .checked_add(
-                k8s_openapi::jiff::SignedDuration::try_from(LEAF_LIFETIME).unwrap_or_default(),
-            )
-            .unwrap_or(now);
+        let until = leaf_not_after(now);
         Ok(Issued {
             cert: cert.pem(),
             key: key.serialize_pem(),
