@@ -481,8 +481,12 @@ async fn a_pod_naming_what_does_not_exist_is_refused_with_the_reason() {
     h.done().await;
 }
 
-/// The certificate the webhook serves, verified against `ca` for 127.0.0.1.
-async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
+/// A TLS connection to the webhook on `port`, its certificate verified
+/// against `ca` for 127.0.0.1.
+async fn webhook_tls(
+    port: u16,
+    ca: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName};
     let mut roots = rustls::RootCertStore::empty();
@@ -500,10 +504,15 @@ async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
         .await
         .unwrap();
     let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .expect("the served certificate chains to the CA and names 127.0.0.1");
+        .expect("the served certificate chains to the CA and names 127.0.0.1")
+}
+
+/// The certificate the webhook serves, verified against `ca` for 127.0.0.1.
+async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
+    let tls = webhook_tls(port, ca).await;
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
@@ -511,28 +520,8 @@ async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
 /// certificate; the server verified against `ca`): the HTTP status and the
 /// response body.
 async fn post_review(port: u16, ca: &[u8], review: &serde_json::Value) -> (u16, String) {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let mut tls = webhook_tls(port, ca).await;
     let body = review.to_string();
     let request = format!(
         "POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
