@@ -904,6 +904,22 @@ fn next_holder(direct: &str, dir: &std::path::Path) -> tokio::process::Child {
     piped(support::next_lock_holder(direct, &survivors_script(dir)))
 }
 
+/// [`next_holder`], once it queued behind the holder.
+async fn next_holder_queued(
+    direct: &str,
+    dir: &std::path::Path,
+    observer: &zkgate::zk::Session,
+) -> tokio::process::Child {
+    let next = next_holder(direct, dir);
+    eventually(
+        Duration::from_secs(10),
+        "the next holder queued",
+        || async { (children(observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(()) },
+    )
+    .await;
+    next
+}
+
 /// Issue 24, item 2: a command that leaves children behind (one in its
 /// process group, one that left the group with setsid; both ignore
 /// SIGTERM) exits; `lock run` stops them all before it releases, so none
@@ -994,13 +1010,7 @@ async fn a_sigkilled_zkgate_takes_its_commands_whole_tree_with_it() {
         ],
     ));
     workers_started(dir.path(), 2).await;
-    let next = next_holder(&direct, dir.path());
-    eventually(
-        Duration::from_secs(10),
-        "the next holder queued",
-        || async { (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(()) },
-    )
-    .await;
+    let next = next_holder_queued(&direct, dir.path(), &observer).await;
     signal_pid(holder.id().unwrap(), libc::SIGKILL);
     let (code, err) = support::finished(next, Duration::from_secs(60)).await;
     assert_eq!(code, 0, "{err}");
@@ -1039,13 +1049,7 @@ async fn a_crashed_sidecars_watched_command_is_dead_before_the_next_holder_start
     );
     let (sidecar, main) = (piped(sidecar), piped(main));
     workers_started(dir.path(), 1).await;
-    let next = next_holder(&direct, dir.path());
-    eventually(
-        Duration::from_secs(10),
-        "the next holder queued",
-        || async { (children(&observer, &format!("{LOCKS}/db")).await.len() == 2).then_some(()) },
-    )
-    .await;
+    let next = next_holder_queued(&direct, dir.path(), &observer).await;
     signal_pid(sidecar.id().unwrap(), libc::SIGKILL);
     let (code, err) = support::finished(main, Duration::from_secs(30)).await;
     assert_eq!(code, 6, "{err}");
