@@ -11,6 +11,7 @@ use crate::agent::barrier::BarrierCommand;
 use crate::agent::lock::{LockCommand, Side};
 use crate::agent::ready::ReadinessOptions;
 use crate::agent::{AgentError, Exit, Participant};
+use crate::handout::Handout;
 use crate::layout::{Layout, DEFAULT_ROOT};
 use crate::zk::{path, ConnectString, Credential, SessionOptions, TlsSettings};
 
@@ -134,16 +135,6 @@ pub struct ControllerArgs {
     /// Credentials and TLS.
     #[command(flatten)]
     pub security: Security,
-    /// With credentials: the Secret, in each namespace with Barriers or
-    /// LockLeases, that holds the namespace's ZooKeeper credential (key
-    /// `auth`, `user:password`) for its participants.
-    #[arg(
-        long,
-        env = "ZKGATE_NAMESPACE_SECRET",
-        default_value = crate::controller::NAMESPACE_SECRET,
-        value_parser = node_name
-    )]
-    pub namespace_secret: String,
     /// After a credential rotation, how long the replaced credential keeps
     /// working beside the new one (pods of a gang that started with it
     /// finish their round), before it is taken away.
@@ -182,11 +173,17 @@ pub struct WebhookArgs {
     /// cert-manager keeps, mounted; its CA injector fills the caBundle).
     #[arg(long, env = "ZKGATE_WEBHOOK_CERT_DIR", conflicts_with_all = ["webhook_configuration", "webhook_names"])]
     pub webhook_cert_dir: Option<PathBuf>,
-    /// With TLS to ZooKeeper: the Secret, in each namespace whose pods get
-    /// injected, that the controller copies the CA (and its client
-    /// certificate, if any) into for them.
-    #[arg(long, env = "ZKGATE_ZOOKEEPER_TLS_SECRET", default_value = "zkgate-zookeeper-tls", value_parser = node_name)]
-    pub zookeeper_tls_secret: String,
+    /// The webhook's Service, `NAMESPACE/NAME`: injected containers ask the
+    /// controller pods behind it (then the Service itself) for their
+    /// namespace's ZooKeeper credentials, checking its certificate against
+    /// `NAME.NAMESPACE.svc`.
+    #[arg(long, env = "ZKGATE_WEBHOOK_SERVICE", value_parser = namespaced_name)]
+    pub webhook_service: Option<(String, String)>,
+    /// Where injected containers ask for their credentials instead of the
+    /// Service's pods (`https://HOST:PORT`, reachable from pods; the
+    /// certificate is checked against the first --webhook-names).
+    #[arg(long, env = "ZKGATE_HANDOUT_URL")]
+    pub handout_url: Option<String>,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -218,7 +215,6 @@ impl ControllerArgs {
         Ok(crate::controller::ControllerOptions {
             webhook: self.webhook_options(&zookeeper)?,
             zookeeper,
-            namespace_secret: self.namespace_secret.clone(),
             rotation_grace: self.rotation_grace,
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
             metrics_addr: self.metrics_addr,
@@ -236,8 +232,9 @@ impl ControllerArgs {
         &self,
         zookeeper: &SessionOptions,
     ) -> Result<Option<crate::controller::webhook::WebhookOptions>, AgentError> {
-        use crate::controller::webhook::inject::{Injection, TlsSecret};
-        use crate::controller::webhook::{CertSource, TlsMaterial, WebhookOptions};
+        use crate::controller::webhook::handout::HandoutOptions;
+        use crate::controller::webhook::inject::Injection;
+        use crate::controller::webhook::{CertSource, WebhookOptions};
         let w = &self.webhook;
         let Some(addr) = w.webhook_addr else {
             return Ok(None);
@@ -270,11 +267,21 @@ impl ControllerArgs {
             }
             _ => None,
         };
-        let tls = zookeeper.tls.as_ref().map(|t| TlsMaterial {
-            secret: w.zookeeper_tls_secret.clone(),
-            ca: t.ca.clone().into_bytes(),
-            participant_ca: participant_ca.clone(),
-        });
+        let handout = HandoutOptions {
+            credentials: zookeeper.credential.is_some(),
+            tls_ca: zookeeper.tls.as_ref().map(|t| t.ca.clone()),
+            participant_ca,
+            layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
+            scope: self.watch_namespace.clone(),
+        };
+        if (handout.credentials || handout.tls_ca.is_some())
+            && w.webhook_service.is_none()
+            && w.handout_url.is_none()
+        {
+            return Err(AgentError::usage(
+                "with a ZooKeeper credential or TLS, injected containers get theirs from the controller: give --webhook-service NAMESPACE/NAME (or --handout-url)",
+            ));
+        }
         Ok(Some(WebhookOptions {
             addr,
             certs,
@@ -282,17 +289,12 @@ impl ControllerArgs {
                 image: w.image.clone().unwrap_or_default(),
                 zookeeper: self.zookeeper.to_string(),
                 root: self.root.clone(),
-                auth_secret: zookeeper
-                    .credential
-                    .is_some()
-                    .then(|| self.namespace_secret.clone()),
-                tls: tls.as_ref().map(|t| TlsSecret {
-                    name: t.secret.clone(),
-                    client_certificate: t.participant_ca.is_some(),
-                }),
+                handout: None,
                 native_sidecars: false,
             },
-            tls,
+            handout,
+            service: w.webhook_service.clone(),
+            handout_url: w.handout_url.clone(),
             scope: self.watch_namespace.clone(),
         }))
     }
@@ -456,15 +458,80 @@ pub struct Common {
     /// Credentials and TLS.
     #[command(flatten)]
     pub security: Security,
+    /// Credentials handed out by the controller.
+    #[command(flatten)]
+    pub handout: HandoutArgs,
 }
+
+/// Where a participant asks the controller for its namespace's ZooKeeper
+/// credential and TLS material (what the webhook gives injected containers,
+/// and pods labelled `zkgate.io/credentials: "true"`). What `--auth`,
+/// `--auth-file` and `--tls-*` give explicitly is used instead.
+#[derive(Debug, Args)]
+pub struct HandoutArgs {
+    /// The controller's handout addresses (`https://HOST:PORT`),
+    /// comma-separated, tried in turn.
+    #[arg(long, env = "ZKGATE_CREDENTIALS_URL", value_delimiter = ',')]
+    pub credentials_url: Vec<String>,
+    /// The CA (PEM text) the controller's certificate chains to.
+    #[arg(long, env = "ZKGATE_CREDENTIALS_CA", hide_env_values = true)]
+    pub credentials_ca: Option<String>,
+    /// The name the controller's certificate carries [default: the URL's host].
+    #[arg(long, env = "ZKGATE_CREDENTIALS_SERVER_NAME")]
+    pub credentials_server_name: Option<String>,
+    /// The projected ServiceAccount token (audience `zkgate`) that proves
+    /// the pod's namespace.
+    #[arg(long, env = "ZKGATE_CREDENTIALS_TOKEN_FILE", default_value = crate::handout::TOKEN_FILE)]
+    pub credentials_token_file: PathBuf,
+}
+
+impl HandoutArgs {
+    /// Asks for the handout, if an address is given, for up to `within`;
+    /// SIGTERM or SIGINT meanwhile ends the command (nothing is registered
+    /// yet).
+    async fn fetch(&self, within: Duration) -> Result<Option<Handout>, AgentError> {
+        if self.credentials_url.is_empty() {
+            return Ok(None);
+        }
+        let source = crate::handout::Source {
+            urls: self.credentials_url.clone(),
+            server_name: self.credentials_server_name.clone(),
+            ca: self.credentials_ca.clone().ok_or_else(|| {
+                AgentError::usage(
+                    "--credentials-url needs --credentials-ca (ZKGATE_CREDENTIALS_CA)",
+                )
+            })?,
+            token_file: self.credentials_token_file.clone(),
+        };
+        let mut stop = crate::agent::Termination::install()?;
+        let fetched = tokio::select! {
+            fetched = source.fetch(within) => fetched,
+            exit = stop.received() => return Err(AgentError::new(exit, format!("stopped by {} while asking for the credentials", exit.signal_name()))),
+        };
+        use crate::handout::HandoutError as H;
+        match fetched {
+            Ok(handout) => Ok(Some(handout)),
+            Err(e @ (H::Refused { .. } | H::Invalid(_))) => Err(AgentError::usage(format!(
+                "{e}; the pod's token (projected, audience zkgate) proves its namespace"
+            ))),
+            Err(e @ H::Unavailable { .. }) => Err(AgentError::new(
+                Exit::Unavailable,
+                format!("{e}; check that the controller runs and that the namespace has a Barrier or LockLease"),
+            )),
+        }
+    }
+}
+
+/// How long a participant asks for its credentials without `--timeout`.
+const HANDOUT_WAIT: Duration = Duration::from_secs(300);
 
 /// How to authenticate to ZooKeeper and secure the connection. Files are
 /// read once, up front: a missing or unreadable one is a usage error.
 #[derive(Debug, Args)]
 pub struct Security {
-    /// ZooKeeper digest credential, `user:password` (participants: their
-    /// namespace's, from the Secret the controller keeps); empty: none (a
-    /// Secret made empty on purpose for open ACLs).
+    /// ZooKeeper digest credential, `user:password` (participants get
+    /// their namespace's from the controller: --credentials-url); empty:
+    /// none.
     #[arg(long, env = "ZKGATE_AUTH", value_parser = credential, hide_env_values = true, conflicts_with = "auth_file")]
     pub auth: Option<MaybeCredential>,
     /// A file holding the digest credential, `user:password` (a mounted Secret).
@@ -483,24 +550,47 @@ pub struct Security {
 
 impl Security {
     /// Adds the credential and TLS settings to `options`.
-    pub fn apply(&self, mut options: SessionOptions) -> Result<SessionOptions, AgentError> {
+    pub fn apply(&self, options: SessionOptions) -> Result<SessionOptions, AgentError> {
+        self.apply_with(options, None)
+    }
+
+    /// Adds the credential and TLS settings to `options`: those given, and
+    /// what `handout` gives where nothing is given.
+    pub fn apply_with(
+        &self,
+        mut options: SessionOptions,
+        handout: Option<&Handout>,
+    ) -> Result<SessionOptions, AgentError> {
         let read = |what: &str, path: &PathBuf| {
             std::fs::read_to_string(path).map_err(|e| {
                 AgentError::usage(format!("cannot read the {what} {}: {e}", path.display()))
             })
         };
-        options.credential = match (&self.auth, &self.auth_file) {
-            (Some(MaybeCredential(credential)), _) => credential.clone(),
-            (None, Some(file)) => Some(
-                Credential::parse(&read("credential file", file)?).map_err(|e| {
-                    AgentError::usage(format!("the credential file {}: {e}", file.display()))
-                })?,
-            ),
-            (None, None) => None,
-        };
+        options.credential =
+            match (&self.auth, &self.auth_file) {
+                (Some(MaybeCredential(credential)), _) => credential.clone(),
+                (None, Some(file)) => Some(
+                    Credential::parse(&read("credential file", file)?).map_err(|e| {
+                        AgentError::usage(format!("the credential file {}: {e}", file.display()))
+                    })?,
+                ),
+                (None, None) => match handout.and_then(|h| h.auth.as_deref()) {
+                    Some(auth) => Some(Credential::parse(auth).map_err(|e| {
+                        AgentError::usage(format!("the credential handed out: {e}"))
+                    })?),
+                    None => None,
+                },
+            };
         let uses_tls = options.connect.uses_tls();
-        match &self.tls_ca {
-            Some(ca) => {
+        let handed_tls = handout.and_then(|h| h.tls.as_ref());
+        match (&self.tls_ca, handed_tls) {
+            (None, Some(tls)) if uses_tls => {
+                options.tls = Some(TlsSettings {
+                    ca: tls.ca.clone(),
+                    identity: tls.cert.clone().zip(tls.key.clone()),
+                });
+            }
+            (Some(ca), _) => {
                 let identity = match (&self.tls_cert, &self.tls_key) {
                     (Some(cert), Some(key)) => Some((
                         read("client certificate", cert)?,
@@ -518,12 +608,12 @@ impl Security {
                     ));
                 }
             }
-            None if uses_tls => {
+            (None, _) if uses_tls => {
                 return Err(AgentError::usage(
                     "the connect string names tcp+tls:// servers: give their CA with --tls-ca (ZKGATE_TLS_CA)",
                 ))
             }
-            None => {}
+            (None, _) => {}
         }
         Ok(options)
     }
@@ -632,6 +722,14 @@ fn connect_string(s: &str) -> Result<ConnectString, String> {
     s.parse::<ConnectString>().map_err(|e| e.to_string())
 }
 
+/// `NAMESPACE/NAME`.
+fn namespaced_name(s: &str) -> Result<(String, String), String> {
+    let (namespace, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not NAMESPACE/NAME"))?;
+    Ok((node_name(namespace)?, node_name(name)?))
+}
+
 fn node_name(s: &str) -> Result<String, String> {
     path::validate_name(s).map_err(|e| e.to_string())?;
     Ok(s.to_owned())
@@ -643,7 +741,7 @@ fn root_path(s: &str) -> Result<String, String> {
 }
 
 impl Common {
-    fn participant(&self) -> Result<Participant, AgentError> {
+    async fn participant(&self) -> Result<Participant, AgentError> {
         let id = match &self.id {
             Some(id) => id.clone(),
             None => {
@@ -657,10 +755,21 @@ impl Common {
             }
         };
         let layout = Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?;
-        let session = self.security.apply(
+        // The namespace's credential may be made only at its first
+        // resource's reconcile: give that a while.
+        let within = self.timeout.unwrap_or(HANDOUT_WAIT);
+        let handout = self.handout.fetch(within).await?;
+        if let Some(h) = handout.as_ref().filter(|h| h.namespace != self.namespace) {
+            return Err(AgentError::usage(format!(
+                "the controller handed out namespace {}'s credentials (the pod's), but the resource is in namespace {}: a pod takes part only in its own namespace's Barriers and LockLeases",
+                h.namespace, self.namespace
+            )));
+        }
+        let session = self.security.apply_with(
             SessionOptions::new(self.zookeeper.clone())
                 .session_timeout(self.session_timeout)
                 .connect_timeout(self.connect_timeout),
+            handout.as_ref(),
         )?;
         Ok(Participant {
             session,
@@ -768,13 +877,13 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
         }
         Command::Barrier(action) => match action {
             BarrierAction::Enter(b) => {
-                let p = b.common.participant()?;
+                let p = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
                     .enter()
                     .await
             }
             BarrierAction::Leave(b) => {
-                let p = b.common.participant()?;
+                let p = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
                     .leave()
                     .await
@@ -784,7 +893,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 readiness,
                 grace_period,
             } => {
-                let p = b.common.participant()?;
+                let p = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
                     .sidecar(&readiness.options(), grace_period)
                     .await
@@ -794,7 +903,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 kill_grace,
                 command,
             } => {
-                let p = b.common.participant()?;
+                let p = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
                     .run(&command, kill_grace)
                     .await
@@ -802,7 +911,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
         },
         Command::Lock(action) => match action {
             LockAction::Acquire { lock: l, token } => {
-                let p = l.common.participant()?;
+                let p = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
                     .acquire(&token.token_file)
@@ -814,7 +923,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 readiness,
                 kill_grace,
             } => {
-                let p = l.common.participant()?;
+                let p = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
                     .sidecar(&token.token_file, &readiness.options(), kill_grace)
@@ -830,7 +939,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 kill_grace,
                 command,
             } => {
-                let p = l.common.participant()?;
+                let p = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
                     .run(&command, kill_grace)

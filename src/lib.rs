@@ -8,6 +8,7 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod handout;
 pub mod layout;
 pub mod plugin;
 pub mod zk;

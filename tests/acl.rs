@@ -1,19 +1,19 @@
 //! Per-namespace ACLs, end to end: a controller with a credential of its own
 //! (on an API server of the test's own, so it may watch every namespace)
-//! gives two namespaces a credential each, in a Secret; a pod of one cannot
-//! touch the other's barriers and locks, a participant without credentials
-//! is refused with exit 5, participants with the Secret's credential work,
-//! and a rotation asked for on the Secret takes the old credential's power
-//! away.
+//! gives two namespaces a credential each, handed out to whoever proves the
+//! namespace with a ServiceAccount token; a pod of one cannot touch the
+//! other's barriers and locks, a participant without credentials is refused
+//! with exit 5, participants with the handed-out credential work, and a
+//! rotation asked for by annotation takes the old credential's power away.
 
 mod support;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::handout::Served;
 use support::kube::{namespace, ControllerProcess, PrivateApiServer};
 use support::{children, eventually};
 use tokio::process::Command;
@@ -21,7 +21,6 @@ use zkgate::api::{Barrier, BarrierPhase, LockLease};
 use zkgate::zk::{Credential, Session};
 use zookeeper_client as zk;
 
-const SECRET: &str = "zkgate-zookeeper-auth";
 const CONTROLLER_AUTH: &str = "zkgate-controller:controller-secret";
 
 async fn session_as(connect: &str, credential: Option<&Credential>) -> Session {
@@ -33,35 +32,40 @@ async fn session_as(connect: &str, credential: Option<&Credential>) -> Session {
         .expect("connect")
 }
 
-/// The credential in a namespace's Secret, once the controller made it.
-async fn credential_of(client: &kube::Client, ns: &str) -> Credential {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    eventually(Duration::from_secs(30), "the credential Secret", || async {
-        let secret = secrets.get_opt(SECRET).await.ok()??;
-        let bytes = secret.data?.get("auth")?.0.clone();
-        Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()
-    })
-    .await
-}
-
 /// How long a replaced credential keeps working in these tests.
 const GRACE: &str = "4s";
 
-/// A controller (over every namespace of `api`) with a credential of its own.
-fn controller_with_credential(api: &PrivateApiServer, zk: &str, id: &str) -> ControllerProcess {
-    ControllerProcess::start_with(
-        &api.kubeconfig(),
-        zk,
-        id,
-        &["--auth", CONTROLLER_AUTH, "--rotation-grace", GRACE],
-    )
+/// A controller (over every namespace of `api`) with a credential of its
+/// own, handing out the namespaces' credentials at `served`.
+fn controller_with_credential(
+    api: &PrivateApiServer,
+    zk: &str,
+    id: &str,
+    served: &Served,
+) -> ControllerProcess {
+    controller_with(api, zk, id, served, GRACE)
 }
 
-/// Asks for a rotation of `ns`'s credential and returns the new one, once
-/// the controller has made it (a reconcile of the namespace is poked by
-/// touching `poke`, a LockLease or Barrier `name` there).
+/// [`controller_with_credential`] with the rotation grace `grace`.
+fn controller_with(
+    api: &PrivateApiServer,
+    zk: &str,
+    id: &str,
+    served: &Served,
+    grace: &str,
+) -> ControllerProcess {
+    let mut args = vec!["--auth", CONTROLLER_AUTH, "--rotation-grace", grace];
+    let handout = served.controller_args();
+    args.extend(handout.iter().map(String::as_str));
+    ControllerProcess::start_with(&api.kubeconfig(), zk, id, &args)
+}
+
+/// Asks for a rotation of `ns`'s credential by annotating `poke`'s `name`
+/// (a LockLease or Barrier there) and returns the new credential, once the
+/// controller has made it (and dropped the annotation).
 async fn rotate<K>(
     client: &kube::Client,
+    served: &Served,
     ns: &str,
     poke: &Api<K>,
     name: &str,
@@ -70,34 +74,22 @@ async fn rotate<K>(
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    secrets
-        .patch(
-            SECRET,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } })),
-        )
-        .await
-        .unwrap();
-    // Reconciles happen on changes and at least every 5 minutes: poke one.
-    eventually(Duration::from_secs(90), "a rotated credential", || async {
-        let _ = poke
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "annotations": { "poke": uuid::Uuid::new_v4().to_string() } } })),
-            )
-            .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let secret = secrets.get(SECRET).await.ok()?;
-        if secret.metadata.annotations.as_ref()?.contains_key("zkgate.io/rotate") {
-            return None;
-        }
-        let bytes = secret.data?.get("auth")?.0.clone();
-        let now = Credential::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
-        (now != *old).then_some(now)
-    })
+    poke.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "annotations": { zkgate::controller::ROTATE_ANNOTATION: "now" } } })),
+    )
     .await
+    .unwrap();
+    eventually(Duration::from_secs(90), "the rotation done", || async {
+        let object = poke.get(name).await.ok()?;
+        let annotations = object.meta().annotations.clone().unwrap_or_default();
+        (!annotations.contains_key(zkgate::controller::ROTATE_ANNOTATION)).then_some(())
+    })
+    .await;
+    let now = served.credential(client, ns).await;
+    assert_ne!(now, *old, "the handout gives the rotated credential");
+    now
 }
 
 /// A pod holding `credential` takes the lock at `lock`; the hold shows in
@@ -160,7 +152,8 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     let (api, client) = PrivateApiServer::with_crds().await;
     let (a, b) = (namespace(&client).await, namespace(&client).await);
     let zk = support::isolated_connect();
-    let mut controller = controller_with_credential(&api, &zk, "controller-acl");
+    let served = Served::new("default");
+    let mut controller = controller_with_credential(&api, &zk, "controller-acl", &served);
     let within = Duration::from_secs(30);
     for ns in [&a, &b] {
         let barriers: Api<Barrier> = Api::namespaced(client.clone(), ns);
@@ -178,8 +171,8 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
         })
         .await;
     }
-    let cred_a = credential_of(&client, &a).await;
-    let cred_b = credential_of(&client, &b).await;
+    let cred_a = served.credential(&client, &a).await;
+    let cred_b = served.credential(&client, &b).await;
     assert_ne!(cred_a, cred_b);
 
     let root = "/zkgate/namespaces";
@@ -297,10 +290,10 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
         "nothing queued"
     );
 
-    // With the Secret's credential (a file, as mounted): the gang runs.
+    // With the credential handed out (asked for with the namespace's
+    // token, as an injected container does): the gang runs.
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("auth");
-    std::fs::write(&file, format!("{}\n", cred_a.expose())).unwrap();
+    let handed = served.env(&client, &a, dir.path()).await;
     let gang = |id: &'static str| {
         let mut cmd = zkgate(
             &zk,
@@ -317,7 +310,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
                 "true",
             ],
         );
-        cmd.env("ZKGATE_AUTH_FILE", &file);
+        cmd.envs(handed.clone());
         async move { run(&mut cmd).await }
     };
     let ((c0, e0), (c1, e1)) = tokio::join!(gang("p0"), gang("p1"));
@@ -356,13 +349,13 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // credential yet) still reads what a's pods make: a hold taken after the
     // restart shows in the status.
     controller.kill().await;
-    let mut controller = controller_with_credential(&api, &zk, "controller-acl-2");
+    let mut controller = controller_with_credential(&api, &zk, "controller-acl-2", &served);
     let locks_a: Api<LockLease> = Api::namespaced(client.clone(), &a);
     a_hold_shows_in_the_status(&zk, &cred_a, &lock_a, &locks_a).await;
 
-    // Rotation: asked for on the Secret, done by the controller.
+    // Rotation: asked for by annotation, done by the controller.
     let locks: Api<LockLease> = Api::namespaced(client.clone(), &a);
-    let rotated = rotate(&client, &a, &locks, "db", &cred_a).await;
+    let rotated = rotate(&client, &served, &a, &locks, "db", &cred_a).await;
     // Once the rotation's grace window has closed, the old credential is
     // refused, and the failure says it was the credential (NoAuth), not an
     // unreachable server (the same exit code).
@@ -414,7 +407,7 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
     // A controller started after the rotation (it loads the new credential
     // and the one it replaced) reads what a's pods make with the new one.
     controller.kill().await;
-    let _controller = controller_with_credential(&api, &zk, "controller-acl-3");
+    let _controller = controller_with_credential(&api, &zk, "controller-acl-3", &served);
     a_hold_shows_in_the_status(&zk, &rotated, &lock_a, &locks_a).await;
 
     // Deleting namespace b: the deletion of its last resource removes its
@@ -462,19 +455,15 @@ async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
     let (api, client) = PrivateApiServer::with_crds().await;
     let ns = namespace(&client).await;
     let zk = support::isolated_connect();
-    let _controller = ControllerProcess::start_with(
-        &api.kubeconfig(),
-        &zk,
-        "controller-rotation",
-        &["--auth", CONTROLLER_AUTH, "--rotation-grace", "20s"],
-    );
+    let served = Served::new("default");
+    let _controller = controller_with(&api, &zk, "controller-rotation", &served, "20s");
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "round" }, "spec": { "participants": 2 } })).unwrap();
     barriers
         .create(&PostParams::default(), &barrier)
         .await
         .unwrap();
-    let old = credential_of(&client, &ns).await;
+    let old = served.credential(&client, &ns).await;
     let participant = |id: &str, credential: &Credential| {
         let mut cmd = zkgate(
             &zk,
@@ -500,7 +489,7 @@ async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
         (barriers.get("round").await.ok()?.status?.entered == 1).then_some(())
     })
     .await;
-    let new = rotate(&client, &ns, &barriers, "round", &old).await;
+    let new = rotate(&client, &served, &ns, &barriers, "round", &old).await;
     let second = participant("p2", &new);
     for (who, p) in [
         ("p1 (old credential)", first),
@@ -573,15 +562,16 @@ async fn remove_namespace(client: &kube::Client, ns: &str) {
 /// Issue 25, item 3: a namespace's credential and subtree go when the
 /// namespace goes, whatever the order of deletions (here its resources
 /// first, while the namespace still stood, then the namespace), and a
-/// namespace made again under the same name gets a new credential and its
-/// Secret at once; the old credential opens nothing there.
+/// namespace made again under the same name gets a new credential at once;
+/// the old credential opens nothing there.
 #[tokio::test]
 async fn a_namespace_made_again_gets_a_new_credential_at_once() {
     use k8s_openapi::api::core::v1::Namespace;
     let (api, client) = PrivateApiServer::with_crds().await;
     let ns = namespace(&client).await;
     let zk = support::isolated_connect();
-    let _controller = controller_with_credential(&api, &zk, "controller-remade");
+    let served = Served::new("default");
+    let _controller = controller_with_credential(&api, &zk, "controller-remade", &served);
     let within = Duration::from_secs(30);
     let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
@@ -589,7 +579,7 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
         .create(&PostParams::default(), &barrier)
         .await
         .unwrap();
-    let old = credential_of(&client, &ns).await;
+    let old = served.credential(&client, &ns).await;
     // The resources go first, while the namespace stands (its credential
     // stays: the namespace may get resources again), then the namespace.
     barriers.delete("gang", &Default::default()).await.unwrap();
@@ -597,8 +587,6 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
         barriers.get_opt("gang").await.ok()?.is_none().then_some(())
     })
     .await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    secrets.delete(SECRET, &Default::default()).await.unwrap();
     remove_namespace(&client, &ns).await;
     let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
     let stored = format!("/zkgate/credentials/{ns}");
@@ -625,7 +613,7 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
         .create(&PostParams::default(), &barrier)
         .await
         .unwrap();
-    let new = credential_of(&client, &ns).await;
+    let new = served.credential(&client, &ns).await;
     assert_ne!(new, old, "the namespace made again got the old credential");
     let with_old = session_as(&zk, Some(&old)).await;
     assert!(

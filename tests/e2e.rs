@@ -654,7 +654,7 @@ fn waiting_pod(
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, labels: {{zkgate.io/barrier: {barrier}}}}}
+metadata: {{name: {name}, labels: {{zkgate.io/barrier: {barrier}, zkgate.io/credentials: "true"}}}}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 120
@@ -666,7 +666,6 @@ spec:
       args: ["barrier", "enter", "{barrier}"]
       env:
         - {{name: ZKGATE_ZOOKEEPER, value: "{zookeeper}"}}
-        - {{name: ZKGATE_AUTH, valueFrom: {{secretKeyRef: {{name: zkgate-zookeeper-auth, key: auth}}}}}}
         - {{name: ZKGATE_ID, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
         - {{name: ZKGATE_POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
         - {{name: ZKGATE_POD_UID, valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}}}
@@ -731,10 +730,11 @@ async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
     c.took_turns(&ns.name, "migrate", 3).await;
 }
 
-/// With ACLs on, a pod uses its namespace's credential (the Secret the
-/// controller keeps there); a pod in another namespace that names this
-/// namespace's barrier is refused (exit 5, a message naming the Secret),
-/// and the barrier never counts it.
+/// With ACLs on, a pod gets its namespace's credential from the controller
+/// (its projected token proves the namespace; no Secret); a pod in another
+/// namespace that names this namespace's barrier is handed its own
+/// namespace's credential only, and refused (exit 2, a message saying
+/// whose credential it got), and the barrier never counts it.
 #[tokio::test]
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
@@ -761,9 +761,15 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
         .as_ref()
         .and_then(|s| s.terminated.as_ref())
         .map(|t| t.exit_code);
-    assert_eq!(exit, Some(5), "{init:?}");
+    assert_eq!(exit, Some(2), "{init:?}");
     let log = c.logs(&other.name, "intruder", "barrier").await;
-    assert!(log.contains(zkgate::api::NAMESPACE_SECRET), "{log}");
+    assert!(
+        log.contains(&format!(
+            "handed out namespace {}'s credentials",
+            other.name
+        )),
+        "{log}"
+    );
     let status = c
         .barrier(&owner.name, "guarded", "a status", |b| b.status.is_some())
         .await

@@ -41,8 +41,8 @@ async fn every_example_is_accepted_by_the_api_server() {
         // startupProbe. There the Job is checked against the 1.33 API types
         // instead, and only the Barrier goes to the server.
         // Least privilege in every Job: no API token, the namespace's
-        // ZooKeeper credential from the controller's Secret, restricted
-        // pod security.
+        // ZooKeeper credential handed out by the controller (no Secret),
+        // restricted pod security.
         for file in std::fs::read_dir(&dir).unwrap() {
             let file = file.unwrap().path();
             let text = std::fs::read_to_string(&file).unwrap();
@@ -53,13 +53,16 @@ async fn every_example_is_accepted_by_the_api_server() {
             // webhook adds it, with the credential (checked below on what
             // it adds).
             let by_hand = text.contains("ghcr.io/zkgate/zkgate");
-            if !by_hand {
-                one_label_job_is_injected(&file, &text);
-            }
+            job_is_injected(&file, &text, by_hand);
+            assert!(
+                !text.contains("secretKeyRef"),
+                "{}: credentials come from the controller, not a Secret",
+                file.display()
+            );
             for wanted in [
                 "automountServiceAccountToken: false",
                 if by_hand {
-                    "secretKeyRef: {name: zkgate-zookeeper-auth, key: auth}}"
+                    "zkgate.io/credentials: \"true\""
                 } else {
                     "zkgate.io/"
                 },
@@ -146,11 +149,13 @@ fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::
     pod
 }
 
-/// A one-label Job's pod, as the webhook returns it: a zkgate init
-/// container with the namespace's credential, the restricted security
-/// context, and nothing asked of the workload's own containers.
-fn one_label_job_is_injected(file: &Path, text: &str) {
-    use zkgate::controller::webhook::inject::{inject, Injection};
+/// A Job's pod, as the webhook returns it: every zkgate container (the
+/// one-label form's injected init container, or the example's own) told
+/// where to ask for the namespace's credentials, with the projected token
+/// to prove it, the restricted security context on injected ones, and
+/// nothing asked of the workload's own containers.
+fn job_is_injected(file: &Path, text: &str, by_hand: bool) {
+    use zkgate::controller::webhook::inject::{inject, HandoutTarget, Injection, TOKEN_VOLUME};
     let job: k8s_openapi::api::batch::v1::Job = serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
         .filter(|v| v["kind"] == "Job")
@@ -167,30 +172,49 @@ fn one_label_job_is_injected(file: &Path, text: &str) {
         image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
         zookeeper: "zk:2181".into(),
         root: "/zkgate".into(),
-        auth_secret: Some("zkgate-zookeeper-auth".into()),
-        tls: None,
+        handout: Some(HandoutTarget {
+            urls: vec!["https://zkgate-webhook.zkgate-system.svc:443".into()],
+            server_name: Some("zkgate-webhook.zkgate-system.svc".into()),
+            ca: "CA".into(),
+        }),
         native_sidecars: true,
     };
     let injected = inject(&pod, &injection)
         .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))
         .unwrap_or_else(|| panic!("{}: nothing injected", file.display()));
-    let inits = injected.spec.unwrap().init_containers.unwrap();
-    assert!(!inits.is_empty(), "{}", file.display());
-    for c in &inits {
-        let auth = c
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == "ZKGATE_AUTH")
-            .and_then(|e| e.value_from.as_ref()?.secret_key_ref.as_ref());
-        assert_eq!(
-            auth.map(|s| s.name.as_str()),
-            Some("zkgate-zookeeper-auth"),
-            "{}",
-            file.display()
+    let spec = injected.spec.unwrap();
+    let zkgate_containers: Vec<_> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter(|c| {
+            c.name.starts_with("zkgate-")
+                || c.image.as_deref().is_some_and(|i| i.contains("zkgate"))
+        })
+        .collect();
+    assert!(!zkgate_containers.is_empty(), "{}", file.display());
+    for c in zkgate_containers {
+        let env = |name: &str| c.env.iter().flatten().any(|e| e.name == name);
+        assert!(
+            env("ZKGATE_CREDENTIALS_URL") && env("ZKGATE_CREDENTIALS_CA") && !env("ZKGATE_AUTH"),
+            "{}: {} is not told where to get its credentials",
+            file.display(),
+            c.name
         );
-        let sc = c.security_context.as_ref().unwrap();
-        assert_eq!(sc.read_only_root_filesystem, Some(true));
-        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert!(
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == TOKEN_VOLUME),
+            "{}: {} has no token",
+            file.display(),
+            c.name
+        );
+        if !by_hand {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true));
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
+        }
     }
 }

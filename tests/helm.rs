@@ -134,7 +134,7 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
 
     let custom = template(&[
         "--set",
-        "zookeeper.deploy=true,replicaCount=2,controller.watchNamespace=jobs,webhook.enabled=false",
+        "zookeeper.deploy=true,replicaCount=2,controller.watchNamespace=jobs,webhook.enabled=true",
         "--set",
         "zookeeper.auth.existingSecret=zk-auth,metrics.serviceMonitor.enabled=true",
     ]);
@@ -144,13 +144,41 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "a 1.20 cluster gets policy/v1beta1"
     );
     assert!(custom.contains("secretKeyRef") && custom.contains("ZKGATE_WATCH_NAMESPACE"));
+    // Issue 25, item 4: with a controller credential the controller writes
+    // no Secret anywhere (participants get their credential from its
+    // handout, after a TokenReview); its one Secret rule is on the
+    // webhook's certificate, by name, without create.
+    let secret_rules = rules_on(&custom, "secrets");
+    assert_eq!(secret_rules.len(), 1, "{secret_rules:?}");
     assert!(
-        custom.contains("resources: [\"secrets\"]") && !off.contains("secrets"),
-        "Secrets are granted only with a controller credential (or the webhook's own, below)"
+        secret_rules[0].contains("t-zkgate-webhook-tls")
+            && !secret_rules[0].contains("create")
+            && !secret_rules[0].contains("patch"),
+        "{secret_rules:?}"
+    );
+    assert!(!off.contains("secrets"), "{off}");
+    assert!(
+        custom.contains("resources: [\"tokenreviews\"]")
+            && custom.contains("\nkind: Secret\n")
+            && custom.contains("ZKGATE_WEBHOOK_SERVICE"),
+        "the handout reviews tokens; the chart makes the certificate Secret: {custom}"
+    );
+    let refused = run(
+        &tool("helm"),
+        &[
+            "template",
+            "t",
+            chart().to_str().unwrap(),
+            "--set",
+            "zookeeper.connect=zk:2181,webhook.enabled=false,zookeeper.auth.existingSecret=zk-auth",
+        ],
+        None,
     );
     assert!(
-        custom.contains("resourceNames: [\"zkgate-zookeeper-auth\"]"),
-        "get and patch on Secrets only by the credential Secret's name: {custom}"
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("needs webhook.enabled=true"),
+        "a credential without the webhook (which serves the handout) must be refused: {}",
+        String::from_utf8_lossy(&refused.stderr)
     );
     assert!(
         !custom.contains("ServiceMonitor"),
@@ -226,11 +254,13 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "failurePolicy: Fail",
         "key: zkgate.io/barrier",
         "key: zkgate.io/lock",
+        "key: zkgate.io/credentials",
         "operator: Exists",
         "values: [\"kube-system\"]",
         "ZKGATE_WEBHOOK_ADDR",
         "value: \"t-zkgate-webhook.default.svc,t-zkgate-webhook.default.svc.cluster.local\"",
-        "resourceNames: [\"zkgate-zookeeper-tls\"]",
+        "value: \"default/t-zkgate-webhook\"",
+        "resources: [\"tokenreviews\"]",
         "resourceNames: [\"t-zkgate-webhook-tls\"]",
         "resources: [\"mutatingwebhookconfigurations\"]",
         "containerPort: 9443",
@@ -361,9 +391,11 @@ struct RbacRun {
 }
 
 /// Installs the chart, runs the controller with its ServiceAccount's token
-/// (with a controller credential when `with_auth`, which makes it keep a
-/// credential Secret per namespace), and tells whether a Barrier goes from
-/// Waiting to Open with a participant in it within `OPENS_WITHIN`.
+/// (with a controller credential when `with_auth`, which makes it hand each
+/// namespace's pods their credential: then with the webhook and the
+/// handout it serves, limited to the test's namespace), and tells whether a
+/// Barrier goes from Waiting to Open with a participant in it within
+/// `OPENS_WITHIN`.
 async fn controller_reconciles_with_chart_rbac(
     remove_rule: Option<&[&str]>,
     with_auth: bool,
@@ -387,11 +419,18 @@ async fn controller_reconciles_with_chart_rbac(
             &format!("zookeeper.connect={zk}"),
             "--set",
             "replicaCount=1",
-            // The controller runs outside the cluster here, without the
-            // webhook; a registered webhook nobody serves would refuse every
-            // labelled pod of the other tests sharing this API server.
+            // The controller runs outside the cluster here. Without a
+            // credential, without the webhook; with one, the webhook (the
+            // handout rides on it) for the test's namespace alone, so that
+            // a webhook the API server cannot reach refuses no labelled pod
+            // of the other tests sharing this API server.
             "--set",
-            "webhook.enabled=false",
+            &format!("webhook.enabled={with_auth}"),
+            "--set",
+            &format!(
+                "controller.watchNamespace={}",
+                if with_auth { ns.as_str() } else { "" }
+            ),
             "--set",
             &format!(
                 "zookeeper.auth.existingSecret={}",
@@ -426,6 +465,31 @@ async fn controller_reconciles_with_chart_rbac(
     let sa = service_account_kubeconfig(&ns, &release, dir.path());
     let log_path = dir.path().join("controller.log");
     let metrics = support::zookeeper::free_port();
+    let webhook_port = support::zookeeper::free_port();
+    let service = format!("{release}-zkgate-webhook");
+    // What the chart's Deployment gives the controller with the webhook.
+    let webhook_args: Vec<String> = if with_auth {
+        [
+            "--webhook-addr",
+            &format!("127.0.0.1:{webhook_port}"),
+            "--image",
+            "registry.test/zkgate:test",
+            "--webhook-secret",
+            &format!("{release}-zkgate-webhook-tls"),
+            "--webhook-secret-namespace",
+            &ns,
+            "--webhook-configuration",
+            &format!("{release}-zkgate"),
+            "--webhook-names",
+            &format!("{service}.{ns}.svc"),
+            "--webhook-service",
+            &format!("{ns}/{service}"),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    } else {
+        Vec::new()
+    };
     let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
         .args([
             "controller",
@@ -442,6 +506,7 @@ async fn controller_reconciles_with_chart_rbac(
         } else {
             &[]
         })
+        .args(&webhook_args)
         .env("KUBECONFIG", &sa)
         .env("ZKGATE_LOG", "warn")
         .stdout(Stdio::null())
@@ -470,6 +535,11 @@ async fn controller_reconciles_with_chart_rbac(
     let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": spec })).unwrap();
     barriers.create(&PostParams::default(), &b).await.unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let token_file = dir.path().join("participant-token");
+    if with_auth {
+        let token = support::handout::token(&client, &ns, zkgate::handout::AUDIENCE).await;
+        std::fs::write(&token_file, token).unwrap();
+    }
     let path = format!("/zkgate/namespaces/{ns}/barriers/g");
     let deadline = tokio::time::Instant::now() + OPENS_WITHIN;
     let mut entered = false;
@@ -486,11 +556,27 @@ async fn controller_reconciles_with_chart_rbac(
             entered = true;
             let mut options = zkgate::zk::SessionOptions::new(zk.parse().unwrap());
             if with_auth {
-                // The namespace's credential, as its pods would read it.
-                let secret = secrets.get(zkgate::api::NAMESPACE_SECRET).await.unwrap();
-                let auth = secret.data.unwrap()["auth"].0.clone();
+                // The namespace's credential, as its pods get it: from the
+                // handout, checked against the webhook's CA.
+                let ca = secrets
+                    .get(&format!("{release}-zkgate-webhook-tls"))
+                    .await
+                    .ok()
+                    .and_then(|s| s.data?.get("ca.crt").cloned())
+                    .map(|b| String::from_utf8(b.0).unwrap())
+                    .unwrap_or_default();
+                let source = zkgate::handout::Source {
+                    urls: vec![format!("https://127.0.0.1:{webhook_port}")],
+                    server_name: Some(format!("{service}.{ns}.svc")),
+                    ca,
+                    token_file: token_file.clone(),
+                };
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let Ok(handout) = source.fetch(left).await else {
+                    break false;
+                };
                 options.credential = Some(
-                    zkgate::zk::Credential::parse(std::str::from_utf8(&auth).unwrap()).unwrap(),
+                    zkgate::zk::Credential::parse(&handout.auth.expect("a credential")).unwrap(),
                 );
             }
             let participant = zkgate::zk::Session::connect(&options).await.unwrap();
@@ -530,12 +616,12 @@ async fn the_controller_works_with_exactly_the_charts_rbac() {
 }
 
 #[tokio::test]
-async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secrets() {
+async fn with_a_controller_credential_the_charts_rbac_covers_the_handout() {
     assert!(
         controller_reconciles_with_chart_rbac(None, true, false)
             .await
             .opened,
-        "the chart's RBAC must let the controller keep the namespace credential Secret"
+        "the chart's RBAC must let the controller hand out the namespace's credential"
     );
 }
 
@@ -549,7 +635,7 @@ async fn with_a_controller_credential_the_charts_rbac_covers_the_namespace_secre
 async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     // (the words that pick the rule, with_auth, sized_by_job, the forbidden
     // call the controller must report, why the rule is needed)
-    let cases: [(&'static [&'static str], bool, bool, &str, &str); 5] = [
+    let cases: [(&'static [&'static str], bool, bool, &str, &str); 4] = [
         (
             &["barriers/status"],
             false,
@@ -571,20 +657,13 @@ async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
             "resource \"jobs\"",
             "without the Job reads a Barrier sized by its Job must not open",
         ),
-        // Each of the two Secret rules is needed on its own.
+        // No Secret rule is left to need; the handout needs TokenReviews.
         (
-            &["secrets", "\"create\""],
+            &["tokenreviews"],
             true,
             false,
-            "cannot create resource \"secrets\"",
-            "without create a controller with a credential must not provision",
-        ),
-        (
-            &["secrets", "\"get\""],
-            true,
-            false,
-            "resource \"secrets\"",
-            "without get/patch by name a controller with a credential must not provision",
+            "cannot create resource \"tokenreviews\"",
+            "without reviewing tokens a controller with a credential must hand out nothing",
         ),
     ];
     let controls = [(false, false), (false, true), (true, false)];
@@ -901,4 +980,142 @@ async fn with_a_watched_namespace_the_charts_webhook_holds_up_no_other_namespace
         .await
         .expect_err("the watched namespace's labelled pod is refused while the webhook is down");
     assert!(refused.to_string().contains("pods.zkgate.io"), "{refused}");
+}
+
+/// Issue 25, item 4: acting as the controller's ServiceAccount (the chart's
+/// RBAC for a cluster-wide install with a controller credential and the
+/// webhook, applied as rendered), nobody can obtain a ServiceAccount token:
+/// no Secret can be made anywhere (a `service-account-token` Secret the
+/// token controller would fill in), none read but the webhook's own
+/// certificate, whose type an update cannot change, and no TokenRequest.
+/// Impersonation by the admin (`--as`), with a positive control: what the
+/// controller needs is allowed.
+#[test]
+fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
+    let kubectl = tool("kubectl");
+    let ns = format!("t-imp-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let release = format!("i{}", &ns[6..12]);
+    ok(run(&kubectl, &["create", "namespace", &ns], None));
+    let rendered = ok(run(
+        &tool("helm"),
+        &[
+            "template",
+            &release,
+            chart().to_str().unwrap(),
+            "-n",
+            &ns,
+            "--set",
+            "zookeeper.connect=zk:2181,webhook.enabled=true,zookeeper.auth.existingSecret=zk-auth",
+        ],
+        None,
+    ));
+    // Its identity and permissions only: no Deployment to run, and no
+    // webhook registration that would reach the other tests' pods.
+    let kept = [
+        "ServiceAccount",
+        "Secret",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let rbac: Vec<&str> = rendered
+        .split("\n---")
+        .filter(|doc| {
+            serde_yaml_ng::from_str::<serde_json::Value>(doc)
+                .ok()
+                .and_then(|d| d["kind"].as_str().map(|k| kept.contains(&k)))
+                .unwrap_or(false)
+        })
+        .collect();
+    ok(run(
+        &kubectl,
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&rbac.join("\n---\n")),
+    ));
+    let account = format!("system:serviceaccount:{ns}:{release}-zkgate");
+    let as_controller = |args: &[&str], stdin: Option<&str>| {
+        let mut all = vec!["--as", account.as_str()];
+        all.extend_from_slice(args);
+        run(&kubectl, &all, stdin)
+    };
+    let forbidden = |what: &str, out: Output| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("forbidden"),
+            "as the controller, {what} must be forbidden: {}{err}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    let token_secret = |namespace: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: stolen, namespace: {namespace}, annotations: {{kubernetes.io/service-account.name: default}}}}\ntype: kubernetes.io/service-account-token\n"
+        )
+    };
+    for namespace in ["kube-system", "default", ns.as_str()] {
+        forbidden(
+            &format!("making a service-account-token Secret in {namespace}"),
+            as_controller(&["create", "-f", "-"], Some(&token_secret(namespace))),
+        );
+        forbidden(
+            &format!("listing Secrets in {namespace}"),
+            as_controller(&["get", "secrets", "-n", namespace], None),
+        );
+        forbidden(
+            &format!("a TokenRequest for {namespace}'s default account"),
+            as_controller(&["create", "token", "default", "-n", namespace], None),
+        );
+    }
+    forbidden(
+        "a TokenRequest for its own account",
+        as_controller(
+            &["create", "token", &format!("{release}-zkgate"), "-n", &ns],
+            None,
+        ),
+    );
+    let webhook_secret = format!("{release}-zkgate-webhook-tls");
+    // The positive control: the webhook's certificate Secret, by name.
+    let own = as_controller(
+        &["get", "secret", &webhook_secret, "-n", &ns, "-o", "json"],
+        None,
+    );
+    assert!(
+        own.status.success(),
+        "the controller reads its webhook certificate Secret: {}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    // Updating it into a token Secret: the type of a Secret cannot change.
+    let mut turned: serde_json::Value = serde_json::from_slice(&own.stdout).unwrap();
+    turned["type"] = json!("kubernetes.io/service-account-token");
+    turned["metadata"]["annotations"] = json!({ "kubernetes.io/service-account.name": "default" });
+    let out = as_controller(&["replace", "-f", "-"], Some(&turned.to_string()));
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("immutable"),
+        "an update must not turn the certificate Secret into a token Secret: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let can = |verb: &str, resource: &str| {
+        as_controller(&["auth", "can-i", verb, resource, "-n", &ns], None)
+            .status
+            .success()
+    };
+    assert!(
+        can("create", "tokenreviews.authentication.k8s.io"),
+        "the handout reviews tokens"
+    );
+    let _ = run(
+        &kubectl,
+        &[
+            "delete",
+            "clusterrole,clusterrolebinding",
+            "-l",
+            &format!("app.kubernetes.io/instance={release}"),
+        ],
+        None,
+    );
+    let _ = run(
+        &kubectl,
+        &["delete", "namespace", &ns, "--wait=false"],
+        None,
+    );
 }

@@ -120,6 +120,7 @@ impl Hooked {
     /// certificate options); returns once it listens.
     async fn controller_with(&self, zk: &str, certificates: &[&str]) -> ControllerProcess {
         let addr = format!("127.0.0.1:{}", self.port);
+        let handout = self.handout_url();
         let mut args = vec![
             "--watch-namespace",
             &self.ns,
@@ -127,6 +128,10 @@ impl Hooked {
             &addr,
             "--image",
             IMAGE,
+            // Where injected containers ask for their credentials: the
+            // webhook's own loopback address here.
+            "--handout-url",
+            &handout,
         ];
         args.extend_from_slice(certificates);
         let controller = ControllerProcess::start_with(&kubeconfig(), zk, "controller-0", &args);
@@ -164,6 +169,39 @@ impl Hooked {
             .create(&PostParams::default(), &lease)
             .await
             .unwrap();
+    }
+
+    /// Where the controller hands out credentials.
+    fn handout_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The webhook's CA (PEM), once the controller made it.
+    async fn ca(&self) -> Vec<u8> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        eventually(WITHIN, "the webhook's CA", || async {
+            Some(
+                secrets
+                    .get(SECRET)
+                    .await
+                    .ok()?
+                    .data?
+                    .get("ca.crt")?
+                    .0
+                    .clone(),
+            )
+        })
+        .await
+    }
+
+    /// Asks the handout for credentials with `token` (none: no header):
+    /// the HTTP status and body.
+    async fn ask_handout(&self, token: Option<&str>) -> (u16, String) {
+        let ca = self.ca().await;
+        let header = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        post(self.port, &ca, zkgate::handout::PATH, &header, "{}").await
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -520,11 +558,16 @@ async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
 /// certificate; the server verified against `ca`): the HTTP status and the
 /// response body.
 async fn post_review(port: u16, ca: &[u8], review: &serde_json::Value) -> (u16, String) {
+    post(port, ca, "/mutate", "", &review.to_string()).await
+}
+
+/// POSTs `body` to `path` on the webhook's port with `headers` (each line
+/// ending in CRLF): the HTTP status and the response body.
+async fn post(port: u16, ca: &[u8], path: &str, headers: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tls = webhook_tls(port, ca).await;
-    let body = review.to_string();
     let request = format!(
-        "POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     tls.write_all(request.as_bytes()).await.unwrap();
@@ -820,6 +863,32 @@ async fn run_as_the_kubelet(
         let dir = root.path().join(&mount.name);
         std::fs::create_dir_all(&dir).unwrap();
         let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
+        if let Some(projected) = &volume.projected {
+            // As the kubelet projects a ServiceAccount token: the pod's
+            // account's, for the audience asked, a root-owned file of the
+            // volume's mode.
+            let mode = projected.default_mode.unwrap_or(0o644) as u32;
+            for source in projected.sources.iter().flatten() {
+                let Some(projection) = &source.service_account_token else {
+                    panic!("unexpected projection {source:?}");
+                };
+                let account = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .expect("a pod with a projected token names its ServiceAccount");
+                let token = support::handout::token_of(
+                    client,
+                    &ns,
+                    &account,
+                    projection.audience.as_deref().unwrap(),
+                )
+                .await;
+                let file = dir.join(&projection.path);
+                std::fs::write(&file, token).unwrap();
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+        }
         if let Some(source) = &volume.secret {
             let secret = secrets
                 .get(source.secret_name.as_deref().unwrap())
@@ -862,6 +931,12 @@ async fn run_as_the_kubelet(
         .args(container.args.iter().flatten())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
+    // The binary's default token path, where this stand-in put the token
+    // (a real container sees it at that path).
+    let token_file = in_container(zkgate::handout::TOKEN_FILE);
+    if token_file != zkgate::handout::TOKEN_FILE {
+        cmd.env("ZKGATE_CREDENTIALS_TOKEN_FILE", token_file);
+    }
     for var in container.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
             (Some(v), _) => in_container(v),
@@ -892,10 +967,12 @@ async fn run_as_the_kubelet(
     )
 }
 
-/// Over a ZooKeeper reached by TLS with client certificates, a labelled
-/// pod gets the controller's CA and client certificate through a Secret of
-/// its namespace (made, and corrected when it drifts), and its injected
-/// container, run with only what the pod gives it, passes the barrier.
+/// Issue 25, items 2, 4 and 5: over a ZooKeeper reached by TLS with client
+/// certificates, a labelled pod is given no Secret: its injected container,
+/// run with only what the pod gives it (a projected token, the handout's
+/// address and CA), asks the controller, gets the server CA and a client
+/// certificate of its namespace's own (never the controller's identity),
+/// and passes the barrier. Nothing is written to the namespace.
 #[tokio::test]
 async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     use support::tls::TlsZooKeeper;
@@ -923,46 +1000,36 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     let controller = h.controller_and(&zk, &args).await;
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
     support::kube::barrier_waiting(&barriers, "solo", 1, WITHIN).await;
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let secret_names = || async {
+        secrets
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(secret_names().await, [SECRET], "only the webhook's own");
 
     let pod = h
         .create_pod(pod_of("solo-0", json!({ "zkgate.io/barrier": "solo" })))
         .await
         .expect("admitted");
     let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
-    for (var, file) in [
-        ("ZKGATE_TLS_CA", "ca.crt"),
-        ("ZKGATE_TLS_CERT", "tls.crt"),
-        ("ZKGATE_TLS_KEY", "tls.key"),
+    for var in [
+        "ZKGATE_TLS_CA",
+        "ZKGATE_TLS_CERT",
+        "ZKGATE_TLS_KEY",
+        "ZKGATE_AUTH",
     ] {
-        assert_eq!(
-            env(init, var).and_then(|e| e.value.clone()),
-            Some(format!("/etc/zkgate/zookeeper-tls/{file}")),
-            "{var}"
-        );
+        assert!(env(init, var).is_none(), "{var} in the pod spec");
     }
-    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
-    let copied = secrets.get("zkgate-zookeeper-tls").await.expect("the copy");
-    let data = copied.data.clone().unwrap();
     assert_eq!(
-        data["ca.crt"].0,
-        std::fs::read(&ca).unwrap(),
-        "the server CA"
+        env(init, "ZKGATE_CREDENTIALS_URL").and_then(|e| e.value.clone()),
+        Some(h.handout_url())
     );
-    // Issue 25, item 2: the namespace's own certificate, never the
-    // controller's identity.
-    assert_ne!(
-        data["tls.key"].0,
-        std::fs::read(&key).unwrap(),
-        "the controller's own client key was handed to the namespace"
-    );
-    assert_ne!(data["tls.crt"].0, std::fs::read(&cert).unwrap());
-    let der = pem_der(&data["tls.crt"].0);
-    let named = format!("zkgate-participant.{}", h.ns);
-    assert!(
-        der.windows(named.len()).any(|w| w == named.as_bytes()),
-        "the participant certificate names its namespace ({named})"
-    );
-
     let (code, err) = run_as_the_kubelet(&h.client, &pod, init).await;
     assert_eq!(code, 0, "the injected container passes the barrier: {err}");
     eventually(
@@ -976,32 +1043,122 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     )
     .await;
 
-    // A copy that drifted (edited by hand, or the controller's CA rotated)
-    // is corrected by the controller's next look at the namespace (a
-    // resource's reconcile, the copy trusted for 30 s in between).
-    let mut drifted = copied;
-    drifted.data.as_mut().unwrap().insert(
-        "ca.crt".to_owned(),
-        k8s_openapi::ByteString(b"not a certificate".to_vec()),
-    );
-    drifted.metadata.managed_fields = None;
-    secrets
-        .replace("zkgate-zookeeper-tls", &PostParams::default(), &drifted)
-        .await
-        .unwrap();
-    h.create_pod(pod_of("solo-1", json!({ "zkgate.io/barrier": "solo" })))
-        .await
-        .expect("admitted");
-    let ca_pem = std::fs::read(&ca).unwrap();
-    eventually(
-        Duration::from_secs(60),
-        "the drifted copy corrected",
-        || async {
-            let corrected = secrets.get("zkgate-zookeeper-tls").await.ok()?;
-            (corrected.data?["ca.crt"].0 == ca_pem).then_some(())
-        },
+    // What the pod was handed: the server CA and the namespace's own
+    // certificate, never the controller's.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(
+        &token_file,
+        support::handout::token_of(&h.client, &h.ns, "default", zkgate::handout::AUDIENCE).await,
     )
+    .unwrap();
+    let handed = zkgate::handout::Source {
+        urls: vec![h.handout_url()],
+        server_name: None,
+        ca: String::from_utf8(h.ca().await).unwrap(),
+        token_file,
+    }
+    .fetch(WITHIN)
+    .await
+    .expect("a handout");
+    let handed = handed.tls.expect("TLS material");
+    assert_eq!(
+        handed.ca.as_bytes(),
+        std::fs::read(&ca).unwrap(),
+        "the server CA"
+    );
+    let (handed_cert, handed_key) = (handed.cert.unwrap(), handed.key.unwrap());
+    assert_ne!(
+        handed_key.as_bytes(),
+        std::fs::read(&key).unwrap(),
+        "the controller's own client key was handed to the namespace"
+    );
+    assert_ne!(handed_cert.as_bytes(), std::fs::read(&cert).unwrap());
+    let der = pem_der(handed_cert.as_bytes());
+    let named = format!("zkgate-participant.{}", h.ns);
+    assert!(
+        der.windows(named.len()).any(|w| w == named.as_bytes()),
+        "the participant certificate names its namespace ({named})"
+    );
+    assert_eq!(
+        secret_names().await,
+        [SECRET],
+        "nothing was written to the namespace"
+    );
+    drop(controller);
+    h.done().await;
+}
+
+/// Issue 25, item 4: the handout gives a caller its namespace's credential
+/// only when the API server vouches for a token made for zkgate that names
+/// a ServiceAccount of that namespace: no token, a made-up one, one made
+/// for the API server, or another namespace's are refused; the namespace's
+/// own gets the credential that opens its nodes, and no Secret holds it.
+#[tokio::test]
+async fn the_handout_gives_a_pod_its_own_namespaces_credential_and_nothing_else() {
+    use support::handout::token;
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller_auth = "zkgate-controller:handout-test";
+    let controller = h.controller_and(&zk, &["--auth", controller_auth]).await;
+    // The namespace's credential is made at its first reconcile (and the
+    // barrier node, which the probe below registers under, with it).
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    support::kube::barrier_waiting(&barriers, "gang", 1, WITHIN).await;
+
+    let (status, body) = h.ask_handout(None).await;
+    assert_eq!(status, 401, "no token: {body}");
+    let (status, body) = h.ask_handout(Some("made-up")).await;
+    assert_eq!(status, 401, "a made-up token: {body}");
+    let for_the_api = token(&h.client, &h.ns, "https://kubernetes.default.svc").await;
+    let (status, body) = h.ask_handout(Some(&for_the_api)).await;
+    assert_eq!(status, 401, "a token made for the API server: {body}");
+    let other = namespace(&h.client).await;
+    let (status, body) = h
+        .ask_handout(Some(
+            &token(&h.client, &other, zkgate::handout::AUDIENCE).await,
+        ))
+        .await;
+    assert_eq!(
+        status, 403,
+        "another namespace's token (this controller serves one): {body}"
+    );
+
+    let own = token(&h.client, &h.ns, zkgate::handout::AUDIENCE).await;
+    let body = eventually(WITHIN, "the namespace's credential handed out", || async {
+        let (status, body) = h.ask_handout(Some(&own)).await;
+        (status == 200).then_some(body)
+    })
     .await;
+    let handout: zkgate::handout::Handout = serde_json::from_str(&body).unwrap();
+    assert_eq!(handout.namespace, h.ns);
+    let credential = zkgate::zk::Credential::parse(&handout.auth.unwrap()).unwrap();
+    assert_ne!(
+        credential,
+        zkgate::zk::Credential::parse(controller_auth).unwrap()
+    );
+    let mut options = support::options(&zk);
+    options.credential = Some(credential);
+    let pod = zkgate::zk::Session::connect(&options).await.unwrap();
+    let member = format!("/zkgate/namespaces/{}/barriers/gang/probe", h.ns);
+    pod.client()
+        .create(
+            &member,
+            b"{}",
+            &zookeeper_client::CreateMode::Ephemeral.with_acls(pod.node_acls()),
+        )
+        .await
+        .expect("the handed-out credential opens the namespace's barrier");
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let names: Vec<_> = secrets
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(names, [SECRET], "no Secret holds the credential");
     drop(controller);
     h.done().await;
 }

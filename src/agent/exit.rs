@@ -87,10 +87,7 @@ impl AgentError {
             ZkError::Deleted { .. } => "; nothing left to wait for".to_owned(),
             ZkError::BarrierFailed { .. } => "; see the Barrier's status and events".to_owned(),
             ZkError::ParticipantConflict { .. } => "; give each participant its own --id".to_owned(),
-            ZkError::NotAuthorized { .. } => format!(
-                "; a pod's credential is its namespace's, in the Secret {} the controller keeps there (key auth)",
-                crate::api::NAMESPACE_SECRET
-            ),
+            ZkError::NotAuthorized { .. } => "; a pod's credential is its namespace's, handed out by the controller (an injected container, or the label zkgate.io/credentials: \"true\" on a pod with its own zkgate containers)".to_owned(),
             _ => String::new(),
         };
         AgentError::new(exit, format!("{err}{hint}"))

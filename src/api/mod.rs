@@ -45,12 +45,6 @@ pub const GROUP: &str = "zkgate.io";
 pub const DURATION_PATTERN: &str =
     r"^([0-9]{1,9}(ms|s|m|h|d))*[1-9][0-9]{0,8}(ms|s|m|h|d)([0-9]{1,9}(ms|s|m|h|d))*$";
 
-/// The Secret, in each namespace with Barriers or LockLeases, that holds the
-/// namespace's ZooKeeper credential (key `auth`, `user:password`) when the
-/// controller runs with a credential of its own. Its pods authenticate with
-/// it (`ZKGATE_AUTH` or `--auth-file`).
-pub const NAMESPACE_SECRET: &str = "zkgate-zookeeper-auth";
-
 /// Parses a duration that matched [`DURATION_PATTERN`].
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text)

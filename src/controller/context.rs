@@ -17,9 +17,6 @@ pub const MANAGER: &str = "zkgate-controller";
 /// The finalizer that removes a resource's znodes.
 pub const FINALIZER: &str = "zkgate.io/znodes";
 
-/// How long the controller trusts that a namespace's TLS copy is there.
-pub const TLS_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Shared by all reconciles of one leadership term.
 pub struct Context {
     /// The Kubernetes client.
@@ -46,11 +43,6 @@ pub struct Context {
     pub jobs: super::jobs::Jobs,
     /// This replica's node in the leader lock's queue (the one holding it).
     pub leader_node: String,
-    /// The ZooKeeper TLS material injected pods read, copied into each
-    /// namespace with resources (with the webhook, over TLS).
-    pub tls: Option<super::webhook::TlsMaterial>,
-    /// When each namespace's copy was last made sure of.
-    pub tls_copied: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// The last status the controller applied, per resource uid: its memory of
@@ -118,37 +110,15 @@ impl Context {
         }
     }
 
-    /// Makes sure `namespace` has its copy of the ZooKeeper TLS material
-    /// (looked at once every [`TLS_RECHECK`] at most): what its injected
-    /// pods mount. Made here, by the leader, from the resources it
-    /// reconciles, never by admission (see the webhook).
-    pub async fn copy_tls(&self, namespace: &str) -> Result<(), super::Error> {
-        let Some(tls) = &self.tls else {
-            return Ok(());
-        };
-        let fresh = |copied: &std::collections::HashMap<String, std::time::Instant>| {
-            copied
-                .get(namespace)
-                .is_some_and(|at| at.elapsed() < TLS_RECHECK)
-        };
-        if fresh(&self.tls_copied.lock().unwrap_or_else(|e| e.into_inner())) {
-            return Ok(());
-        }
-        super::webhook::copy_tls(&self.client, namespace, tls).await?;
-        self.tls_copied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(namespace.to_owned(), std::time::Instant::now());
-        Ok(())
-    }
-
     /// The ACLs for `namespace`'s nodes (see [`super::credentials`]).
+    /// `rotation`: a rotation asked for by the resource reconciled.
     pub async fn namespace_acls(
         &self,
         namespace: &str,
+        rotation: Option<&super::credentials::Rotation>,
     ) -> Result<super::credentials::NamespaceAcls, super::Error> {
         self.credentials
-            .namespace_acls(namespace, &self.zk, &self.layout, &self.client)
+            .namespace_acls(namespace, &self.zk, &self.layout, &self.client, rotation)
             .await
     }
 }

@@ -4,10 +4,11 @@
 //! With a credential of its own (`--auth`), the controller gives every
 //! namespace that has Barriers or LockLeases a digest credential:
 //! - kept in ZooKeeper at `<root>/credentials/<ns>` (only the controller may
-//!   read it: the source of truth, so a deleted or edited Secret is put back);
-//! - copied into the Secret `zkgate-zookeeper-auth` (key `auth`,
-//!   `user:password`) in that namespace, for its pods (`ZKGATE_AUTH` or
-//!   `--auth-file`);
+//!   read it);
+//! - handed to the namespace's pods by the credential handout
+//!   ([`crate::handout`]: a pod proves its namespace with a projected
+//!   ServiceAccount token), never written to a Secret, so the controller
+//!   needs no right on Secrets outside its own namespace;
 //! - held by the controller's session too, so it can read and remove the
 //!   nodes participants make (their ACL names the namespace's credential).
 //!
@@ -17,19 +18,21 @@
 //! not change the node's data or ACL). Another namespace's credential gets
 //! nothing, so a pod of `a` cannot enter, delete or fake anything in `b`.
 //!
-//! Rotation: annotate the Secret `zkgate.io/rotate` (any value). Within a
-//! reconcile of the namespace (the Secret is looked at every 30 s at most,
-//! and every resource is reconciled at least every 5 minutes) the controller
-//! makes a new credential, gives every node of the namespace to it as well
-//! (the participants' own nodes included), rewrites the Secret and drops
-//! the annotation. The replaced credential keeps working beside the new one
-//! for a grace window (`--rotation-grace`, stored with the credentials, so
-//! a restarted controller keeps to it): a gang that started with it
-//! finishes its round, while new pods read the new Secret. When the window
-//! closes, the next look (reconciles are scheduled for it) takes it away
-//! from every node. The replaced credential is kept (stored and held) until
-//! the next rotation, so a rotation cut short by an error or a crash is
-//! finished by the next look rather than lost.
+//! Rotation: annotate any Barrier or LockLease of the namespace
+//! `zkgate.io/rotate-credential` (any value). At that resource's next
+//! reconcile the controller makes a new credential, gives every node of the
+//! namespace to it as well (the participants' own nodes included), and
+//! drops the annotation (an event `CredentialRotated` says so); the
+//! request (kind, uid and value) is stored with the credential, so it is
+//! answered once even if dropping the annotation fails. Pods asking for
+//! their credential from then on get the new one. The replaced credential
+//! keeps working beside it for a grace window (`--rotation-grace`, stored
+//! with the credentials, so a restarted controller keeps to it): a gang
+//! that started with it finishes its round. When the window closes, the
+//! next look (reconciles are scheduled for it) takes it away from every
+//! node. The replaced credential is kept (stored and held) until the next
+//! rotation, so a rotation cut short by an error or a crash is finished by
+//! the next look rather than lost.
 //!
 //! A credential belongs to one namespace object (its uid is stored with
 //! it): when the namespace goes (the controller follows the namespaces),
@@ -43,16 +46,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::ByteString;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 use tracing::info;
 use zookeeper_client as zk;
 
@@ -60,15 +60,14 @@ use super::error::Error;
 use crate::layout::Layout;
 use crate::zk::{acl, acl_change, tree, Credential, Session, ZkError};
 
-pub use crate::api::NAMESPACE_SECRET;
-/// The Secret's key holding `user:password`.
-pub const SECRET_KEY: &str = "auth";
-/// Set on the Secret to ask for a new credential.
-pub const ROTATE_ANNOTATION: &str = "zkgate.io/rotate";
-/// Set by the controller on the Secret when it rotated the credential.
-pub const ROTATED_AT_ANNOTATION: &str = "zkgate.io/rotated-at";
-/// How long the controller trusts what it last saw of a namespace's Secret.
-const RECHECK: Duration = Duration::from_secs(30);
+/// Set on any Barrier or LockLease to ask for a new credential for its
+/// namespace (any value; the controller drops it when done).
+pub const ROTATE_ANNOTATION: &str = "zkgate.io/rotate-credential";
+
+/// A rotation asked for by [`ROTATE_ANNOTATION`]: `kind/uid/value`, what
+/// the stored credential remembers so that one request rotates once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rotation(pub String);
 
 /// The ACLs of one namespace's nodes.
 #[derive(Clone, Debug)]
@@ -134,6 +133,32 @@ struct Stored {
     /// an older controller; adopted by the namespace of that name then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     namespace_uid: Option<String>,
+    /// The last rotation request answered ([`Rotation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rotated_for: Option<String>,
+}
+
+impl Stored {
+    /// What `known` stores.
+    fn of(known: &Known) -> Stored {
+        Stored {
+            current: known.credential.expose(),
+            previous: known.previous.as_ref().map(Credential::expose),
+            previous_until_ms: known
+                .previous
+                .as_ref()
+                .and(known.grace_until)
+                .and_then(|until| {
+                    let ms = until
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .ok()?
+                        .as_millis();
+                    i64::try_from(ms).ok()
+                }),
+            namespace_uid: known.namespace_uid.clone(),
+            rotated_for: known.rotated_for.clone(),
+        }
+    }
 }
 
 struct Known {
@@ -148,10 +173,11 @@ struct Known {
     /// then `previous` works beside `credential` on every node; then the
     /// next look takes it away.
     grace_until: Option<SystemTime>,
-    /// When the Secret was last looked at and the namespace's nodes were
-    /// known to carry the ACLs; `None` on the first look of a term and while
-    /// a rotation is unfinished.
-    checked: Option<Instant>,
+    /// The last rotation request answered.
+    rotated_for: Option<String>,
+    /// Whether the namespace's nodes are known to carry the ACLs: not on
+    /// the first look of a term, nor while a rotation is unfinished.
+    checked: bool,
 }
 
 impl Known {
@@ -173,7 +199,7 @@ impl Known {
                 "the rotation's grace window closed: the replaced credential stops working"
             );
             self.grace_until = None;
-            self.checked = None;
+            self.checked = false;
         }
     }
 
@@ -201,7 +227,6 @@ struct Moving<'c> {
 /// The namespaces' credentials, for one leadership term (one session).
 pub struct Credentials {
     controller: Option<Credential>,
-    secret_name: String,
     /// How long a replaced credential keeps working after a rotation.
     grace: Duration,
     /// Each namespace's entry behind a lock of its own: a rotation must not
@@ -219,13 +244,11 @@ impl Credentials {
     /// Namespace credentials when `controller` is set; open ACLs otherwise.
     pub fn new(
         controller: Option<Credential>,
-        secret_name: String,
         grace: Duration,
         namespaces: Store<PartialObjectMeta<Namespace>>,
     ) -> Credentials {
         Credentials {
             controller,
-            secret_name,
             grace,
             known: Default::default(),
             namespaces,
@@ -361,15 +384,17 @@ impl Credentials {
     }
 
     /// The ACLs for `namespace`'s nodes. With credentials, first makes sure
-    /// the namespace has its credential, in ZooKeeper and in its Secret,
-    /// that this session holds it, and (once a term, and after a rotation)
-    /// that the namespace's nodes carry the ACLs; rotates when asked.
+    /// the namespace has its credential (stored in ZooKeeper, where the
+    /// handout reads it), that this session holds it, and (once a term, and
+    /// after a rotation) that the namespace's nodes carry the ACLs; with
+    /// `rotation`, rotates unless that request was answered already.
     pub async fn namespace_acls(
         &self,
         namespace: &str,
         zk: &Session,
         layout: &Layout,
         client: &kube::Client,
+        rotation: Option<&Rotation>,
     ) -> Result<NamespaceAcls, Error> {
         let Some(controller) = &self.controller else {
             return Ok(NamespaceAcls::open());
@@ -381,38 +406,28 @@ impl Credentials {
             .await?
             .ok_or(Error::Incomplete("namespace credential"))?;
         k.close_grace_if_over(namespace);
-        if k.checked.is_some_and(|at| at.elapsed() < RECHECK) {
-            return Ok(NamespaceAcls::new(controller, &k.granted()));
-        }
         // The first look of a term, or a rotation left unfinished (by an
         // error here, or by a crash: the stored previous credential says
         // so): every node moves to the current credential (shared with the
         // replaced one while the grace window is open). Idempotent.
-        if k.checked.is_none() {
+        if !k.checked {
             let acls = NamespaceAcls::new(controller, &k.granted());
             protect(zk, layout, namespace, &acls, k.moving()).await?;
+            k.checked = true;
         }
-
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let secret = secrets.get_opt(&self.secret_name).await?;
-        if secret
-            .as_ref()
-            .is_some_and(|s| s.annotations().contains_key(ROTATE_ANNOTATION))
-        {
-            self.rotate(k, namespace, controller, zk, layout, &secrets)
-                .await?;
-        } else {
-            self.sync_secret(k, &secrets, secret.as_ref()).await?;
+        if let Some(rotation) = rotation {
+            if k.rotated_for.as_deref() != Some(rotation.0.as_str()) {
+                self.rotate(k, namespace, controller, zk, layout, rotation)
+                    .await?;
+            }
         }
-        k.checked = Some(Instant::now());
         Ok(NamespaceAcls::new(controller, &k.granted()))
     }
 
-    /// Rotates `namespace`'s credential (its Secret asked for it): a new
-    /// one stored first (the source of truth, with the credential it
-    /// replaces), then the Secret (which ends the request), then the nodes:
-    /// whichever step fails, the next look finishes the rest rather than
-    /// rotating from a stale credential.
+    /// Rotates `namespace`'s credential: a new one stored first (the source
+    /// of truth, with the credential it replaces and the request it
+    /// answers), then the nodes: if that fails, the next look finishes it
+    /// rather than rotating again.
     async fn rotate(
         &self,
         k: &mut Known,
@@ -420,51 +435,33 @@ impl Credentials {
         controller: &Credential,
         zk: &Session,
         layout: &Layout,
-        secrets: &Api<Secret>,
+        rotation: &Rotation,
     ) -> Result<(), Error> {
         let new = Credential::generate(user_of(namespace));
         zk.add_credential(&new).await?;
-        let until = SystemTime::now() + self.grace;
-        store(
-            zk,
-            &layout.credential(namespace)?,
-            k.namespace_uid.as_deref(),
-            &new,
-            Some((&k.credential, until)),
-        )
-        .await?;
-        info!(namespace, grace = ?self.grace, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
-        k.previous = Some(std::mem::replace(&mut k.credential, new));
-        k.grace_until = Some(until);
-        k.checked = None;
-        self.write_secret(secrets, true, &k.credential, true)
-            .await?;
-        let acls = NamespaceAcls::new(controller, &k.granted());
-        protect(zk, layout, namespace, &acls, k.moving()).await
-    }
-
-    /// Puts the current credential back into the namespace's Secret when
-    /// the Secret is missing or holds another.
-    async fn sync_secret(
-        &self,
-        k: &Known,
-        secrets: &Api<Secret>,
-        secret: Option<&Secret>,
-    ) -> Result<(), Error> {
-        let in_secret = secret
-            .and_then(|s| s.data.as_ref()?.get(SECRET_KEY))
-            .map(|b| b.0.clone());
-        if in_secret.as_deref() != Some(k.credential.expose().as_bytes()) {
-            self.write_secret(secrets, secret.is_some(), &k.credential, false)
-                .await?;
-        }
-        Ok(())
+        let mut rotated = Known {
+            namespace_uid: k.namespace_uid.clone(),
+            previous: Some(k.credential.clone()),
+            credential: new,
+            grace_until: Some(SystemTime::now() + self.grace),
+            rotated_for: Some(rotation.0.clone()),
+            checked: false,
+        };
+        store(zk, &layout.credential(namespace)?, &Stored::of(&rotated)).await?;
+        info!(namespace, grace = ?self.grace, request = %rotation.0, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
+        let acls = NamespaceAcls::new(controller, &rotated.granted());
+        // Stored: from here on the rotation is this namespace's state,
+        // finished by the next look if the nodes cannot be moved now.
+        let moved = protect(zk, layout, namespace, &acls, rotated.moving()).await;
+        rotated.checked = moved.is_ok();
+        *k = rotated;
+        moved
     }
 
     /// When `namespace` is being deleted and none of its barriers and locks
     /// is left in ZooKeeper, removes its subtree and its stored credential,
     /// so a namespace made later under the same name gets a new one (a copy
-    /// of the old Secret opens nothing). A no-op without a controller
+    /// of the old credential opens nothing). A no-op without a controller
     /// credential.
     pub async fn forget_if_terminating(
         &self,
@@ -498,9 +495,8 @@ impl Credentials {
     }
 
     /// Makes sure this session holds `namespace`'s credentials, so it can
-    /// read and remove the nodes its pods made, without touching the
-    /// Secret: what a resource's deletion needs, which must work in a
-    /// namespace being deleted too. It makes no credential: without one
+    /// read and remove the nodes its pods made: what a resource's deletion
+    /// needs, which must work in a namespace being deleted too. It makes no credential: without one
     /// stored, no pod of the namespace had one to make nodes with (and a
     /// deletion that comes after the namespace was tidied up must not bring
     /// it back). A no-op without a controller credential.
@@ -511,62 +507,23 @@ impl Credentials {
         }
         Ok(())
     }
+}
 
-    /// Writes `credential` into the namespace's Secret (made when missing);
-    /// `rotated` also ends the rotation request and says when it was done.
-    async fn write_secret(
-        &self,
-        secrets: &Api<Secret>,
-        exists: bool,
-        credential: &Credential,
-        rotated: bool,
-    ) -> Result<(), Error> {
-        use base64::Engine;
-        let encoded = base64::engine::general_purpose::STANDARD.encode(credential.expose());
-        if exists {
-            // A merge patch: it can drop the annotation a user (another
-            // field manager) set, which server-side apply cannot.
-            let mut annotations = serde_json::Map::new();
-            if rotated {
-                annotations.insert(ROTATE_ANNOTATION.into(), serde_json::Value::Null);
-                annotations.insert(
-                    ROTATED_AT_ANNOTATION.into(),
-                    k8s_openapi::jiff::Timestamp::now().to_string().into(),
-                );
-            }
-            let patch = serde_json::json!({
-                "metadata": { "annotations": annotations },
-                "data": { SECRET_KEY: encoded },
-            });
-            secrets
-                .patch(
-                    &self.secret_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-        } else {
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(self.secret_name.clone()),
-                    labels: Some(crate::controller::managed_by()),
-                    ..Default::default()
-                },
-                type_: Some("Opaque".into()),
-                data: Some(
-                    [(
-                        SECRET_KEY.to_owned(),
-                        ByteString(credential.expose().into_bytes()),
-                    )]
-                    .into(),
-                ),
-                ..Default::default()
-            };
-            secrets.create(&PostParams::default(), &secret).await?;
-            info!(secret = %self.secret_name, "made the namespace's ZooKeeper credential Secret");
-        }
-        Ok(())
-    }
+/// `namespace`'s current credential (`user:password`), if one is stored
+/// for the namespace object `uid` (one stored for a namespace of that name
+/// deleted since, or by an older controller and not adopted yet, is not
+/// handed out). Reads only: what the handout serves, on any replica.
+pub async fn current_for(
+    zk: &Session,
+    layout: &Layout,
+    namespace: &str,
+    uid: &str,
+) -> Result<Option<String>, Error> {
+    let node = layout.credential(namespace)?;
+    Ok(load(zk, &node, namespace, None, false)
+        .await?
+        .filter(|k| k.namespace_uid.as_deref() == Some(uid))
+        .map(|k| k.credential.expose()))
 }
 
 /// The namespace's entry, loading its stored credentials and adding them
@@ -601,9 +558,8 @@ async fn hold<'k>(
             return Ok(None);
         };
         if let (Some(uid), None) = (uid, &loaded.namespace_uid) {
-            let previous = loaded.previous.as_ref().zip(loaded.grace_until);
-            store(zk, &node, Some(uid), &loaded.credential, previous).await?;
             loaded.namespace_uid = Some(uid.to_owned());
+            store(zk, &node, &Stored::of(&loaded)).await?;
         }
         for c in std::iter::once(&loaded.credential).chain(loaded.previous.as_ref()) {
             zk.add_credential(c).await?;
@@ -677,7 +633,8 @@ async fn load(
                         .previous_until_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-                    checked: None,
+                    rotated_for: stored.rotated_for,
+                    checked: false,
                 }));
             }
             Err(ZkError::Zk {
@@ -694,6 +651,7 @@ async fn load(
                     previous: None,
                     previous_until_ms: None,
                     namespace_uid: uid.map(str::to_owned),
+                    rotated_for: None,
                 })
                 .unwrap_or_default();
                 // The controller's own ACL: nobody else may read it.
@@ -719,28 +677,9 @@ async fn load(
     }
 }
 
-/// Stores `current` (and the credential it replaces, with the end of its
-/// grace window).
-async fn store(
-    zk: &Session,
-    node: &str,
-    namespace_uid: Option<&str>,
-    current: &Credential,
-    previous: Option<(&Credential, SystemTime)>,
-) -> Result<(), Error> {
-    let data = serde_json::to_vec(&Stored {
-        namespace_uid: namespace_uid.map(str::to_owned),
-        current: current.expose(),
-        previous: previous.map(|(c, _)| c.expose()),
-        previous_until_ms: previous.and_then(|(_, until)| {
-            let ms = until
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .ok()?
-                .as_millis();
-            i64::try_from(ms).ok()
-        }),
-    })
-    .unwrap_or_default();
+/// Writes `stored` to `node`.
+async fn store(zk: &Session, node: &str, stored: &Stored) -> Result<(), Error> {
+    let data = serde_json::to_vec(stored)?;
     let client = zk.client();
     zk.retry("write", node, || client.set_data(node, &data, None))
         .await?;

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use context::{Context, FINALIZER, MANAGER};
-pub use credentials::{NAMESPACE_SECRET, ROTATE_ANNOTATION};
+pub use credentials::ROTATE_ANNOTATION;
 pub use error::Error;
 pub use locklease::LockNodeData;
 
@@ -60,8 +60,8 @@ pub const BARRIER_LABEL: &str = "zkgate.io/barrier";
 /// See [`BARRIER_LABEL`].
 pub const LOCK_LABEL: &str = "zkgate.io/lock";
 
-/// The labels of the objects the controller makes (Secrets, a Job's
-/// Barrier): `app.kubernetes.io/managed-by: zkgate`.
+/// The labels of the objects the controller makes (a Job's Barrier, the
+/// webhook's certificate Secret): `app.kubernetes.io/managed-by: zkgate`.
 pub fn managed_by() -> std::collections::BTreeMap<String, String> {
     [(
         "app.kubernetes.io/managed-by".to_owned(),
@@ -83,9 +83,6 @@ pub struct ControllerOptions {
     pub identity: String,
     /// Reconcile only this namespace's resources (default: all namespaces).
     pub watch_namespace: Option<String>,
-    /// With a controller credential: the Secret holding each namespace's
-    /// credential (see [`credentials`]).
-    pub namespace_secret: String,
     /// How long a namespace's replaced credential keeps working after a
     /// rotation, for the participants' work in flight.
     pub rotation_grace: Duration,
@@ -146,11 +143,15 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
+    // This replica's ZooKeeper session, for the credential handout (served
+    // beside the webhook by every replica, leading or not).
+    let (sessions, session_rx) = tokio::sync::watch::channel(None);
     if let Some(webhook) = options.webhook.clone() {
         tokio::spawn(serve_webhook(
             webhook,
             client.clone(),
             health.clone(),
+            session_rx,
             shutdown.clone(),
         ));
     }
@@ -183,6 +184,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                     .ready
                     .store(session.state() == SessionState::Connected, Ordering::SeqCst);
                 metrics.set_session_connected(true);
+                sessions.send_replace(Some(session.clone()));
                 // A refused root keeps the last term's failure in /readyz.
                 let outcome = match claim(&client, &session, &options).await {
                     Ok(scope) => {
@@ -192,6 +194,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                     Err(e) => Err(e),
                 };
                 metrics.set_leader(false);
+                sessions.send_replace(None);
                 readiness.abort();
                 health.ready.store(false, Ordering::SeqCst);
                 metrics.set_session_connected(false);
@@ -229,6 +232,7 @@ async fn serve_webhook(
     options: webhook::WebhookOptions,
     client: kube::Client,
     health: Arc<http::Health>,
+    session: tokio::sync::watch::Receiver<Option<Arc<Session>>>,
     shutdown: CancellationToken,
 ) {
     let mut retry = TermBackoff::default();
@@ -238,6 +242,7 @@ async fn serve_webhook(
             options.clone(),
             client.clone(),
             health.clone(),
+            session.clone(),
             shutdown.clone(),
         )
         .await;
@@ -381,7 +386,6 @@ async fn lead(
         metrics: metrics.clone(),
         credentials: credentials::Credentials::new(
             options.zookeeper.credential.clone(),
-            options.namespace_secret.clone(),
             options.rotation_grace,
             namespaces,
         ),
@@ -395,8 +399,6 @@ async fn lead(
         },
         jobs,
         leader_node: hold.path().to_owned(),
-        tls: options.webhook.as_ref().and_then(|w| w.tls.clone()),
-        tls_copied: Default::default(),
     });
     // A Job's change reconciles the Barriers it sizes; a labelled Job gets
     // its Barrier (admission makes nothing: see webhook).

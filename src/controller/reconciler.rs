@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::context::{Context, StatusMemory, FINALIZER, MANAGER};
-use super::credentials::NamespaceAcls;
+use super::credentials::{NamespaceAcls, Rotation, ROTATE_ANNOTATION};
 use super::error::Error;
 use super::status::{Capped, Note};
 use crate::zk::tree::Snapshot;
@@ -64,8 +64,11 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
             // The namespace's credentials first: its pods' nodes are
             // readable only with them (see credentials.rs).
             Finalized::Apply(o) => {
-                let acls = ctx.namespace_acls(&namespace).await?;
-                ctx.copy_tls(&namespace).await?;
+                let rotation = rotation_asked(o.as_ref());
+                let acls = ctx.namespace_acls(&namespace, rotation.as_ref()).await?;
+                if rotation.is_some() {
+                    rotated(o.as_ref(), &api, &ctx).await?;
+                }
                 o.apply(&namespace, &acls, &ctx).await
             }
             Finalized::Cleanup(o) => {
@@ -94,6 +97,38 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
         ctx.failures.succeeded(&key(object_ref.as_ref()));
     }
     result
+}
+
+/// The credential rotation `object` asks for by annotation, if any.
+fn rotation_asked<K: Reconciled>(object: &K) -> Option<Rotation> {
+    let value = object.annotations().get(ROTATE_ANNOTATION)?;
+    Some(Rotation(format!(
+        "{}/{}/{value}",
+        K::kind(&()),
+        object.uid().unwrap_or_default()
+    )))
+}
+
+/// The rotation `object` asked for is done: drops the annotation (a merge
+/// patch, which can remove what another field manager set) and says so.
+async fn rotated<K: Reconciled>(object: &K, api: &Api<K>, ctx: &Context) -> Result<(), Error> {
+    let patch = serde_json::json!({ "metadata": { "annotations": { ROTATE_ANNOTATION: null } } });
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    let note = Note {
+        reason: "CredentialRotated",
+        message: format!(
+            "rotated namespace {}'s ZooKeeper credential, as annotation {ROTATE_ANNOTATION} asked: pods get the new one from now on; the replaced one works until the rotation's grace window closes",
+            object.namespace().unwrap_or_default()
+        ),
+        warning: false,
+    };
+    ctx.record(object, &note).await;
+    Ok(())
 }
 
 /// How often a resource with registrations that outlive their processes

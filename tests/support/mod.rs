@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod checker;
+pub mod handout;
 pub mod kube;
 pub mod order;
 pub mod proxy;

@@ -28,6 +28,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The connect string: the quick-start ZooKeeper, or the given ensemble. */}}
 {{- define "zkgate.zookeeperConnect" -}}
+{{- if and .Values.zookeeper.auth.existingSecret (not .Values.webhook.enabled) -}}
+{{- fail "zookeeper.auth.existingSecret needs webhook.enabled=true: pods get their namespace's ZooKeeper credential from the controller's credential handout, served beside the webhook" -}}
+{{- end -}}
 {{- if .Values.zookeeper.deploy -}}
 {{- printf "%s-zookeeper:2181" (include "zkgate.fullname" .) -}}
 {{- else if .Values.zookeeper.connect -}}
@@ -62,32 +65,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["zkgate.io"]
   resources: ["barriers"]
   verbs: ["create"]
-{{- if .Values.webhook.enabled }}
-{{- if .Values.zookeeper.tls.existingSecret }}
-# The controller copies the ZooKeeper TLS material that injected pods mount
-# into the namespaces with resources: by name; made when missing (create
-# cannot be narrowed).
-- apiGroups: [""]
-  resources: ["secrets"]
-  resourceNames: [{{ .Values.webhook.zookeeperTlsSecret | quote }}]
-  verbs: ["get", "update"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create"]
-{{- end }}
-{{- end }}
-{{- if .Values.zookeeper.auth.existingSecret }}
-# Each namespace's ZooKeeper credential (only with a controller credential):
-# read and updated by name only; made when missing (RBAC cannot narrow
-# create by name: the name is not known before the object exists).
-- apiGroups: [""]
-  resources: ["secrets"]
-  resourceNames: [{{ .Values.zookeeper.auth.namespaceSecret | quote }}]
-  verbs: ["get", "patch"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create"]
-{{- end }}
+# No Secret rule: participants get their namespace's ZooKeeper credential
+# and TLS material from the controller's handout (a projected ServiceAccount
+# token, checked by TokenReview), never from a Secret the controller writes
+# (see the README's RBAC table).
 {{- end -}}
 
 {{/* The webhook's names: its Service's. */}}

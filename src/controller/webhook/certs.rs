@@ -30,8 +30,8 @@ use rcgen::{
 };
 use tracing::info;
 
-use crate::controller::credentials::ROTATE_ANNOTATION;
-
+/// Set on the webhook's certificate Secret to have the leaf made again.
+pub const ROTATE_CERTIFICATE_ANNOTATION: &str = "zkgate.io/rotate";
 /// The Secret's keys.
 pub const CA_CERT: &str = "ca.crt";
 const CA_KEY: &str = "ca.key";
@@ -134,7 +134,7 @@ impl SelfManaged {
         if serving(secret).is_err() || ca_of(secret).is_none() {
             return Some("the Secret is incomplete");
         }
-        if annotations.contains_key(ROTATE_ANNOTATION) {
+        if annotations.contains_key(ROTATE_CERTIFICATE_ANNOTATION) {
             return Some("asked for (annotation zkgate.io/rotate)");
         }
         if annotations.get(NAMES_ANNOTATION) != Some(&self.names.join(",")) {

@@ -15,13 +15,20 @@
 //! the lock forever).
 //!
 //! A pod that already carries a zkgate container (one named `zkgate-*`, or
-//! one running the controller's own image) is left as it is, so a pod
+//! one running the controller's own image) is given no container, so a pod
 //! written by hand, or admitted twice, is never given a second one.
+//!
+//! Credentials: every container that runs zkgate gets what it needs to ask
+//! the controller for its namespace's ZooKeeper credential and TLS material
+//! ([`crate::handout`]): a projected ServiceAccount token of audience
+//! `zkgate`, and the handout's addresses and CA. So does a pod written by
+//! hand that carries the label `zkgate.io/credentials: "true"`.
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -44,9 +51,13 @@ pub const LOCK_CONTAINER: &str = "zkgate-lock";
 pub const RUN_VOLUME: &str = "zkgate-run";
 /// Where [`RUN_VOLUME`] is mounted.
 pub const RUN_DIR: &str = "/var/run/zkgate";
-/// The volume holding the ZooKeeper TLS material.
-pub const TLS_VOLUME: &str = "zkgate-zookeeper-tls";
-const TLS_DIR: &str = "/etc/zkgate/zookeeper-tls";
+/// On a pod written by hand (its own zkgate containers): `"true"` gives
+/// those containers what they need to get their credentials.
+pub const CREDENTIALS_LABEL: &str = "zkgate.io/credentials";
+/// The projected ServiceAccount token a pod proves its namespace with.
+pub const TOKEN_VOLUME: &str = "zkgate-token";
+/// How long a projected token lives (the kubelet renews it well before).
+const TOKEN_SECONDS: i64 = 600;
 /// The binary in the image.
 const BINARY: &str = "/usr/local/bin/zkgate";
 
@@ -60,23 +71,22 @@ pub struct Injection {
     pub zookeeper: String,
     /// The root of zkgate's znodes.
     pub root: String,
-    /// With ACLs: the Secret, in the pod's namespace, holding the namespace's
-    /// ZooKeeper credential (key `auth`).
-    pub auth_secret: Option<String>,
-    /// With TLS: the Secret, in the pod's namespace, holding `ca.crt` (and
-    /// `tls.crt` + `tls.key` when `client_certificate`).
-    pub tls: Option<TlsSecret>,
+    /// Where the containers ask for their namespace's credentials; `None`:
+    /// nowhere (they get none).
+    pub handout: Option<HandoutTarget>,
     /// Whether the API server runs native sidecars (1.29 and later).
     pub native_sidecars: bool,
 }
 
-/// The Secret the injected containers read ZooKeeper's TLS material from.
-#[derive(Clone, Debug)]
-pub struct TlsSecret {
-    /// Its name in the pod's namespace.
-    pub name: String,
-    /// Whether it holds a client certificate and key too.
-    pub client_certificate: bool,
+/// Where the credential handout is and how to check it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoutTarget {
+    /// Its addresses (`https://HOST:PORT`), tried in turn.
+    pub urls: Vec<String>,
+    /// The name its certificate carries, whatever address is dialled.
+    pub server_name: Option<String>,
+    /// The CA its certificate chains to (PEM).
+    pub ca: String,
 }
 
 /// Why a labelled pod is refused: the admission message.
@@ -117,6 +127,9 @@ pub enum Refusal {
     /// The pod has a volume of the name the injection needs.
     #[error("the pod already has a volume named {0}, which zkgate's injected containers need")]
     VolumeTaken(&'static str),
+    /// `zkgate.io/credentials` is set to something other than `"true"`.
+    #[error("label {CREDENTIALS_LABEL}={0:?} must be \"true\" (or left out)")]
+    InvalidCredentials(String),
 }
 
 /// What a pod's labels ask for.
@@ -189,20 +202,33 @@ fn resource_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Whether `pod` already runs zkgate: a container named `zkgate-*`, one of
-/// `image`'s repository (whatever its tag) or of any repository named
-/// `zkgate`, or one whose command is a `zkgate` binary (the examples' hand-
-/// written forms).
+/// The repository of an image reference, without tag or digest.
+fn repository(image: &str) -> String {
+    let image = image.split('@').next().unwrap_or(image);
+    // A tag follows the last ':' after the last '/' (a registry port does not).
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo.to_owned(),
+        _ => image.to_owned(),
+    }
+}
+
+/// Whether `c` runs zkgate: it is named `zkgate-*`, runs `image`'s
+/// repository (whatever its tag) or any repository named `zkgate`, or its
+/// command is a `zkgate` binary (the examples' hand-written forms).
+fn runs_zkgate(c: &Container, image: &str) -> bool {
+    let repo = c.image.as_deref().map(repository).unwrap_or_default();
+    c.name.starts_with("zkgate-")
+        || repo == repository(image)
+        || repo.rsplit('/').next() == Some("zkgate")
+        || c.command
+            .iter()
+            .flatten()
+            .next()
+            .is_some_and(|cmd| cmd == "zkgate" || cmd.ends_with("/zkgate"))
+}
+
+/// Whether `pod` already runs zkgate (a container that [`runs_zkgate`]).
 pub fn carries_zkgate(pod: &Pod, image: &str) -> bool {
-    let repository = |image: &str| -> String {
-        let image = image.split('@').next().unwrap_or(image);
-        // A tag follows the last ':' after the last '/' (a registry port does not).
-        match image.rsplit_once(':') {
-            Some((repo, tag)) if !tag.contains('/') => repo.to_owned(),
-            _ => image.to_owned(),
-        }
-    };
-    let ours = repository(image);
     let Some(spec) = &pod.spec else {
         return false;
     };
@@ -210,37 +236,53 @@ pub fn carries_zkgate(pod: &Pod, image: &str) -> bool {
         .iter()
         .flatten()
         .chain(&spec.containers)
-        .any(|c| {
-            let repo = c.image.as_deref().map(repository).unwrap_or_default();
-            c.name.starts_with("zkgate-")
-                || repo == ours
-                || repo.rsplit('/').next() == Some("zkgate")
-                || c.command
-                    .iter()
-                    .flatten()
-                    .next()
-                    .is_some_and(|cmd| cmd == "zkgate" || cmd.ends_with("/zkgate"))
-        })
+        .any(|c| runs_zkgate(c, image))
 }
 
-/// `pod` with the containers its labels ask for, or `None` when it needs
-/// nothing (no label, or a zkgate container already there).
+/// `pod` with the containers its labels ask for and, for every container
+/// that runs zkgate, what it needs to get its credentials; `None` when it
+/// needs nothing (no label, or a zkgate container already there and no
+/// `zkgate.io/credentials` label).
 pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> {
     let wanted = wanted(pod, injection.native_sidecars)?;
-    if (wanted.barrier.is_none() && wanted.lock.is_none()) || carries_zkgate(pod, &injection.image)
+    let credentials = match pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(CREDENTIALS_LABEL))
     {
+        None => false,
+        Some(v) if v == "true" => true,
+        Some(other) => return Err(Refusal::InvalidCredentials(other.clone())),
+    };
+    let by_hand = carries_zkgate(pod, &injection.image);
+    let containers = (wanted.barrier.is_some() || wanted.lock.is_some()) && !by_hand;
+    if !containers && !credentials {
         return Ok(None);
     }
     let mut pod = pod.clone();
     let Some(spec) = pod.spec.as_mut() else {
         return Ok(None);
     };
+    if containers {
+        add_containers(spec, injection, &wanted)?;
+    }
+    if let Some(target) = &injection.handout {
+        give_handout(spec, injection, target)?;
+    }
+    Ok(Some(pod))
+}
+
+/// Adds the containers `wanted` asks for, and the volume they share with
+/// the pod's own containers.
+fn add_containers(
+    spec: &mut PodSpec,
+    injection: &Injection,
+    wanted: &Wanted,
+) -> Result<(), Refusal> {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    let tls = injection.tls.as_ref();
-    for (name, needed) in [(RUN_VOLUME, true), (TLS_VOLUME, tls.is_some())] {
-        if needed && volumes.iter().any(|v| v.name == name) {
-            return Err(Refusal::VolumeTaken(name));
-        }
+    if volumes.iter().any(|v| v.name == RUN_VOLUME) {
+        return Err(Refusal::VolumeTaken(RUN_VOLUME));
     }
     volumes.push(Volume {
         name: RUN_VOLUME.to_owned(),
@@ -250,22 +292,6 @@ pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> 
         }),
         ..Default::default()
     });
-    if let Some(tls) = tls {
-        volumes.push(Volume {
-            name: TLS_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(tls.name.clone()),
-                // Readable by the injected container's user (65532): the
-                // kubelet writes the files root-owned, and without an
-                // fsGroup (which would chown every volume of the pod) the
-                // group bits give that user nothing. Only the injected
-                // container mounts this volume.
-                default_mode: Some(0o444),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-    }
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
     if let Some((barrier, sidecar)) = &wanted.barrier {
         let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
@@ -324,7 +350,76 @@ pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> 
             });
         }
     }
-    Ok(Some(pod))
+    Ok(())
+}
+
+/// Gives every container that runs zkgate the projected token (audience
+/// `zkgate`) and where to ask for its credentials. The token is the pod's
+/// ServiceAccount's (`default` when the pod names none: an API server
+/// without the ServiceAccount admission plugin leaves it unset). A pod
+/// that has the token volume already (admitted before) is left as it is.
+fn give_handout(
+    spec: &mut PodSpec,
+    injection: &Injection,
+    target: &HandoutTarget,
+) -> Result<(), Refusal> {
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == TOKEN_VOLUME) {
+        return Ok(());
+    }
+    volumes.push(Volume {
+        name: TOKEN_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: Some(crate::handout::AUDIENCE.to_owned()),
+                    expiration_seconds: Some(TOKEN_SECONDS),
+                    path: "token".to_owned(),
+                }),
+                ..Default::default()
+            }]),
+            // Readable by the injected container's user (65532): the
+            // kubelet writes the file root-owned, and an fsGroup would
+            // chown every volume of the pod.
+            default_mode: Some(0o444),
+        }),
+        ..Default::default()
+    });
+    if spec.service_account_name.is_none() {
+        spec.service_account_name = Some("default".to_owned());
+    }
+    let dir = crate::handout::TOKEN_FILE
+        .rsplit_once('/')
+        .map_or(crate::handout::TOKEN_FILE, |(d, _)| d);
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    for c in spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+        .filter(|c| runs_zkgate(c, &injection.image))
+    {
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !e.name.starts_with("ZKGATE_CREDENTIALS_"));
+        env.push(value("ZKGATE_CREDENTIALS_URL", target.urls.join(",")));
+        if let Some(name) = &target.server_name {
+            env.push(value("ZKGATE_CREDENTIALS_SERVER_NAME", name.clone()));
+        }
+        env.push(value("ZKGATE_CREDENTIALS_CA", target.ca.clone()));
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: TOKEN_VOLUME.to_owned(),
+                mount_path: dir.to_owned(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+    }
+    Ok(())
 }
 
 fn args(a: &[&str]) -> Vec<String> {
@@ -363,40 +458,11 @@ fn container(injection: &Injection, name: &str, timeout: Option<&str>) -> Contai
     if let Some(t) = timeout {
         env.push(value("ZKGATE_TIMEOUT", t));
     }
-    if let Some(secret) = &injection.auth_secret {
-        // Not optional: the kubelet holds the pod until the controller has
-        // made the Secret, rather than starting it without its credential.
-        env.push(EnvVar {
-            name: "ZKGATE_AUTH".to_owned(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.clone(),
-                    key: crate::controller::credentials::SECRET_KEY.to_owned(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-        });
-    }
-    let mut mounts = vec![VolumeMount {
+    let mounts = vec![VolumeMount {
         name: RUN_VOLUME.to_owned(),
         mount_path: RUN_DIR.to_owned(),
         ..Default::default()
     }];
-    if let Some(tls) = &injection.tls {
-        env.push(value("ZKGATE_TLS_CA", &format!("{TLS_DIR}/ca.crt")));
-        if tls.client_certificate {
-            env.push(value("ZKGATE_TLS_CERT", &format!("{TLS_DIR}/tls.crt")));
-            env.push(value("ZKGATE_TLS_KEY", &format!("{TLS_DIR}/tls.key")));
-        }
-        mounts.push(VolumeMount {
-            name: TLS_VOLUME.to_owned(),
-            mount_path: TLS_DIR.to_owned(),
-            read_only: Some(true),
-            ..Default::default()
-        });
-    }
     Container {
         name: name.to_owned(),
         image: Some(injection.image.clone()),
@@ -442,8 +508,14 @@ mod tests {
             image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
             zookeeper: "zk:2181".into(),
             root: DEFAULT_ROOT.into(),
-            auth_secret: Some("zkgate-zookeeper-auth".into()),
-            tls: None,
+            handout: Some(HandoutTarget {
+                urls: vec![
+                    "https://10.88.0.5:9443".into(),
+                    "https://zkgate.zkgate-system.svc:443".into(),
+                ],
+                server_name: Some("zkgate.zkgate-system.svc".into()),
+                ca: "-----BEGIN CERTIFICATE-----".into(),
+            }),
             native_sidecars: true,
         }
     }
@@ -482,8 +554,44 @@ mod tests {
             let from = env(c, name).and_then(|e| e.value_from?.field_ref);
             assert_eq!(from.map(|f| f.field_path).as_deref(), Some(path), "{name}");
         }
-        let auth = env(c, "ZKGATE_AUTH").and_then(|e| e.value_from?.secret_key_ref);
-        assert_eq!(auth.map(|s| s.name), Some("zkgate-zookeeper-auth".into()));
+        assert!(
+            env(c, "ZKGATE_AUTH").is_none(),
+            "no credential in the pod spec"
+        );
+        assert_eq!(
+            env(c, "ZKGATE_CREDENTIALS_URL")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("https://10.88.0.5:9443,https://zkgate.zkgate-system.svc:443")
+        );
+        assert_eq!(
+            env(c, "ZKGATE_CREDENTIALS_SERVER_NAME")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("zkgate.zkgate-system.svc")
+        );
+        assert!(c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == TOKEN_VOLUME && m.mount_path == "/var/run/secrets/zkgate"));
+        let token = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == TOKEN_VOLUME)
+            .and_then(|v| v.projected.clone())
+            .expect("the token volume");
+        let projection = token.sources.unwrap()[0]
+            .service_account_token
+            .clone()
+            .unwrap();
+        assert_eq!(projection.audience.as_deref(), Some("zkgate"));
+        assert_eq!(spec.service_account_name.as_deref(), Some("default"));
+        assert!(
+            env(&spec.containers[0], "ZKGATE_CREDENTIALS_URL").is_none(),
+            "the workload's own container gets no way to the credentials"
+        );
         assert_eq!(
             env(c, "ZKGATE_ZOOKEEPER").and_then(|e| e.value),
             Some("zk:2181".into())
@@ -558,6 +666,39 @@ mod tests {
             ..Default::default()
         }]);
         assert_eq!(inject(&by_hand, &i).unwrap(), None);
+    }
+
+    #[test]
+    fn a_pod_written_by_hand_gets_its_credentials_by_label_and_only_its_zkgate_containers() {
+        let i = injection();
+        let mut p = pod(
+            serde_json::json!({ "zkgate.io/credentials": "true" }),
+            serde_json::json!({}),
+        );
+        p.spec.as_mut().unwrap().service_account_name = Some("gang".into());
+        p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+            name: "barrier".into(),
+            image: Some("localhost:5000/zkgate:dev".into()),
+            ..Default::default()
+        }]);
+        let out = inject(&p, &i).unwrap().expect("mutated");
+        let spec = out.spec.unwrap();
+        let inits = spec.init_containers.unwrap();
+        assert_eq!(inits.len(), 1, "no container added");
+        assert!(env(&inits[0], "ZKGATE_CREDENTIALS_URL").is_some());
+        assert!(env(&spec.containers[0], "ZKGATE_CREDENTIALS_URL").is_none());
+        assert_eq!(spec.service_account_name.as_deref(), Some("gang"), "kept");
+        assert_eq!(
+            inject(
+                &pod(
+                    serde_json::json!({ "zkgate.io/credentials": "yes" }),
+                    serde_json::json!({})
+                ),
+                &i
+            )
+            .unwrap_err(),
+            Refusal::InvalidCredentials("yes".into())
+        );
     }
 
     #[test]

@@ -8,14 +8,16 @@
 //! port (it carries no proof of coming from the API server) makes nothing
 //! happen. What a labelled pod needs besides its patch is made by the
 //! leading controller from what it watches: a labelled Job's Barrier (from
-//! the Jobs, [`crate::controller::jobs`]) and the namespace's ZooKeeper
-//! TLS material (with its resources' reconciles). Every replica serves
-//! admission (it needs no leadership). The chart registers it with an
-//! `objectSelector`, so only labelled pods ever reach it and an unlabelled
-//! pod is never held up by a webhook that is down, and `failurePolicy:
-//! Fail`, so a gang member never starts without its barrier.
+//! the Jobs, [`crate::controller::jobs`]). Every replica serves admission
+//! (it needs no leadership), and beside it the credential handout
+//! ([`handout`]): how injected containers get their namespace's ZooKeeper
+//! credential and TLS material without any Secret. The chart registers it
+//! with an `objectSelector`, so only labelled pods ever reach it and an
+//! unlabelled pod is never held up by a webhook that is down, and
+//! `failurePolicy: Fail`, so a gang member never starts without its barrier.
 
 pub mod certs;
+pub mod handout;
 pub mod inject;
 
 use std::net::SocketAddr;
@@ -30,10 +32,8 @@ use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::ByteString;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use kube::api::Api;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
 use kube::runtime::{watcher, WatchStreamExt};
@@ -41,12 +41,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::certs::{SelfManaged, Serving};
-use self::inject::{inject, Injection};
+use self::handout::{HandoutOptions, Handouts};
+use self::inject::{inject, HandoutTarget, Injection};
 use super::backoff::Backoff;
 use super::http::Health;
 use super::metrics::Metrics;
 use super::BARRIER_LABEL;
 use crate::api::{Barrier, LockLease};
+use crate::zk::Session;
 
 /// How the webhook gets its serving certificate.
 #[derive(Clone, Debug)]
@@ -67,22 +69,6 @@ pub enum CertSource {
     Dir(PathBuf),
 }
 
-/// ZooKeeper TLS material the injected containers need, in a Secret of
-/// each namespace with resources (a pod can mount only Secrets of its own
-/// namespace): the server CA, and with a participant CA a client
-/// certificate of the namespace's own. Never the controller's own client
-/// certificate: with ZooKeeper's x509 authentication that is the
-/// controller's identity, and the namespace's pods could read it.
-#[derive(Clone, Debug)]
-pub struct TlsMaterial {
-    /// The Secret's name in each namespace.
-    pub secret: String,
-    /// The CA bundle (PEM) the servers' certificates chain to.
-    pub ca: Vec<u8>,
-    /// The CA the namespaces' participant certificates are issued from.
-    pub participant_ca: Option<certs::ParticipantCa>,
-}
-
 /// How the webhook runs.
 #[derive(Clone, Debug)]
 pub struct WebhookOptions {
@@ -90,12 +76,18 @@ pub struct WebhookOptions {
     pub addr: SocketAddr,
     /// Its certificate.
     pub certs: CertSource,
-    /// What the injected containers are given (the TLS Secret's name and
-    /// whether it holds a client certificate among it).
+    /// What the injected containers are given (where they ask for their
+    /// credentials is filled in as the webhook starts).
     pub injection: Injection,
-    /// The TLS material the leading controller copies into namespaces with
-    /// resources, when ZooKeeper is reached over TLS.
-    pub tls: Option<TlsMaterial>,
+    /// What the credential handout gives out.
+    pub handout: HandoutOptions,
+    /// The webhook's Service (namespace, name): its pods' addresses (and
+    /// last the Service's own) are where injected containers ask for their
+    /// credentials, checked against the name `NAME.NAMESPACE.svc`.
+    pub service: Option<(String, String)>,
+    /// Where injected containers ask for their credentials instead (a URL
+    /// the pods reach; checked against the first of the webhook's names).
+    pub handout_url: Option<String>,
     /// The one namespace the controller reconciles, if it is limited to
     /// one: pods elsewhere are left as they are (nothing would reconcile
     /// their Barrier, so they would wait forever).
@@ -104,9 +96,27 @@ pub struct WebhookOptions {
 
 struct Webhook {
     client: kube::Client,
-    injection: Injection,
+    /// Behind a lock: the handout's addresses and CA follow the controller
+    /// pods and the certificate's renewals.
+    injection: std::sync::RwLock<Injection>,
     scope: Option<String>,
     metrics: Arc<Metrics>,
+}
+
+impl Webhook {
+    fn injection(&self) -> Injection {
+        self.injection
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_handout(&self, change: impl FnOnce(&mut HandoutTarget)) {
+        let mut injection = self.injection.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(target) = injection.handout.as_mut() {
+            change(target);
+        }
+    }
 }
 
 /// Serves the webhook until `shutdown`; the certificate is made (or read)
@@ -115,6 +125,7 @@ pub async fn run(
     options: WebhookOptions,
     client: kube::Client,
     health: Arc<Health>,
+    session: tokio::sync::watch::Receiver<Option<Arc<Session>>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
@@ -124,14 +135,26 @@ pub async fn run(
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
         .context("cannot get the webhook's serving certificate")?;
+    injection.handout = handout_target(&options, &client, &first).await;
     let tls = RustlsConfig::from_config(server_config(&first)?);
+    let hook = Arc::new(Webhook {
+        client: client.clone(),
+        injection: std::sync::RwLock::new(injection),
+        scope: options.scope.clone(),
+        metrics,
+    });
     tokio::spawn({
         let tls = tls.clone();
+        let hook = hook.clone();
         async move {
             while let Some(serving) = next.recv().await {
                 match server_config(&serving) {
                     Ok(config) => {
                         tls.reload_from_config(config);
+                        // Pods admitted from now on check the renewed one.
+                        if !serving.ca.is_empty() {
+                            hook.set_handout(|t| t.ca = serving.ca.clone());
+                        }
                         info!("the webhook serves its renewed certificate");
                     }
                     Err(e) => warn!(error = %e, "cannot use the renewed webhook certificate"),
@@ -139,15 +162,26 @@ pub async fn run(
             }
         }
     });
-    let hook = Arc::new(Webhook {
+    if let (Some(service), None) = (&options.service, &options.handout_url) {
+        tokio::spawn(follow_endpoints(
+            hook.clone(),
+            service.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let handouts = Arc::new(Handouts {
+        options: options.handout.clone(),
+        session,
         client,
-        injection,
-        scope: options.scope,
-        metrics,
     });
     let app = Router::new()
         .route("/mutate", post(mutate))
-        .with_state(hook);
+        .with_state(hook)
+        .merge(
+            Router::new()
+                .route(crate::handout::PATH, post(handout::serve))
+                .with_state(handouts),
+        );
     let handle = axum_server::Handle::new();
     tokio::spawn({
         let handle = handle.clone();
@@ -164,7 +198,7 @@ pub async fn run(
             }
         }
     });
-    info!(addr = %options.addr, "serving the admission webhook");
+    info!(addr = %options.addr, "serving the admission webhook and the credential handout");
     axum_server::bind_rustls(options.addr, tls)
         .handle(handle)
         .serve(app.into_make_service())
@@ -250,6 +284,110 @@ async fn native_sidecars(client: &kube::Client) -> bool {
     }
 }
 
+/// Where injected containers ask for their credentials: `--handout-url`,
+/// or the webhook Service's pods (filled in by [`follow_endpoints`]) and
+/// then the Service itself; `None` when the webhook knows neither (a
+/// warning: pods then get no credentials).
+async fn handout_target(
+    options: &WebhookOptions,
+    client: &kube::Client,
+    serving: &Serving,
+) -> Option<HandoutTarget> {
+    let server_name = |names: &[String]| names.first().cloned();
+    let names = match &options.certs {
+        CertSource::SelfManaged { names, .. } => names.clone(),
+        CertSource::Dir(_) => Vec::new(),
+    };
+    if serving.ca.is_empty() {
+        warn!("the webhook's certificate comes without its CA (ca.crt): injected containers cannot check the credential handout, and get no credentials");
+        return None;
+    }
+    if let Some(url) = &options.handout_url {
+        return Some(HandoutTarget {
+            urls: vec![url.clone()],
+            server_name: server_name(&names),
+            ca: serving.ca.clone(),
+        });
+    }
+    let Some((namespace, name)) = &options.service else {
+        warn!("neither --webhook-service nor --handout-url: injected containers do not know where to ask for their credentials");
+        return None;
+    };
+    let urls = handout_urls(client, namespace, name)
+        .await
+        .unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read the webhook Service's endpoints yet");
+            Vec::new()
+        });
+    Some(HandoutTarget {
+        urls,
+        server_name: Some(format!("{name}.{namespace}.svc")),
+        ca: serving.ca.clone(),
+    })
+}
+
+/// The addresses of the handout behind the Service `name`: each
+/// endpoint's (pods reach those wherever Service addresses are not routed
+/// for them), then the Service's DNS name.
+async fn handout_urls(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let service = Api::<Service>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await?;
+    let port = service
+        .spec
+        .and_then(|s| s.ports)
+        .and_then(|p| p.first().map(|p| p.port))
+        .unwrap_or(443);
+    let endpoints = Api::<Endpoints>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?;
+    let mut urls: Vec<String> = endpoints
+        .and_then(|e| e.subsets)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|subset| {
+            let port = subset
+                .ports
+                .as_ref()
+                .and_then(|p| p.first().map(|p| p.port));
+            // Not-ready ones too: a replica is not Ready until its webhook
+            // serves, and then it also hands out.
+            subset
+                .addresses
+                .unwrap_or_default()
+                .into_iter()
+                .chain(subset.not_ready_addresses.unwrap_or_default())
+                .filter_map(move |a| Some(format!("https://{}:{}", a.ip, port?)))
+        })
+        .collect();
+    urls.sort();
+    urls.push(format!("https://{name}.{namespace}.svc:{port}"));
+    Ok(urls)
+}
+
+/// Keeps the handout's addresses in step with the Service's endpoints
+/// (controller pods come and go), looking every 10 seconds.
+async fn follow_endpoints(
+    hook: Arc<Webhook>,
+    (namespace, name): (String, String),
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
+        match handout_urls(&hook.client, &namespace, &name).await {
+            Ok(urls) => hook.set_handout(|t| t.urls = urls),
+            Err(e) => warn!(error = %e, "cannot read the webhook Service's endpoints"),
+        }
+    }
+}
+
 /// The first certificate, and later ones as they are renewed.
 async fn certificates(
     source: CertSource,
@@ -265,7 +403,9 @@ async fn certificates(
                         .with_context(|| format!("cannot read {}", dir.join(name).display()))
                 };
                 Ok(Serving {
-                    ca: String::new(),
+                    // cert-manager puts the issuing CA beside the leaf; the
+                    // handout's clients check the webhook against it.
+                    ca: file(certs::CA_CERT).unwrap_or_default(),
                     cert: file(certs::TLS_CERT)?,
                     key: file(certs::TLS_KEY)?,
                 })
@@ -438,13 +578,19 @@ impl Webhook {
             self.metrics.admitted("unchanged");
             return response;
         }
-        let mutated = match inject(pod, &self.injection) {
+        let mutated = match inject(pod, &self.injection()) {
             Err(refusal) => {
                 info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
                 self.metrics.admitted("refused");
                 return response.deny(refusal.to_string());
             }
             Ok(None) => {
+                self.metrics.admitted("unchanged");
+                return response;
+            }
+            // Admitted before (another of the chart's webhooks matched it):
+            // nothing more to add.
+            Ok(Some(mutated)) if mutated == *pod => {
                 self.metrics.admitted("unchanged");
                 return response;
             }
@@ -540,93 +686,5 @@ impl Webhook {
             }
         }
         Ok(())
-    }
-}
-
-/// Makes (or corrects) the namespace's copy of the ZooKeeper TLS material
-/// (the leading controller does, for namespaces with resources): the
-/// server CA, and a participant certificate issued for the namespace,
-/// renewed when due or when the participant CA changed.
-pub(crate) async fn copy_tls(
-    client: &kube::Client,
-    namespace: &str,
-    tls: &TlsMaterial,
-) -> Result<(), kube::Error> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let existing = api.get_opt(&tls.secret).await?;
-    let field = |key: &str| {
-        existing
-            .as_ref()
-            .and_then(|s| s.data.as_ref()?.get(key))
-            .map(|b| b.0.clone())
-    };
-    let annotations = existing
-        .as_ref()
-        .and_then(|s| s.metadata.annotations.clone())
-        .unwrap_or_default();
-    let participant = match &tls.participant_ca {
-        None => None,
-        Some(ca) => match (field("tls.crt"), field("tls.key")) {
-            (Some(cert), Some(key)) if !ca.due(&annotations) => Some((cert, key, annotations)),
-            _ => {
-                let issued = ca.issue(namespace).map_err(|e| {
-                    kube::Error::Service(
-                        format!("cannot issue the namespace's participant certificate: {e}").into(),
-                    )
-                })?;
-                Some((
-                    issued.cert.into_bytes(),
-                    issued.key.into_bytes(),
-                    issued.annotations,
-                ))
-            }
-        },
-    };
-    let mut data = vec![("ca.crt", tls.ca.clone())];
-    let mut annotations = std::collections::BTreeMap::new();
-    if let Some((cert, key, issued)) = participant {
-        data.push(("tls.crt", cert));
-        data.push(("tls.key", key));
-        annotations = issued;
-    }
-    let data: std::collections::BTreeMap<_, _> = data
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), ByteString(v)))
-        .collect();
-    let current = existing.as_ref().and_then(|s| s.data.as_ref());
-    let current_annotations = existing
-        .as_ref()
-        .and_then(|s| s.metadata.annotations.clone())
-        .unwrap_or_default();
-    if current == Some(&data) && current_annotations == annotations {
-        return Ok(());
-    }
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(tls.secret.clone()),
-            resource_version: existing.and_then(|s| s.metadata.resource_version),
-            labels: Some(crate::controller::managed_by()),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            ..Default::default()
-        },
-        type_: Some("Opaque".to_owned()),
-        data: Some(data),
-        ..Default::default()
-    };
-    let written = match &secret.metadata.resource_version {
-        Some(_) => {
-            api.replace(&tls.secret, &PostParams::default(), &secret)
-                .await
-        }
-        None => api.create(&PostParams::default(), &secret).await,
-    };
-    match written {
-        Ok(_) => {
-            info!(%namespace, secret = %tls.secret, "wrote the namespace's ZooKeeper TLS material");
-            Ok(())
-        }
-        // Another replica or request wrote it at the same time.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
     }
 }
