@@ -486,11 +486,11 @@ pub struct HandoutArgs {
 }
 
 impl HandoutArgs {
-    /// Asks for the handout, if an address is given, for up to `within`;
-    /// SIGTERM or SIGINT meanwhile ends the command (nothing is registered
-    /// yet).
-    async fn fetch(&self, within: Duration) -> Result<Option<Handout>, AgentError> {
-        if self.credentials_url.is_empty() {
+    /// Asks for the handout, if an address is given, for up to `within`
+    /// (`None`: no limit); SIGTERM or SIGINT meanwhile ends the command
+    /// (nothing is registered yet).
+    async fn fetch(&self, within: Option<Duration>) -> Result<Option<Handout>, AgentError> {
+        if self.credentials_url.iter().all(|u| u.trim().is_empty()) {
             return Ok(None);
         }
         let source = crate::handout::Source {
@@ -521,9 +521,6 @@ impl HandoutArgs {
         }
     }
 }
-
-/// How long a participant asks for its credentials without `--timeout`.
-const HANDOUT_WAIT: Duration = Duration::from_secs(300);
 
 /// How to authenticate to ZooKeeper and secure the connection. Files are
 /// read once, up front: a missing or unreadable one is a usage error.
@@ -755,10 +752,17 @@ impl Common {
             }
         };
         let layout = Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?;
-        // The namespace's credential may be made only at its first
-        // resource's reconcile: give that a while.
-        let within = self.timeout.unwrap_or(HANDOUT_WAIT);
-        let handout = self.handout.fetch(within).await?;
+        // Asked for unless everything it would give is given (a credential,
+        // and the CA where the servers are TLS ones). The namespace's
+        // credential may be made only at its first resource's reconcile:
+        // asked again within --timeout (no limit without one, like the
+        // wait that follows).
+        let given = (self.security.auth.is_some() || self.security.auth_file.is_some())
+            && (self.security.tls_ca.is_some() || !self.zookeeper.uses_tls());
+        let handout = match given {
+            true => None,
+            false => self.handout.fetch(self.timeout).await?,
+        };
         if let Some(h) = handout.as_ref().filter(|h| h.namespace != self.namespace) {
             return Err(AgentError::usage(format!(
                 "the controller handed out namespace {}'s credentials (the pod's), but the resource is in namespace {}: a pod takes part only in its own namespace's Barriers and LockLeases",

@@ -60,7 +60,7 @@ impl std::fmt::Debug for Handout {
 pub struct HandoutTls {
     /// The CA bundle the servers' certificates chain to.
     pub ca: String,
-    /// A client certificate naming the namespace (`CN=zkgate-namespace-NS`).
+    /// A client certificate naming the namespace (`CN=zkgate-participant.NS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert: Option<String>,
     /// Its key.
@@ -112,25 +112,41 @@ pub struct Source {
 
 impl Source {
     /// Asks each address in turn until one hands out, for up to `within`
-    /// (retrying from 0.2 s to 2 s apart: the controller may be starting,
-    /// or the namespace's credential not made yet). A refusal ends it at
-    /// once.
-    pub async fn fetch(&self, within: Duration) -> Result<Handout, HandoutError> {
-        if self.urls.is_empty() {
-            return Err(HandoutError::Invalid(
-                "no address to ask for the credential (--credentials-url)".into(),
-            ));
+    /// (`None`: no limit), retrying from 0.2 s to 2 s apart: the controller
+    /// may be starting, or the namespace's credential not made yet. A
+    /// refusal ends it at once. An address that cannot be used (not
+    /// `https://`, not a URL) is skipped with a warning, so one bad entry
+    /// does not hide the others.
+    pub async fn fetch(&self, within: Option<Duration>) -> Result<Handout, HandoutError> {
+        let mut clients = Vec::new();
+        let mut unusable = Vec::new();
+        for url in self.urls.iter().filter(|u| !u.trim().is_empty()) {
+            match self.client(url) {
+                Ok(client) => clients.push((url.clone(), client)),
+                Err(HandoutError::Invalid(why)) if why.starts_with("the credentials URL") => {
+                    tracing::warn!(%url, reason = %why, "skipping a credentials address");
+                    unusable.push(why);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let clients = self
-            .urls
-            .iter()
-            .map(|url| Ok((url.clone(), self.client(url)?)))
-            .collect::<Result<Vec<_>, HandoutError>>()?;
-        let deadline = tokio::time::Instant::now() + within;
+        if clients.is_empty() {
+            return Err(HandoutError::Invalid(if unusable.is_empty() {
+                "no address to ask for the credentials (--credentials-url)".into()
+            } else {
+                unusable.join("; ")
+            }));
+        }
+        let deadline = within.map(|w| tokio::time::Instant::now() + w);
+        let past = |at: tokio::time::Instant| deadline.is_some_and(|d| at >= d);
         let mut wait = Duration::from_millis(200);
+        let mut attempts: u64 = 0;
         loop {
             let mut last = String::new();
             for (url, client) in &clients {
+                if past(tokio::time::Instant::now()) {
+                    break;
+                }
                 match ask(client).await {
                     Ok(handout) => return Ok(handout),
                     Err(kube::Error::Api(status)) if matches!(status.code, 401 | 403) => {
@@ -145,12 +161,16 @@ impl Source {
                     }
                 }
             }
-            if tokio::time::Instant::now() + wait > deadline {
+            if past(tokio::time::Instant::now() + wait) {
                 return Err(HandoutError::Unavailable {
-                    within,
+                    within: within.unwrap_or_default(),
                     urls: self.urls.join(", "),
                     last,
                 });
+            }
+            attempts += 1;
+            if attempts % 30 == 0 {
+                tracing::warn!(urls = %self.urls.join(", "), last = %last, "still asking the controller for the namespace's credentials");
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(2));
@@ -166,6 +186,12 @@ impl Source {
         let uri: axum::http::Uri = url
             .parse()
             .map_err(|e| HandoutError::Invalid(format!("the credentials URL {url:?}: {e}")))?;
+        // The token goes as the bearer: never in clear.
+        if uri.scheme_str() != Some("https") {
+            return Err(HandoutError::Invalid(format!(
+                "the credentials URL {url:?}: must be https://"
+            )));
+        }
         let roots = CertificateDer::pem_slice_iter(self.ca.as_bytes())
             .map(|c| c.map(|c| c.to_vec()))
             .collect::<Result<Vec<_>, _>>()
@@ -193,4 +219,47 @@ async fn ask(client: &kube::Client) -> Result<Handout, kube::Error> {
         .body(b"{}".to_vec())
         .map_err(kube::Error::HttpError)?;
     client.request(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(urls: &[&str]) -> (Source, tempfile::NamedTempFile) {
+        let token = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token.path(), "t").unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["controller".into()])
+            .unwrap()
+            .cert
+            .pem();
+        let source = Source {
+            urls: urls.iter().map(|u| (*u).to_owned()).collect(),
+            server_name: None,
+            ca,
+            token_file: token.path().to_owned(),
+        };
+        (source, token)
+    }
+
+    #[tokio::test]
+    async fn an_unusable_address_is_skipped_and_the_others_asked() {
+        crate::install_crypto_provider();
+        // A port nobody listens on: asked, and unavailable.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let good = format!("https://127.0.0.1:{port}");
+        let (s, _token) = source(&["https://fd00::5:9443", "http://10.0.0.1:80", "", &good]);
+        match s.fetch(Some(Duration::from_millis(500))).await {
+            Err(HandoutError::Unavailable { urls, .. }) => assert!(urls.contains(&good)),
+            other => panic!("expected the good address asked: {other:?}"),
+        }
+        let (s, _token) = source(&["http://10.0.0.1:80"]);
+        match s.fetch(Some(Duration::from_millis(500))).await {
+            Err(HandoutError::Invalid(why)) => assert!(why.contains("https://"), "{why}"),
+            other => panic!("expected no usable address: {other:?}"),
+        }
+    }
 }

@@ -631,3 +631,110 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
     );
     drop(api);
 }
+
+/// Issue 25, item 4 (review): two rotations asked for back to back (two
+/// resources annotated at once) must not cut the first one's grace window:
+/// the second waits until it closes, so a pod still on the credential the
+/// first replaced keeps working meanwhile; then it rotates. Failed before
+/// the fix: the second rotation replaced the stored "previous" credential
+/// at once and the oldest one stopped opening anything.
+#[tokio::test]
+async fn a_second_rotation_waits_for_the_first_ones_grace_window() {
+    let (api, client) = PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let served = Served::new("default");
+    let _controller = controller_with(&api, &zk, "controller-twice", &served, "15s");
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let locks: Api<LockLease> = Api::namespaced(client.clone(), &ns);
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": {} })).unwrap();
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let first = served.credential(&client, &ns).await;
+    let second = rotate(&client, &served, &ns, &locks, "db", &first).await;
+    // The second request, while the first's grace window is open.
+    barriers
+        .patch(
+            "gang",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { zkgate::controller::ROTATE_ANNOTATION: "again" } } })),
+        )
+        .await
+        .unwrap();
+    let barrier_node = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let with_first = session_as(&zk, Some(&first)).await;
+    // Until the controller answered the request: put it off (an event
+    // says so), or (the bug) rotated at once (the annotation gone).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    eventually(Duration::from_secs(30), "the request looked at", || async {
+        let put_off = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("CredentialRotationWaiting"));
+        let annotations = barriers.get("gang").await.ok()?.metadata.annotations;
+        let answered = !annotations
+            .unwrap_or_default()
+            .contains_key(zkgate::controller::ROTATE_ANNOTATION);
+        (put_off || answered).then_some(())
+    })
+    .await;
+    // Reconciles of the barrier are poked while the window is open: the
+    // request waits, and the first credential still opens the barrier.
+    for i in 0..3 {
+        let _ = barriers
+            .patch(
+                "gang",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { "poke": format!("p{i}") } } })),
+            )
+            .await;
+        register(&with_first, &format!("{barrier_node}/first-{i}"))
+            .await
+            .expect("the credential the first rotation replaced works until its window closes");
+        assert_eq!(served.credential(&client, &ns).await, second);
+    }
+    let annotated = barriers.get("gang").await.unwrap();
+    assert!(
+        annotated
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(zkgate::controller::ROTATE_ANNOTATION),
+        "the second request is still waiting"
+    );
+    // Once the window closed, the second rotation is done.
+    let third = eventually(Duration::from_secs(60), "the second rotation", || async {
+        let annotations = barriers
+            .get("gang")
+            .await
+            .ok()?
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        if annotations.contains_key(zkgate::controller::ROTATE_ANNOTATION) {
+            return None;
+        }
+        Some(served.credential(&client, &ns).await)
+    })
+    .await;
+    assert_ne!(third, second);
+    assert_ne!(third, first);
+    drop(api);
+}
+
+/// Registers an ephemeral node at `path` with `session`'s credentials.
+async fn register(session: &Session, path: &str) -> Result<(), zk::Error> {
+    let options = zk::CreateMode::Ephemeral.with_acls(session.node_acls());
+    session
+        .client()
+        .create(path, b"{}", &options)
+        .await
+        .map(|_| ())
+}

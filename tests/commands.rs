@@ -891,3 +891,70 @@ async fn an_empty_credential_means_none_and_a_malformed_one_is_refused() {
     let (code, err) = output(cmd).await;
     assert_eq!(code, 2, "{err}");
 }
+
+/// Asking the controller for credentials (`--credentials-url`): with nobody
+/// answering, the command gives up at its `--timeout` with exit 5 and says
+/// where it asked; a bad CA is bad input (exit 2); SIGTERM while it asks
+/// ends it at once with 143 (PID 1 gets no default handler: the command
+/// must install its own before it waits). Nothing is registered.
+#[tokio::test]
+async fn asking_for_credentials_nobody_hands_out_exits_5_and_sigterm_ends_the_wait() {
+    use tokio::io::AsyncBufReadExt;
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "not-a-real-token").unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["controller".into()])
+        .unwrap()
+        .cert
+        .pem();
+    // A port nobody listens on.
+    let url = format!("https://127.0.0.1:{}", support::zookeeper::free_port());
+    let asking = |args: &[&str], ca: &str| {
+        let mut cmd = zkgate(&connect, args);
+        cmd.env("ZKGATE_CREDENTIALS_URL", &url)
+            .env("ZKGATE_CREDENTIALS_CA", ca)
+            .env("ZKGATE_CREDENTIALS_TOKEN_FILE", &token)
+            .env("ZKGATE_PARTICIPANTS", "1");
+        cmd
+    };
+    let (code, err) = output(asking(&["barrier", "enter", "b", "--timeout", "2s"], &ca)).await;
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        err.contains("no controller handed out") && err.contains(&url),
+        "{err}"
+    );
+    let (code, err) = output(asking(
+        &["barrier", "enter", "b", "--timeout", "2s"],
+        "junk",
+    ))
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("credentials CA"), "{err}");
+
+    let mut waiting = asking(&["barrier", "enter", "b"], &ca);
+    waiting
+        .env("ZKGATE_LOG", "zkgate=debug")
+        .stderr(Stdio::piped());
+    let mut child = waiting.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    // Asking (and failing) at least once: its signal handlers are in.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("no credential handout") {
+                return;
+            }
+        }
+        panic!("the command ended without asking");
+    })
+    .await
+    .expect("the command asks for its credentials");
+    signal(&child, libc::SIGTERM);
+    let status = exited(&mut child, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(143));
+    let observer = session(&connect).await;
+    assert!(
+        children(&observer, BARRIERS).await.is_empty(),
+        "nothing registered"
+    );
+}

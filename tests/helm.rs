@@ -572,7 +572,7 @@ async fn controller_reconciles_with_chart_rbac(
                     token_file: token_file.clone(),
                 };
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let Ok(handout) = source.fetch(left).await else {
+                let Ok(handout) = source.fetch(Some(left)).await else {
                     break false;
                 };
                 options.credential = Some(

@@ -1058,7 +1058,7 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
         ca: String::from_utf8(h.ca().await).unwrap(),
         token_file,
     }
-    .fetch(WITHIN)
+    .fetch(Some(WITHIN))
     .await
     .expect("a handout");
     let handed = handed.tls.expect("TLS material");

@@ -116,7 +116,13 @@ impl Context {
         &self,
         namespace: &str,
         rotation: Option<&super::credentials::Rotation>,
-    ) -> Result<super::credentials::NamespaceAcls, super::Error> {
+    ) -> Result<
+        (
+            super::credentials::NamespaceAcls,
+            Option<super::credentials::Rotated>,
+        ),
+        super::Error,
+    > {
         self.credentials
             .namespace_acls(namespace, &self.zk, &self.layout, &self.client, rotation)
             .await

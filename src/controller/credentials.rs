@@ -69,6 +69,19 @@ pub const ROTATE_ANNOTATION: &str = "zkgate.io/rotate-credential";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rotation(pub String);
 
+/// What became of a rotation request at a look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rotated {
+    /// Rotated now.
+    Now,
+    /// This request was answered before (the annotation outlived it).
+    Before,
+    /// Not yet: the previous rotation's grace window is still open, and a
+    /// second rotation would take the credential it replaced away from the
+    /// pods still on it at once. Done at the look when the window closes.
+    Waiting,
+}
+
 /// The ACLs of one namespace's nodes.
 #[derive(Clone, Debug)]
 pub struct NamespaceAcls {
@@ -136,6 +149,18 @@ struct Stored {
     /// The last rotation request answered ([`Rotation`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rotated_for: Option<String>,
+    /// Whether every node grants `current` (after a rotation, once the
+    /// nodes were moved to it): until then the handout gives `previous`.
+    #[serde(default = "moved", skip_serializing_if = "is_true")]
+    moved: bool,
+}
+
+fn moved() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Stored {
@@ -157,6 +182,7 @@ impl Stored {
                 }),
             namespace_uid: known.namespace_uid.clone(),
             rotated_for: known.rotated_for.clone(),
+            moved: known.moved,
         }
     }
 }
@@ -175,6 +201,8 @@ struct Known {
     grace_until: Option<SystemTime>,
     /// The last rotation request answered.
     rotated_for: Option<String>,
+    /// Whether every node grants `credential` (stored).
+    moved: bool,
     /// Whether the namespace's nodes are known to carry the ACLs: not on
     /// the first look of a term, nor while a rotation is unfinished.
     checked: bool,
@@ -395,9 +423,9 @@ impl Credentials {
         layout: &Layout,
         client: &kube::Client,
         rotation: Option<&Rotation>,
-    ) -> Result<NamespaceAcls, Error> {
+    ) -> Result<(NamespaceAcls, Option<Rotated>), Error> {
         let Some(controller) = &self.controller else {
-            return Ok(NamespaceAcls::open());
+            return Ok((NamespaceAcls::open(), None));
         };
         let slot = self.slot(namespace);
         let mut known = slot.lock().await;
@@ -413,21 +441,33 @@ impl Credentials {
         if !k.checked {
             let acls = NamespaceAcls::new(controller, &k.granted());
             protect(zk, layout, namespace, &acls, k.moving()).await?;
+            if !k.moved {
+                k.moved = true;
+                store(zk, &layout.credential(namespace)?, &Stored::of(k)).await?;
+            }
             k.checked = true;
         }
-        if let Some(rotation) = rotation {
-            if k.rotated_for.as_deref() != Some(rotation.0.as_str()) {
-                self.rotate(k, namespace, controller, zk, layout, rotation)
-                    .await?;
+        let rotated = match rotation {
+            None => None,
+            Some(r) if k.rotated_for.as_deref() == Some(r.0.as_str()) => Some(Rotated::Before),
+            Some(r) if k.granted().len() > 1 => {
+                info!(namespace, request = %r.0, "a credential rotation waits for the previous rotation's grace window to close");
+                Some(Rotated::Waiting)
             }
-        }
-        Ok(NamespaceAcls::new(controller, &k.granted()))
+            Some(r) => {
+                self.rotate(k, namespace, controller, zk, layout, r).await?;
+                Some(Rotated::Now)
+            }
+        };
+        Ok((NamespaceAcls::new(controller, &k.granted()), rotated))
     }
 
     /// Rotates `namespace`'s credential: a new one stored first (the source
     /// of truth, with the credential it replaces and the request it
-    /// answers), then the nodes: if that fails, the next look finishes it
-    /// rather than rotating again.
+    /// answers; the handout goes on giving the replaced one), then the
+    /// nodes, then stored as moved (the handout gives the new one from
+    /// then): if a step fails, the next look finishes it rather than
+    /// rotating again.
     async fn rotate(
         &self,
         k: &mut Known,
@@ -445,17 +485,23 @@ impl Credentials {
             credential: new,
             grace_until: Some(SystemTime::now() + self.grace),
             rotated_for: Some(rotation.0.clone()),
+            moved: false,
             checked: false,
         };
-        store(zk, &layout.credential(namespace)?, &Stored::of(&rotated)).await?;
+        let node = layout.credential(namespace)?;
+        store(zk, &node, &Stored::of(&rotated)).await?;
         info!(namespace, grace = ?self.grace, request = %rotation.0, "rotated the namespace's ZooKeeper credential; the replaced one works until the grace window closes");
         let acls = NamespaceAcls::new(controller, &rotated.granted());
         // Stored: from here on the rotation is this namespace's state,
         // finished by the next look if the nodes cannot be moved now.
         let moved = protect(zk, layout, namespace, &acls, rotated.moving()).await;
-        rotated.checked = moved.is_ok();
+        if moved.is_ok() {
+            rotated.moved = true;
+            rotated.checked = true;
+        }
         *k = rotated;
-        moved
+        moved?;
+        store(zk, &node, &Stored::of(k)).await
     }
 
     /// When `namespace` is being deleted and none of its barriers and locks
@@ -523,7 +569,12 @@ pub async fn current_for(
     Ok(load(zk, &node, namespace, None, false)
         .await?
         .filter(|k| k.namespace_uid.as_deref() == Some(uid))
-        .map(|k| k.credential.expose()))
+        .map(|k| match (&k.previous, k.moved) {
+            // A rotation's nodes are not all moved yet: the replaced
+            // credential still opens them all.
+            (Some(previous), false) => previous.expose(),
+            _ => k.credential.expose(),
+        }))
 }
 
 /// The namespace's entry, loading its stored credentials and adding them
@@ -634,6 +685,7 @@ async fn load(
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
                     rotated_for: stored.rotated_for,
+                    moved: stored.moved,
                     checked: false,
                 }));
             }
@@ -652,8 +704,8 @@ async fn load(
                     previous_until_ms: None,
                     namespace_uid: uid.map(str::to_owned),
                     rotated_for: None,
-                })
-                .unwrap_or_default();
+                    moved: true,
+                })?;
                 // The controller's own ACL: nobody else may read it.
                 let options = zk::CreateMode::Persistent.with_acls(zk.node_acls());
                 if let Some((parent, _)) = node.rsplit_once('/') {

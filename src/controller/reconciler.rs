@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::context::{Context, StatusMemory, FINALIZER, MANAGER};
-use super::credentials::{NamespaceAcls, Rotation, ROTATE_ANNOTATION};
+use super::credentials::{NamespaceAcls, Rotated, Rotation, ROTATE_ANNOTATION};
 use super::error::Error;
 use super::status::{Capped, Note};
 use crate::zk::tree::Snapshot;
@@ -65,9 +65,22 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
             // readable only with them (see credentials.rs).
             Finalized::Apply(o) => {
                 let rotation = rotation_asked(o.as_ref());
-                let acls = ctx.namespace_acls(&namespace, rotation.as_ref()).await?;
-                if rotation.is_some() {
-                    rotated(o.as_ref(), &api, &ctx).await?;
+                let (acls, rotated) = ctx.namespace_acls(&namespace, rotation.as_ref()).await?;
+                match rotated {
+                    Some(done @ (Rotated::Now | Rotated::Before)) => {
+                        rotation_answered(o.as_ref(), &api, done, &ctx).await?;
+                    }
+                    Some(Rotated::Waiting) => {
+                        let note = Note {
+                            reason: "CredentialRotationWaiting",
+                            message: format!(
+                                "the rotation annotation {ROTATE_ANNOTATION} asks for waits until the previous rotation's grace window closes (a second rotation now would take the credential it replaced away from the pods still on it)"
+                            ),
+                            warning: false,
+                        };
+                        ctx.record(o.as_ref(), &note).await;
+                    }
+                    None => {}
                 }
                 o.apply(&namespace, &acls, &ctx).await
             }
@@ -109,16 +122,30 @@ fn rotation_asked<K: Reconciled>(object: &K) -> Option<Rotation> {
     )))
 }
 
-/// The rotation `object` asked for is done: drops the annotation (a merge
-/// patch, which can remove what another field manager set) and says so.
-async fn rotated<K: Reconciled>(object: &K, api: &Api<K>, ctx: &Context) -> Result<(), Error> {
-    let patch = serde_json::json!({ "metadata": { "annotations": { ROTATE_ANNOTATION: null } } });
+/// The rotation `object` asked for is answered: drops the annotation (a
+/// merge patch, which can remove what another field manager set; with the
+/// resource version read, so that a new request made meanwhile is not
+/// dropped unanswered: the patch then fails, and the next reconcile sees
+/// it) and, when it rotated now, says so.
+async fn rotation_answered<K: Reconciled>(
+    object: &K,
+    api: &Api<K>,
+    rotated: Rotated,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({ "metadata": {
+        "resourceVersion": object.resource_version(),
+        "annotations": { ROTATE_ANNOTATION: null },
+    } });
     api.patch(
         &object.name_any(),
         &PatchParams::default(),
         &Patch::Merge(&patch),
     )
     .await?;
+    if rotated != Rotated::Now {
+        return Ok(());
+    }
     let note = Note {
         reason: "CredentialRotated",
         message: format!(

@@ -101,7 +101,7 @@ impl Served {
             .source(client, namespace, zkgate::handout::AUDIENCE, dir.path())
             .await;
         source
-            .fetch(Duration::from_secs(60))
+            .fetch(Some(Duration::from_secs(60)))
             .await
             .unwrap_or_else(|e| panic!("no handout for {namespace}: {e}"))
     }

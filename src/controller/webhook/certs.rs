@@ -322,7 +322,7 @@ fn serving(secret: &Secret) -> Result<Serving, CertError> {
 pub struct ParticipantCa {
     cert: String,
     key: String,
-    /// Tells certificates of this CA from those of one it replaced.
+    /// Names this CA in logs (a hash of its certificate).
     fingerprint: String,
 }
 
@@ -334,20 +334,13 @@ impl std::fmt::Debug for ParticipantCa {
     }
 }
 
-/// A participant certificate, its key and the annotations that say what
-/// issued it and until when.
+/// A participant certificate and its key.
 pub struct Issued {
     /// The certificate (PEM).
     pub cert: String,
     /// Its key (PEM).
     pub key: String,
-    /// [`PARTICIPANT_CA_ANNOTATION`] and the not-after time.
-    pub annotations: std::collections::BTreeMap<String, String>,
 }
-
-/// On the namespace's TLS Secret: the participant CA its certificate was
-/// issued from (a fingerprint).
-pub const PARTICIPANT_CA_ANNOTATION: &str = "zkgate.io/participant-ca";
 
 impl ParticipantCa {
     /// The CA from its certificate and key (PEM); refused when they cannot
@@ -365,15 +358,6 @@ impl ParticipantCa {
         };
         ca.issue("check")?;
         Ok(ca)
-    }
-
-    /// Whether the certificate that `annotations` describe must be issued
-    /// again: of another CA, or a third of its lifetime or less left.
-    pub fn due(&self, annotations: &std::collections::BTreeMap<String, String>) -> bool {
-        if annotations.get(PARTICIPANT_CA_ANNOTATION) != Some(&self.fingerprint) {
-            return true;
-        }
-        renewal_due(annotations, Timestamp::now())
     }
 
     /// A new client certificate for `namespace`'s participants.
@@ -396,18 +380,9 @@ impl ParticipantCa {
         leaf.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = leaf.signed_by(&key, &issuer)?;
-        let until = leaf_not_after(now);
         Ok(Issued {
             cert: cert.pem(),
             key: key.serialize_pem(),
-            annotations: [
-                (
-                    PARTICIPANT_CA_ANNOTATION.to_owned(),
-                    self.fingerprint.clone(),
-                ),
-                (NOT_AFTER_ANNOTATION.to_owned(), until.to_string()),
-            ]
-            .into(),
         })
     }
 }

@@ -162,7 +162,8 @@ pub async fn run(
             }
         }
     });
-    if let (Some(service), None) = (&options.service, &options.handout_url) {
+    let handing_out = hook.injection().handout.is_some();
+    if let (Some(service), None, true) = (&options.service, &options.handout_url, handing_out) {
         tokio::spawn(follow_endpoints(
             hook.clone(),
             service.clone(),
@@ -286,13 +287,19 @@ async fn native_sidecars(client: &kube::Client) -> bool {
 
 /// Where injected containers ask for their credentials: `--handout-url`,
 /// or the webhook Service's pods (filled in by [`follow_endpoints`]) and
-/// then the Service itself; `None` when the webhook knows neither (a
+/// then the Service itself; `None` when there is nothing to hand out (no
+/// controller credential, no TLS), or when the webhook knows neither (a
 /// warning: pods then get no credentials).
 async fn handout_target(
     options: &WebhookOptions,
     client: &kube::Client,
     serving: &Serving,
 ) -> Option<HandoutTarget> {
+    if !options.handout.credentials && options.handout.tls_ca.is_none() {
+        // Open ACLs, no TLS: there is nothing to hand out, and pods need
+        // not ask.
+        return None;
+    }
     let server_name = |names: &[String]| names.first().cloned();
     let names = match &options.certs {
         CertSource::SelfManaged { names, .. } => names.clone(),
@@ -316,8 +323,8 @@ async fn handout_target(
     let urls = handout_urls(client, namespace, name)
         .await
         .unwrap_or_else(|e| {
-            warn!(error = %e, "cannot read the webhook Service's endpoints yet");
-            Vec::new()
+            warn!(error = %e, "cannot read the webhook Service and its endpoints yet: pods admitted meanwhile ask the Service alone");
+            vec![service_url(namespace, name, 443)]
         });
     Some(HandoutTarget {
         urls,
@@ -361,12 +368,26 @@ async fn handout_urls(
                 .unwrap_or_default()
                 .into_iter()
                 .chain(subset.not_ready_addresses.unwrap_or_default())
-                .filter_map(move |a| Some(format!("https://{}:{}", a.ip, port?)))
+                .filter_map(move |a| Some(endpoint_url(&a.ip, port?)))
         })
         .collect();
     urls.sort();
-    urls.push(format!("https://{name}.{namespace}.svc:{port}"));
+    urls.push(service_url(namespace, name, port));
     Ok(urls)
+}
+
+/// The handout's URL at the Service's DNS name.
+fn service_url(namespace: &str, name: &str, port: i32) -> String {
+    format!("https://{name}.{namespace}.svc:{port}")
+}
+
+/// The handout's URL at an endpoint's address (IPv6 in brackets).
+fn endpoint_url(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("https://[{ip}]:{port}")
+    } else {
+        format!("https://{ip}:{port}")
+    }
 }
 
 /// Keeps the handout's addresses in step with the Service's endpoints
@@ -382,7 +403,8 @@ async fn follow_endpoints(
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
         match handout_urls(&hook.client, &namespace, &name).await {
-            Ok(urls) => hook.set_handout(|t| t.urls = urls),
+            Ok(urls) if !urls.is_empty() => hook.set_handout(|t| t.urls = urls),
+            Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot read the webhook Service's endpoints"),
         }
     }
@@ -404,8 +426,16 @@ async fn certificates(
                 };
                 Ok(Serving {
                     // cert-manager puts the issuing CA beside the leaf; the
-                    // handout's clients check the webhook against it.
-                    ca: file(certs::CA_CERT).unwrap_or_default(),
+                    // handout's clients check the webhook against it
+                    // (without it the handout is not offered: see
+                    // handout_target).
+                    ca: file(certs::CA_CERT).unwrap_or_else(|e| {
+                        warn!(
+                            error = format!("{e:#}"),
+                            "no CA beside the webhook certificate"
+                        );
+                        String::new()
+                    }),
                     cert: file(certs::TLS_CERT)?,
                     key: file(certs::TLS_KEY)?,
                 })
@@ -686,5 +716,22 @@ impl Webhook {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint_url;
+
+    #[test]
+    fn an_ipv6_endpoint_is_bracketed() {
+        assert_eq!(endpoint_url("10.88.0.5", 9443), "https://10.88.0.5:9443");
+        assert_eq!(endpoint_url("fd00::5", 9443), "https://[fd00::5]:9443");
+        for url in [
+            endpoint_url("fd00::5", 9443),
+            endpoint_url("10.88.0.5", 9443),
+        ] {
+            url.parse::<axum::http::Uri>().expect("a valid URL");
+        }
     }
 }
