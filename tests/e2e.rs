@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, LogParams};
 use kube::{Client, ResourceExt};
+use serde_json::json;
 use support::kube::{client_of, namespace};
 use support::{eventually, http_get_at};
 use zkgate::api::{Barrier, BarrierPhase};
@@ -786,6 +787,214 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
         b.status.as_ref().is_some_and(|s| s.entered == 1)
     })
     .await;
+}
+
+/// Issue 25, item 4, on the cluster: acting as the controller's
+/// ServiceAccount (impersonated), nobody can obtain a ServiceAccount token:
+/// no `service-account-token` Secret can be made in kube-system, the
+/// default namespace or the controller's own, no Secret listed, no
+/// TokenRequest made; what it needs (its webhook certificate Secret by
+/// name, token reviews) is allowed.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    use kube::api::PostParams;
+    let c = cluster().await;
+    let account = format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{RELEASE}");
+    let controller = support::kube::client_as(&c.dir.join("kubeconfig"), &account).await;
+    let forbidden = |what: &str, result: Result<(), kube::Error>| match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => panic!("as the controller, {what} must be forbidden: {other:?}"),
+    };
+    for namespace in ["kube-system", "default", SYSTEM_NAMESPACE] {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "stolen", "annotations": { "kubernetes.io/service-account.name": "default" } },
+            "type": "kubernetes.io/service-account-token"
+        }))
+        .unwrap();
+        let secrets: Api<Secret> = Api::namespaced(controller.clone(), namespace);
+        forbidden(
+            &format!("making a token Secret in {namespace}"),
+            secrets
+                .create(&PostParams::default(), &secret)
+                .await
+                .map(|_| ()),
+        );
+        forbidden(
+            &format!("listing Secrets in {namespace}"),
+            secrets.list(&Default::default()).await.map(|_| ()),
+        );
+        let accounts: Api<ServiceAccount> = Api::namespaced(controller.clone(), namespace);
+        forbidden(
+            &format!("a TokenRequest in {namespace}"),
+            accounts
+                .create_token_request("default", &PostParams::default(), &TokenRequest::default())
+                .await
+                .map(|_| ()),
+        );
+    }
+    // What it needs is allowed (so the refusals above are RBAC's, not a
+    // failed impersonation).
+    Api::<Secret>::namespaced(controller.clone(), SYSTEM_NAMESPACE)
+        .get(&format!("{RELEASE}-webhook-tls"))
+        .await
+        .expect("its webhook certificate Secret, by name");
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some("not-a-token".into()),
+            audiences: Some(vec!["zkgate".into()]),
+        },
+        ..Default::default()
+    };
+    Api::<TokenReview>::all(controller)
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("a token review");
+}
+
+/// Issue 25, item 5, on a real kubelet: over a ZooKeeper that requires
+/// client certificates, a pod's own zkgate container (as the container
+/// runs it: user 65532, read-only root filesystem, the projected token as
+/// the kubelet writes it) gets the server CA and a client certificate of
+/// its namespace from the controller and passes its barrier. The
+/// controller here is a process on the host (bound to the cluster's
+/// bridge, watching one namespace, its own ZooKeeper root), registered by
+/// a webhook configuration of the test's own; the chart's webhook leaves
+/// the namespace alone (`zkgate.io/webhook: disabled`).
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn over_tls_a_pods_container_gets_its_certificates_from_the_controller_and_passes() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    let tls = c.dir.join("zk/tls");
+    let zookeeper = std::fs::read_to_string(c.dir.join("zk/tls-address"))
+        .expect("the cluster's ZooKeeper serves TLS")
+        .trim()
+        .to_owned();
+    let root = format!("/e2e-tls-{}", ns.name);
+    let label = json!({ "metadata": { "labels": { "zkgate.io/webhook": "disabled", "zkgate-e2e-tls": ns.name } } });
+    Api::<Namespace>::all(c.client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let port = support::zookeeper::free_port();
+    let hook = format!("https://{HOST_IP}:{port}");
+    let configuration = format!("zkgate-e2e-tls-{}", ns.name);
+    let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": configuration },
+        "webhooks": [{
+            "name": "credentials.pods.zkgate.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 10,
+            "clientConfig": { "url": format!("{hook}/mutate") },
+            "rules": [{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced" }],
+            "objectSelector": { "matchExpressions": [{ "key": "zkgate.io/credentials", "operator": "Exists" }] },
+            "namespaceSelector": { "matchLabels": { "zkgate-e2e-tls": ns.name } }
+        }]
+    }))
+    .unwrap();
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
+    configurations
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let file = |name: &str| tls.join(name).to_string_lossy().into_owned();
+    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args(["controller", "--zookeeper", &zookeeper, "--root", &root])
+        .args(["--id", "e2e-tls", "--watch-namespace", &ns.name])
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", support::zookeeper::free_port()),
+        ])
+        .args([
+            "--webhook-addr",
+            &format!("{HOST_IP}:{port}"),
+            "--image",
+            "zkgate:local",
+        ])
+        .args([
+            "--webhook-names",
+            HOST_IP,
+            "--webhook-secret",
+            "zkgate-e2e-tls",
+        ])
+        .args(["--webhook-secret-namespace", &ns.name])
+        .args([
+            "--webhook-configuration",
+            &configuration,
+            "--handout-url",
+            &hook,
+        ])
+        .args([
+            "--tls-ca",
+            &file("ca.crt"),
+            "--tls-cert",
+            &file("client.crt"),
+        ])
+        .args(["--tls-key", &file("client.key")])
+        .args(["--participant-ca-cert", &file("ca.crt")])
+        .args(["--participant-ca-key", &file("ca.key")])
+        .env("KUBECONFIG", c.dir.join("kubeconfig"))
+        .env("ZKGATE_LOG", "zkgate=info,warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the controller");
+    eventually(WITHIN, "the caBundle published", || async {
+        let config = configurations.get(&configuration).await.ok()?;
+        config
+            .webhooks?
+            .iter()
+            .all(|w| w.client_config.ca_bundle.is_some())
+            .then_some(())
+    })
+    .await;
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: solo, labels: {{zkgate.io/credentials: "true"}}}}
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  securityContext: {{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+    - name: barrier
+      image: zkgate:local
+      args: ["barrier", "enter", "solo", "--participants", "1", "--timeout", "60s"]
+      env:
+        - {{name: ZKGATE_ZOOKEEPER, value: "{zookeeper}"}}
+        - {{name: ZKGATE_ROOT, value: "{root}"}}
+        - {{name: ZKGATE_NAMESPACE, valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}}}
+        - {{name: ZKGATE_POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+      securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+"#
+    );
+    c.apply(&ns.name, &pod);
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns.name);
+    let admitted = pods.get("solo").await.unwrap();
+    let spec = admitted.spec.clone().unwrap();
+    assert!(
+        spec.volumes.iter().flatten().all(|v| v.secret.is_none()),
+        "no Secret in the pod: {spec:?}"
+    );
+    let done = eventually(WITHIN, "the pod to finish", || async {
+        let pod = pods.get("solo").await.ok()?;
+        let phase = pod.status.as_ref()?.phase.clone()?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+    })
+    .await;
+    let log = c.logs(&ns.name, "solo", "barrier").await;
+    assert_eq!(done, "Succeeded", "{log}");
+    let _ = configurations
+        .delete(&configuration, &DeleteParams::default())
+        .await;
 }
 
 /// The controller's own pods (2 replicas, the chart's ServiceAccount and

@@ -35,6 +35,18 @@ pub async fn client_of(kubeconfig: &std::path::Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// A client of the API server that `kubeconfig` names, acting as `user`
+/// (impersonation: the kubeconfig's user must be allowed to).
+pub async fn client_as(kubeconfig: &std::path::Path, user: &str) -> Client {
+    zkgate::install_crypto_provider();
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).expect("client")
+}
+
 /// Applies zkgate's CRDs (idempotent) and waits until they are served.
 pub async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
