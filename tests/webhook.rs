@@ -204,6 +204,18 @@ impl Hooked {
         post(self.port, &ca, zkgate::handout::PATH, &header, "{}").await
     }
 
+    /// The names of the Secrets in the namespace.
+    async fn secret_names(&self) -> Vec<String> {
+        Api::<Secret>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .collect()
+    }
+
     fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
@@ -600,16 +612,7 @@ async fn a_forged_admission_review_creates_nothing() {
     let ca = secrets.get(SECRET).await.unwrap().data.unwrap()["ca.crt"]
         .0
         .clone();
-    let secret_names = || async {
-        secrets
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|s| s.name_any())
-            .collect::<Vec<_>>()
-    };
+    let secret_names = || h.secret_names();
     let before = secret_names().await;
     let mut pod = pod_of("forged-0", json!({ "zkgate.io/barrier": "forged" }));
     pod["metadata"]["namespace"] = json!(h.ns);
@@ -1000,17 +1003,7 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
     let controller = h.controller_and(&zk, &args).await;
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
     support::kube::barrier_waiting(&barriers, "solo", 1, WITHIN).await;
-    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
-    let secret_names = || async {
-        secrets
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|s| s.name_any())
-            .collect::<Vec<_>>()
-    };
+    let secret_names = || h.secret_names();
     assert_eq!(secret_names().await, [SECRET], "only the webhook's own");
 
     let pod = h
@@ -1149,16 +1142,11 @@ async fn the_handout_gives_a_pod_its_own_namespaces_credential_and_nothing_else(
         )
         .await
         .expect("the handed-out credential opens the namespace's barrier");
-    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
-    let names: Vec<_> = secrets
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
-    assert_eq!(names, [SECRET], "no Secret holds the credential");
+    assert_eq!(
+        h.secret_names().await,
+        [SECRET],
+        "no Secret holds the credential"
+    );
     drop(controller);
     h.done().await;
 }
