@@ -184,6 +184,10 @@ pub struct WebhookArgs {
     /// certificate is checked against the first --webhook-names).
     #[arg(long, env = "ZKGATE_HANDOUT_URL")]
     pub handout_url: Option<String>,
+    /// This replica's pod address (the downward API's status.podIP):
+    /// injected containers ask it first for their credentials.
+    #[arg(long, env = "ZKGATE_POD_IP")]
+    pub pod_ip: Option<String>,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -295,6 +299,7 @@ impl ControllerArgs {
             handout,
             service: w.webhook_service.clone(),
             handout_url: w.handout_url.clone(),
+            pod_ip: w.pod_ip.clone(),
             scope: self.watch_namespace.clone(),
         }))
     }

@@ -129,7 +129,9 @@ fn never_blocking_stderr() -> LogWriter {
 
 fn init_logging(format: LogFormat, never_block: bool) {
     let filter = EnvFilter::try_from_env("ZKGATE_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn"));
+        // kube's client logs each failed connection as an error of its
+        // own; zkgate reports the failure, with what it was doing.
+        .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn,kube_client::client::builder=off"));
     let writer = if never_block {
         never_blocking_stderr()
     } else {

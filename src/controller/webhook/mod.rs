@@ -88,6 +88,9 @@ pub struct WebhookOptions {
     /// Where injected containers ask for their credentials instead (a URL
     /// the pods reach; checked against the first of the webhook's names).
     pub handout_url: Option<String>,
+    /// This replica's pod address: asked first, so pods admitted before
+    /// the Service's endpoints list any replica can still ask this one.
+    pub pod_ip: Option<String>,
     /// The one namespace the controller reconciles, if it is limited to
     /// one: pods elsewhere are left as they are (nothing would reconcile
     /// their Barrier, so they would wait forever).
@@ -167,6 +170,7 @@ pub async fn run(
         tokio::spawn(follow_endpoints(
             hook.clone(),
             service.clone(),
+            own_url(&options),
             shutdown.clone(),
         ));
     }
@@ -320,11 +324,12 @@ async fn handout_target(
         warn!("neither --webhook-service nor --handout-url: injected containers do not know where to ask for their credentials");
         return None;
     };
-    let urls = handout_urls(client, namespace, name)
+    let own = own_url(options);
+    let urls = handout_urls(client, namespace, name, own.as_deref())
         .await
         .unwrap_or_else(|e| {
-            warn!(error = %e, "cannot read the webhook Service and its endpoints yet: pods admitted meanwhile ask the Service alone");
-            vec![service_url(namespace, name, 443)]
+            warn!(error = %e, "cannot read the webhook Service and its endpoints yet: pods admitted meanwhile ask this replica and the Service");
+            own.into_iter().chain([service_url(namespace, name, 443)]).collect()
         });
     Some(HandoutTarget {
         urls,
@@ -333,13 +338,20 @@ async fn handout_target(
     })
 }
 
-/// The addresses of the handout behind the Service `name`: each
-/// endpoint's (pods reach those wherever Service addresses are not routed
-/// for them), then the Service's DNS name.
+/// This replica's own handout URL, when its pod address is known.
+fn own_url(options: &WebhookOptions) -> Option<String> {
+    let ip = options.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
+    Some(endpoint_url(ip, i32::from(options.addr.port())))
+}
+
+/// The addresses of the handout behind the Service `name`: `own` (this
+/// replica's) and each endpoint's (pods reach those wherever Service
+/// addresses are not routed for them), then the Service's DNS name.
 async fn handout_urls(
     client: &kube::Client,
     namespace: &str,
     name: &str,
+    own: Option<&str>,
 ) -> Result<Vec<String>, kube::Error> {
     let service = Api::<Service>::namespaced(client.clone(), namespace)
         .get(name)
@@ -371,7 +383,9 @@ async fn handout_urls(
                 .filter_map(move |a| Some(endpoint_url(&a.ip, port?)))
         })
         .collect();
+    urls.extend(own.map(str::to_owned));
     urls.sort();
+    urls.dedup();
     urls.push(service_url(namespace, name, port));
     Ok(urls)
 }
@@ -395,6 +409,7 @@ fn endpoint_url(ip: &str, port: i32) -> String {
 async fn follow_endpoints(
     hook: Arc<Webhook>,
     (namespace, name): (String, String),
+    own: Option<String>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -402,7 +417,7 @@ async fn follow_endpoints(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
-        match handout_urls(&hook.client, &namespace, &name).await {
+        match handout_urls(&hook.client, &namespace, &name, own.as_deref()).await {
             Ok(urls) if !urls.is_empty() => hook.set_handout(|t| t.urls = urls),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot read the webhook Service's endpoints"),
