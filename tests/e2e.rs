@@ -947,15 +947,7 @@ async fn over_tls_a_pods_container_gets_its_certificates_from_the_controller_and
         .kill_on_drop(true)
         .spawn()
         .expect("the controller");
-    eventually(WITHIN, "the caBundle published", || async {
-        let config = configurations.get(&configuration).await.ok()?;
-        config
-            .webhooks?
-            .iter()
-            .all(|w| w.client_config.ca_bundle.is_some())
-            .then_some(())
-    })
-    .await;
+    support::kube::ca_bundle_published(&c.client, &configuration, WITHIN).await;
     let pod = format!(
         r#"apiVersion: v1
 kind: Pod

@@ -103,16 +103,7 @@ impl Hooked {
         ];
         args.extend_from_slice(extra);
         let controller = self.controller_with(zk, &args).await;
-        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
-        eventually(WITHIN, "the caBundle published", || async {
-            let config = api.get(&self.configuration).await.ok()?;
-            config
-                .webhooks?
-                .iter()
-                .all(|w| w.client_config.ca_bundle.is_some())
-                .then_some(())
-        })
-        .await;
+        support::kube::ca_bundle_published(&self.client, &self.configuration, WITHIN).await;
         controller
     }
 

@@ -47,6 +47,22 @@ pub async fn client_as(kubeconfig: &std::path::Path, user: &str) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// Waits until every webhook of the MutatingWebhookConfiguration `name`
+/// carries a `caBundle` (the controller published its CA).
+pub async fn ca_bundle_published(client: &Client, name: &str, within: Duration) {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    super::eventually(within, "the caBundle published", || async {
+        let config = api.get(name).await.ok()?;
+        config
+            .webhooks?
+            .iter()
+            .all(|w| w.client_config.ca_bundle.is_some())
+            .then_some(())
+    })
+    .await;
+}
+
 /// Applies zkgate's CRDs (idempotent) and waits until they are served.
 pub async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
