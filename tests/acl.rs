@@ -15,22 +15,13 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::handout::Served;
 use support::kube::{namespace, ControllerProcess, PrivateApiServer};
-use support::{children, eventually};
+use support::{children, eventually, session_as};
 use tokio::process::Command;
 use zkgate::api::{Barrier, BarrierPhase, LockLease};
 use zkgate::zk::{Credential, Session};
 use zookeeper_client as zk;
 
 const CONTROLLER_AUTH: &str = "zkgate-controller:controller-secret";
-
-async fn session_as(connect: &str, credential: Option<&Credential>) -> Session {
-    // Over TLS in the TLS pass of scripts/test.
-    let mut options = support::options(connect);
-    options.credential = credential.cloned();
-    Session::connect(&options.session_timeout(Duration::from_secs(4)))
-        .await
-        .expect("connect")
-}
 
 /// How long a replaced credential keeps working in these tests.
 const GRACE: &str = "4s";

@@ -10,6 +10,8 @@
 //! `ZKGATE_TEST_CLUSTER` to its directory and runs them with
 //! `--run-ignored all`; run by hand without `ZKGATE_TEST_CLUSTER` they fail.
 
+#[path = "e2e/hostile_tenants.rs"]
+mod hostile_tenants;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -121,10 +123,24 @@ impl Cluster {
     /// `kubectl apply -f -` of `manifest` in `namespace` (the cluster's
     /// kubectl, 1.20 like the server).
     fn apply(&self, namespace: &str, manifest: &str) {
-        let mut child = Command::new(kube_bin("kubectl"))
+        if let Err(e) = self.apply_as(None, namespace, manifest) {
+            panic!("kubectl apply failed: {e}\n{manifest}");
+        }
+    }
+
+    /// [`Cluster::apply`] as `user` (impersonated: `kubectl --as`) when
+    /// given: what kubectl said when it failed.
+    fn apply_as(&self, user: Option<&str>, namespace: &str, manifest: &str) -> Result<(), String> {
+        let mut kubectl = Command::new(kube_bin("kubectl"));
+        kubectl
             .args(["--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
-            .args(["-n", namespace, "apply", "-f", "-"])
+            .args(["-n", namespace]);
+        if let Some(user) = user {
+            kubectl.arg(format!("--as={user}"));
+        }
+        let mut child = kubectl
+            .args(["apply", "-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,11 +154,10 @@ impl Cluster {
             .write_all(manifest.as_bytes())
             .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl apply failed: {}\n{manifest}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
     }
 
     /// An example's manifest as a user on this cluster runs it: the local

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -13,6 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
+use support::https::Endpoint;
 use support::kube::{client, install_crds, kubeconfig, namespace, ControllerProcess};
 use support::zookeeper::free_port;
 use support::{eventually, isolated_connect};
@@ -522,38 +522,9 @@ async fn a_pod_naming_what_does_not_exist_is_refused_with_the_reason() {
     h.done().await;
 }
 
-/// A TLS connection to the webhook on `port`, its certificate verified
-/// against `ca` for 127.0.0.1.
-async fn webhook_tls(
-    port: u16,
-    ca: &[u8],
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .expect("the served certificate chains to the CA and names 127.0.0.1")
-}
-
 /// The certificate the webhook serves, verified against `ca` for 127.0.0.1.
 async fn served_certificate(port: u16, ca: &[u8]) -> Vec<u8> {
-    let tls = webhook_tls(port, ca).await;
+    let tls = Endpoint::loopback(port).connect(ca).await;
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
@@ -564,29 +535,9 @@ async fn post_review(port: u16, ca: &[u8], review: &serde_json::Value) -> (u16, 
     post(port, ca, "/mutate", "", &review.to_string()).await
 }
 
-/// POSTs `body` to `path` on the webhook's port with `headers` (each line
-/// ending in CRLF): the HTTP status and the response body.
+/// POSTs `body` to `path` on the webhook's port on loopback.
 async fn post(port: u16, ca: &[u8], path: &str, headers: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tls = webhook_tls(port, ca).await;
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let _ = tls.read_to_end(&mut response).await;
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    Endpoint::loopback(port).post(ca, path, headers, body).await
 }
 
 /// Issue 25, item 1: anyone who can reach the webhook's port can POST an

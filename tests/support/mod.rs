@@ -5,6 +5,7 @@
 
 pub mod checker;
 pub mod handout;
+pub mod https;
 pub mod kube;
 pub mod order;
 pub mod proxy;
@@ -72,6 +73,16 @@ pub async fn session(connect: &str) -> Session {
 /// names TLS servers, with the TLS pass's certificates).
 pub async fn session_with_timeout(connect: &str, timeout: Duration) -> Session {
     Session::connect(&options(connect).session_timeout(timeout))
+        .await
+        .expect("connect to ZooKeeper")
+}
+
+/// Connects a session (4 s timeout) that presents `credential` (none: an
+/// anonymous one), as a participant holding it would.
+pub async fn session_as(connect: &str, credential: Option<&zkgate::zk::Credential>) -> Session {
+    let mut options = options(connect);
+    options.credential = credential.cloned();
+    Session::connect(&options.session_timeout(Duration::from_secs(4)))
         .await
         .expect("connect to ZooKeeper")
 }
