@@ -606,19 +606,24 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
         .unwrap();
     let new = served.credential(&client, &ns).await;
     assert_ne!(new, old, "the namespace made again got the old credential");
+    // The credential is made before the barrier's node: wait for the node,
+    // so that the attempt below meets it (not a NoNode).
+    eventually(within, "the Barrier's node made again", || async {
+        barriers.get("gang").await.ok()?.status?.znode
+    })
+    .await;
     let with_old = session_as(&zk, Some(&old)).await;
+    let attempt = with_old
+        .client()
+        .create(
+            &format!("{subtree}/barriers/gang/intruder"),
+            b"{}",
+            &zk::CreateMode::Ephemeral.with_acls(with_old.node_acls()),
+        )
+        .await;
     assert!(
-        is_no_auth(
-            with_old
-                .client()
-                .create(
-                    &format!("{subtree}/barriers/gang/intruder"),
-                    b"{}",
-                    &zk::CreateMode::Ephemeral.with_acls(with_old.node_acls()),
-                )
-                .await
-        ),
-        "the old credential must open nothing in the namespace made again"
+        matches!(attempt, Err(zk::Error::NoAuth)),
+        "the old credential must open nothing in the namespace made again: {attempt:?}"
     );
     drop(api);
 }

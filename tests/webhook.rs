@@ -487,6 +487,28 @@ async fn a_pod_naming_what_does_not_exist_is_refused_with_the_reason() {
             && no_barrier.contains("no Job"),
         "{no_barrier}"
     );
+    // A pod written by hand (its own zkgate container, so nothing is
+    // injected), with or without the credentials label, is checked too.
+    // Review: it was admitted before, and waited for a lock nobody makes.
+    for labels in [
+        json!({ "zkgate.io/lock": "nosuch" }),
+        json!({ "zkgate.io/lock": "nosuch", "zkgate.io/credentials": "true" }),
+    ] {
+        let mut by_hand = pod_of("by-hand", labels.clone());
+        by_hand["spec"]["containers"] = json!([{
+            "name": "zkgate-lock", "image": "registry.test/zkgate:test",
+            "args": ["lock", "acquire", "nosuch"]
+        }]);
+        let refused = refusal(
+            h.create_pod(by_hand)
+                .await
+                .expect_err("a pod with zkgate of its own naming no LockLease"),
+        );
+        assert!(
+            refused.contains("nosuch") && refused.contains("does not exist"),
+            "{labels}: {refused}"
+        );
+    }
     // A Job whose template does not carry the label: nobody makes the Barrier.
     let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
     let job: Job = serde_json::from_value(json!({

@@ -629,23 +629,29 @@ impl Webhook {
                 self.metrics.admitted("refused");
                 return response.deny(refusal.to_string());
             }
-            Ok(None) => {
-                self.metrics.admitted("unchanged");
-                return response;
-            }
-            // Admitted before (another of the chart's webhooks matched it):
-            // nothing more to add.
-            Ok(Some(mutated)) if mutated == *pod => {
-                self.metrics.admitted("unchanged");
-                return response;
-            }
-            Ok(Some(mutated)) => mutated,
+            Ok(mutated) => mutated,
         };
+        // Every labelled pod, whether anything is injected or not (a pod
+        // that carries zkgate of its own gets nothing added, and would
+        // otherwise wait for what nobody makes).
         if let Err(refusal) = self.check_resources(pod, &namespace).await {
             info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
             self.metrics.admitted("refused");
             return response.deny(refusal);
         }
+        let mutated = match mutated {
+            None => {
+                self.metrics.admitted("unchanged");
+                return response;
+            }
+            // Admitted before (another of the chart's webhooks matched it):
+            // nothing more to add.
+            Some(mutated) if mutated == *pod => {
+                self.metrics.admitted("unchanged");
+                return response;
+            }
+            Some(mutated) => mutated,
+        };
         let (before, after) = match (serde_json::to_value(pod), serde_json::to_value(&mutated)) {
             (Ok(b), Ok(a)) => (b, a),
             _ => return response.deny("zkgate could not encode the pod"),
