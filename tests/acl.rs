@@ -734,3 +734,105 @@ async fn register(session: &Session, path: &str) -> Result<(), zk::Error> {
         .await
         .map(|_| ())
 }
+
+/// Review of issue 25: installs of one cluster that watch different
+/// namespaces may share a root (with ACLs on, and so one controller
+/// credential). When one of them lists its namespace (at every leadership
+/// term) it must judge only its own namespace's stored credential. Failed
+/// before the fix: it took the other install's namespace, which its
+/// listing does not show, for a deleted one, and removed its credential
+/// and subtree.
+#[tokio::test]
+async fn an_install_watching_one_namespace_leaves_the_other_installs_credentials_alone() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (api, client) = PrivateApiServer::with_crds().await;
+    // Swept in name order: `theirs` comes before `mine`, so once `mine`
+    // is swept, `theirs` was judged too.
+    let base = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (theirs, mine) = (format!("{base}-0"), format!("{base}-1"));
+    for name in [&theirs, &mine] {
+        let ns: Namespace =
+            serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    let zk = support::isolated_connect();
+    let scoped = |id: &str, ns: &str, served: &Served| {
+        let mut args = vec!["--auth", CONTROLLER_AUTH, "--watch-namespace", ns];
+        let handout = served.controller_args();
+        args.extend(handout.iter().map(String::as_str));
+        ControllerProcess::start_with(&api.kubeconfig(), &zk, id, &args)
+    };
+    let (served_theirs, served_mine) = (Served::new(&theirs), Served::new(&mine));
+    let _other_install = scoped("install-theirs", &theirs, &served_theirs);
+    let mut this_install = scoped("install-mine", &mine, &served_mine);
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    let within = Duration::from_secs(30);
+    for ns in [&theirs, &mine] {
+        let barriers: Api<Barrier> = Api::namespaced(client.clone(), ns);
+        barriers
+            .create(&PostParams::default(), &barrier)
+            .await
+            .unwrap();
+        eventually(within, "the Barrier's node made", || async {
+            barriers.get("gang").await.ok()?.status?.znode
+        })
+        .await;
+    }
+    let their_credential = served_theirs.credential(&client, &theirs).await;
+    let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
+    let stat = |path: String| {
+        let observer = &observer;
+        async move { observer.client().check_stat(&path).await.unwrap() }
+    };
+    let stored_theirs = stat(format!("/zkgate/credentials/{theirs}"))
+        .await
+        .expect("their credential stored");
+
+    // This install's namespace goes while it is down (its Barrier first,
+    // while it ran); when it comes back, its listing finds it gone.
+    let mine_barriers: Api<Barrier> = Api::namespaced(client.clone(), &mine);
+    mine_barriers
+        .delete("gang", &Default::default())
+        .await
+        .unwrap();
+    eventually(within, "my Barrier gone", || async {
+        mine_barriers
+            .get_opt("gang")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    this_install.kill().await;
+    remove_namespace(&client, &mine).await;
+    let _this_install = scoped("install-mine-2", &mine, &served_mine);
+    eventually(within, "my namespace's stored credential swept", || async {
+        stat(format!("/zkgate/credentials/{mine}"))
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    let after = stat(format!("/zkgate/credentials/{theirs}")).await;
+    assert_eq!(
+        after.map(|s| s.czxid),
+        Some(stored_theirs.czxid),
+        "the other install's namespace's stored credential was removed"
+    );
+    assert!(
+        stat(format!("/zkgate/namespaces/{theirs}/barriers/gang"))
+            .await
+            .is_some(),
+        "the other install's barrier node was removed"
+    );
+    assert_eq!(
+        served_theirs.credential(&client, &theirs).await,
+        their_credential
+    );
+    drop(api);
+}

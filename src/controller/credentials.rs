@@ -263,6 +263,9 @@ pub struct Credentials {
     known: std::sync::Mutex<HashMap<String, Slot>>,
     /// The namespaces (names and uids), followed by [`Credentials::follow`].
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The one namespace this install watches (`--watch-namespace`): the
+    /// others' stored credentials belong to other installs on the root.
+    scope: Option<String>,
 }
 
 /// One namespace's entry (`None` until loaded).
@@ -270,16 +273,20 @@ type Slot = Arc<tokio::sync::Mutex<Option<Known>>>;
 
 impl Credentials {
     /// Namespace credentials when `controller` is set; open ACLs otherwise.
+    /// `scope`: the one namespace this install watches, if it watches one
+    /// (`namespaces` then follows that one alone).
     pub fn new(
         controller: Option<Credential>,
         grace: Duration,
         namespaces: Store<PartialObjectMeta<Namespace>>,
+        scope: Option<String>,
     ) -> Credentials {
         Credentials {
             controller,
             grace,
             known: Default::default(),
             namespaces,
+            scope,
         }
     }
 
@@ -323,14 +330,21 @@ impl Credentials {
                 Ok(watcher::Event::Delete(ns)) => {
                     vec![(ns.name_any(), ns.metadata.uid.clone())]
                 }
-                // A full listing: every stored credential whose namespace
-                // is not there (deleted while nobody watched).
+                // A full listing: every stored credential of this install's
+                // namespaces whose namespace is not there (deleted while
+                // nobody watched). Installs watching other namespaces may
+                // share the root: their credentials are not this one's to
+                // judge (its listing does not show their namespaces).
                 Ok(watcher::Event::InitDone) => match stored_namespaces(zk, layout).await {
-                    Ok(stored) => stored
-                        .into_iter()
-                        .filter(|name| self.namespaces.get(&ObjectRef::new(name)).is_none())
-                        .map(|name| (name, None))
-                        .collect(),
+                    Ok(mut stored) => {
+                        stored.sort();
+                        stored
+                            .into_iter()
+                            .filter(|name| self.scope.as_ref().is_none_or(|s| s == name))
+                            .filter(|name| self.namespaces.get(&ObjectRef::new(name)).is_none())
+                            .map(|name| (name, None))
+                            .collect()
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot list the stored namespace credentials");
                         Vec::new()

@@ -388,6 +388,7 @@ async fn lead(
             options.zookeeper.credential.clone(),
             options.rotation_grace,
             namespaces,
+            options.watch_namespace.clone(),
         ),
         failures: Default::default(),
         barrier_status: Default::default(),
