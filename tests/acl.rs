@@ -836,3 +836,102 @@ async fn an_install_watching_one_namespace_leaves_the_other_installs_credentials
     );
     drop(api);
 }
+
+/// Review of issue 25: ACLs turned on after zkgate ran without them (every
+/// node open to anyone who reaches ZooKeeper). What a tenant planted
+/// meanwhile must not survive the switch: a stored credential for another
+/// namespace (a password the tenant knows) is not adopted, and the
+/// controller's own nodes (the stored credentials' parent, the leader
+/// lock's) become the controller's alone. Failed before the fix: the
+/// planted credential was handed to the namespace's pods, so the tenant
+/// held the namespace's nodes, and the parents stayed open.
+#[tokio::test]
+async fn turning_acls_on_later_drops_what_a_tenant_planted_while_they_were_off() {
+    let (api, client) = PrivateApiServer::with_crds().await;
+    let victim = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let served = Served::new(&victim);
+    let open = {
+        let handout = served.controller_args();
+        let args: Vec<&str> = handout.iter().map(String::as_str).collect();
+        ControllerProcess::start_with(&api.kubeconfig(), &zk, "controller-open", &args)
+    };
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &victim);
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "the Barrier's node made", || async {
+        barriers.get("gang").await.ok()?.status?.znode
+    })
+    .await;
+    // The tenant, with no credential at all, plants a credential it knows.
+    let planted = Credential::parse(&format!("namespace-{victim}:known-to-the-tenant")).unwrap();
+    let tenant = session_as(&zk, None).await;
+    let stored = format!("/zkgate/credentials/{victim}");
+    let data = json!({ "current": planted.expose(), "moved": true }).to_string();
+    let anyone = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    tenant
+        .client()
+        .mkdir("/zkgate/credentials", &anyone)
+        .await
+        .unwrap();
+    tenant
+        .client()
+        .create(&stored, data.as_bytes(), &anyone)
+        .await
+        .unwrap();
+
+    // ACLs on.
+    drop(open);
+    let _controller = controller_with_credential(&api, &zk, "controller-acl-on", &served);
+    let handed = eventually(within, "a credential handed out", || async {
+        served.handout(&client, &victim).await.auth
+    })
+    .await;
+    let handed = Credential::parse(&handed).unwrap();
+    assert_ne!(handed, planted, "the planted credential was adopted");
+    let with_planted = session_as(&zk, Some(&planted)).await;
+    let attempt = with_planted
+        .client()
+        .get_data(&format!("/zkgate/namespaces/{victim}/barriers/gang"))
+        .await;
+    assert!(
+        matches!(attempt, Err(zk::Error::NoAuth)),
+        "the planted credential must open nothing: {attempt:?}"
+    );
+    for (what, attempt) in [
+        (
+            "listing the stored credentials",
+            tenant
+                .client()
+                .list_children("/zkgate/credentials")
+                .await
+                .map(drop),
+        ),
+        (
+            "planting another credential",
+            tenant
+                .client()
+                .create("/zkgate/credentials/t-next", b"{}", &anyone)
+                .await
+                .map(drop),
+        ),
+        (
+            "listing the leader lock's contenders",
+            tenant
+                .client()
+                .list_children("/zkgate/leader")
+                .await
+                .map(drop),
+        ),
+    ] {
+        assert!(
+            matches!(attempt, Err(zk::Error::NoAuth)),
+            "{what} must be refused once ACLs are on: {attempt:?}"
+        );
+    }
+    drop(api);
+}

@@ -678,7 +678,32 @@ async fn load(
     let client = zk.client();
     loop {
         match zk.retry("read", node, || client.get_data(node)).await {
-            Ok((data, _)) => {
+            Ok((data, stat)) => {
+                // Only a node the controller made (its ACL the controller's
+                // alone) holds a credential: one made while ACLs were off
+                // (open to anyone then) may hold a password a tenant
+                // planted. It goes, and the namespace gets a new one.
+                let (node_acl, _) = zk
+                    .retry("read the ACL of", node, || client.get_acl(node))
+                    .await?;
+                if !acl::same(&node_acl, &zk.node_acls().to_vec()) {
+                    tracing::warn!(
+                        namespace,
+                        node,
+                        "a stored credential whose ACL is not the controller's alone (made while ACLs were off?) is not used: removed, the namespace gets a new credential"
+                    );
+                    match zk
+                        .retry("delete", node, || client.delete(node, Some(stat.version)))
+                        .await
+                    {
+                        Ok(())
+                        | Err(ZkError::Zk {
+                            source: zk::Error::NoNode | zk::Error::BadVersion,
+                            ..
+                        }) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 let stored: Stored =
                     serde_json::from_slice(&data).map_err(|e| ZkError::InvalidData {
                         path: node.to_owned(),

@@ -543,15 +543,37 @@ fn controller<K: reconciler::Reconciled>(
         })
 }
 
-/// With a controller credential, `<root>` and `<root>/namespaces` are the
-/// controller's alone (participants need nothing on them: ACLs are checked
-/// per node, not along the path). A root of `/` is left as it is.
+/// With a controller credential, `<root>`, `<root>/namespaces`,
+/// `<root>/credentials` and the leader locks' nodes are the controller's
+/// alone (participants need nothing on them: ACLs are checked per node, not
+/// along the path), whatever they were before: zkgate may have run with
+/// ACLs off (every node open) and a tenant planted something meanwhile.
+/// A root of `/` is left as it is.
 async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> {
     if layout.root() == "/" {
         return Ok(());
     }
     let own = session.node_acls().to_vec();
-    for path in [layout.root().to_owned(), layout.namespaces_root()] {
+    let credentials = layout.child("credentials");
+    let mut paths = vec![
+        layout.root().to_owned(),
+        layout.namespaces_root(),
+        credentials,
+    ];
+    let client = session.client();
+    let root_children = session
+        .retry("list", layout.root(), || {
+            client.list_children(layout.root())
+        })
+        .await
+        .unwrap_or_default();
+    paths.extend(
+        root_children
+            .into_iter()
+            .filter(|c| c == "leader" || c.starts_with("leader-"))
+            .map(|c| layout.child(&c)),
+    );
+    for path in paths {
         let client = session.client();
         let options = zookeeper_client::CreateMode::Persistent.with_acls((&own[..]).into());
         match client.mkdir(&path, &options).await {
