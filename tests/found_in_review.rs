@@ -912,3 +912,54 @@ async fn ended_within(pid: i32, within: Duration) -> bool {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     false
 }
+
+/// Review of issue 25: a namespace's pods may rewrite their barrier's node
+/// (a withdrawal moves its version). One that rewrites it without pause
+/// made the controller's conditional writes (a resize, a failure, a lost
+/// participant's removal) read and retry forever, holding a reconcile slot
+/// (a few dozen such barriers starve every namespace). The write now gives
+/// up after a bounded number of lost races with an error that says so
+/// (the reconcile then backs off). Before the fix, `fail` had not returned
+/// after 20 s.
+#[tokio::test]
+async fn a_barrier_rewritten_without_pause_does_not_hold_the_controllers_write_forever() {
+    use zkgate::zk::{BarrierData, DoubleBarrier, ZkError};
+    let connect = support::shared_zookeeper();
+    let session = session(&connect).await;
+    let path = format!("/zkgate-review/contended-{}", uuid::Uuid::new_v4().simple());
+    let barrier = DoubleBarrier::new(path.clone());
+    let data = BarrierData {
+        participants: 2,
+        ..Default::default()
+    };
+    barrier.create(&session, &data).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let rewriter = support::session(&connect).await;
+        let (path, stop) = (path.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let (data, _) = rewriter.client().get_data(&path).await.unwrap();
+            while !stop.is_cancelled() {
+                let _ = rewriter.client().set_data(&path, &data, None).await;
+            }
+        }));
+    }
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        barrier.fail(&session, "resized away"),
+    )
+    .await;
+    stop.cancel();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    match outcome {
+        Err(_) => panic!("the controller's write did not return within 20 s"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e @ ZkError::Contended { .. })) => {
+            assert!(e.to_string().contains(&path), "{e}");
+        }
+        Ok(Err(e)) => panic!("{e}"),
+    }
+}

@@ -14,7 +14,7 @@ use tracing::{debug, info};
 use zookeeper_client as zk;
 
 use crate::zk::tree::ChildNode;
-use crate::zk::{path, Session, ZkError, READY};
+use crate::zk::{path, Session, ZkError, CONTENDED_ATTEMPTS, READY};
 
 /// What became of a removal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,17 @@ pub async fn remove_registration(
     let node_path = path::join(barrier, &seen.name);
     let ready = path::join(barrier, READY);
     let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+    // Bounded: the namespace's pods may rewrite the barrier node, and one
+    // that does so without pause must not hold this reconcile forever.
+    let mut lost = 0;
     loop {
+        if lost == CONTENDED_ATTEMPTS {
+            return Err(ZkError::Contended {
+                op: "remove a registration from",
+                path: barrier.to_owned(),
+                attempts: lost,
+            });
+        }
         let (data, stat) = match session
             .retry("read", barrier, || client.get_data(barrier))
             .await
@@ -144,7 +154,10 @@ pub async fn remove_registration(
             }
             Err(zk::MultiWriteError::OperationFailed { index: 0, source }) => match source {
                 // The barrier changed since we read it: read it again.
-                zk::Error::BadVersion => continue,
+                zk::Error::BadVersion => {
+                    lost += 1;
+                    continue;
+                }
                 zk::Error::NoNode => return Ok(Removal::ParentGone),
                 e => return Err(ZkError::from_client("remove", &node_path, e)),
             },

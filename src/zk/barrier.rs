@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 use zookeeper_client as zk;
 
-use super::error::{within, Result, ZkError};
+use super::error::{within, Result, ZkError, CONTENDED_ATTEMPTS};
 use super::guard::NodeGuard;
 use super::path;
 use super::session::{is_connection_loss, Session, SessionState};
@@ -1300,7 +1300,18 @@ impl DoubleBarrier {
         let client = session.client();
         let ready = path::join(&self.path, READY);
         let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        // Bounded: a participant may rewrite the node (a withdrawal moves
+        // its version), and one that does so without pause must not hold
+        // the caller (the controller's reconcile) forever.
+        let mut lost = 0;
         loop {
+            if lost == CONTENDED_ATTEMPTS {
+                return Err(ZkError::Contended {
+                    op: "write",
+                    path: self.path.clone(),
+                    attempts: lost,
+                });
+            }
             let (data, stat) = session
                 .retry("read", &self.path, || client.get_data(&self.path))
                 .await?;
@@ -1324,7 +1335,10 @@ impl DoubleBarrier {
                 Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::BadVersion,
                     ..
-                }) => continue,
+                }) => {
+                    lost += 1;
+                    continue;
+                }
                 Err(e) => {
                     let e = zk::Error::from(e);
                     if is_connection_loss(&e) {

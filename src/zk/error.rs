@@ -148,6 +148,19 @@ pub enum ZkError {
         reason: String,
     },
 
+    /// A conditional write lost the race to other writers of the node
+    /// [`CONTENDED_ATTEMPTS`] times in a row: someone rewrites it without
+    /// pause. Giving up lets the caller back off instead of holding on.
+    #[error("gave up trying to {op} {path} after {attempts} attempts: it changed between every read and write (something rewrites it without pause)")]
+    Contended {
+        /// The operation.
+        op: &'static str,
+        /// The node.
+        path: String,
+        /// How many times it was read and written.
+        attempts: u32,
+    },
+
     /// Any other failure reported by the client.
     #[error("ZooKeeper {op} {path} failed: {source}")]
     Zk {
@@ -160,6 +173,11 @@ pub enum ZkError {
         source: zookeeper_client::Error,
     },
 }
+
+/// How many times a read-then-conditional-write is tried against other
+/// writers of the same node before [`ZkError::Contended`]. Honest races
+/// (a few participants withdrawing at once) settle in a handful.
+pub const CONTENDED_ATTEMPTS: u32 = 32;
 
 /// The broad class of an error: what a caller should do about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,9 +213,10 @@ impl ZkError {
             | ZkError::SessionClosed
             | ZkError::AuthFailed
             | ZkError::NotAuthorized { .. } => ErrorKind::Unavailable,
-            ZkError::InvalidData { .. } | ZkError::Zk { .. } | ZkError::Unsupported { .. } => {
-                ErrorKind::Internal
-            }
+            ZkError::InvalidData { .. }
+            | ZkError::Zk { .. }
+            | ZkError::Unsupported { .. }
+            | ZkError::Contended { .. } => ErrorKind::Internal,
         }
     }
 

@@ -40,7 +40,7 @@ pub use barrier::{
 };
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::{ContenderKind, LEASE_MARKER};
-pub use error::{within, ErrorKind, Result, ZkError};
+pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
 pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};
