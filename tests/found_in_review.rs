@@ -963,3 +963,52 @@ async fn a_barrier_rewritten_without_pause_does_not_hold_the_controllers_write_f
         Ok(Err(e)) => panic!("{e}"),
     }
 }
+
+/// Review of issue 25: the controller reads every registration's data under
+/// every namespace's barriers and locks, and a namespace's pods may write
+/// what they like there (up to ZooKeeper's 1 MB per node): a few hundred
+/// such nodes made the controller hold hundreds of MB at once (its chart
+/// limit is 128 MiB). A snapshot now reads at most 64 KiB of any child,
+/// and the children's data in bounded multi-reads. Before the fix the
+/// large child's 200 KB were read (the assertion on its data failed).
+#[tokio::test]
+async fn a_snapshot_does_not_read_a_childs_bulk() {
+    use zkgate::zk::tree::{snapshot, MAX_CHILD_DATA};
+    use zookeeper_client as zk;
+    let session = session(&support::shared_zookeeper()).await;
+    let client = session.client();
+    let parent = format!("/zkgate-review/bulk-{}", uuid::Uuid::new_v4().simple());
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    client.mkdir(&parent, &options).await.unwrap();
+    let bulk = vec![b'x'; 200 * 1024];
+    client
+        .create(&format!("{parent}/bulky"), &bulk, &options)
+        .await
+        .unwrap();
+    // More children than one multi-read takes, each of ordinary size.
+    for i in 0..150 {
+        client
+            .create(&format!("{parent}/p{i:03}"), b"{\"pod\":\"p\"}", &options)
+            .await
+            .unwrap();
+    }
+    let read = snapshot(&session, &parent)
+        .await
+        .unwrap()
+        .expect("the node");
+    assert_eq!(read.children.len(), 151);
+    let bulky = read.children.iter().find(|c| c.name == "bulky").unwrap();
+    assert!(
+        bulky.data.is_empty() && bulky.stat.data_length as usize == bulk.len(),
+        "a child of {} bytes was read ({} bytes) past the {MAX_CHILD_DATA}-byte bound",
+        bulk.len(),
+        bulky.data.len()
+    );
+    for child in read.children.iter().filter(|c| c.name != "bulky") {
+        assert_eq!(child.data, b"{\"pod\":\"p\"}", "{}", child.name);
+    }
+    let names: Vec<&str> = read.children.iter().map(|c| c.name.as_str()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "children sorted by name");
+}

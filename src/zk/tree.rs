@@ -19,16 +19,30 @@ pub struct ChildNode {
     pub stat: zk::Stat,
 }
 
-/// A node with its data and its children's data, read in two round trips
-/// (the node and its child list, then every child at once).
+/// The most of one child's data a [`snapshot`] reads. Registrations and
+/// contenders carry a few hundred bytes; a child past this (a namespace's
+/// pods may write what they like under their own nodes, up to ZooKeeper's
+/// 1 MB) is listed with its stat and no data, so that nobody can make the
+/// reader (the controller, for every namespace) hold their bulk.
+pub const MAX_CHILD_DATA: usize = 64 * 1024;
+
+/// Children's data read per multi-read: at most this many children, and
+/// at most [`BATCH_BYTES`] by their stats.
+const BATCH_CHILDREN: usize = 64;
+const BATCH_BYTES: usize = 1024 * 1024;
+
+/// A node with its data and its children's data: the node and its child
+/// list, then the children's stats, then their data in multi-reads of a
+/// bounded size (one for a gang of up to 64).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     /// The node's data.
     pub data: Vec<u8>,
     /// The node's stat.
     pub stat: zk::Stat,
-    /// Its children, sorted by name. A child deleted between the two reads
-    /// is left out.
+    /// Its children, sorted by name. A child deleted between the reads is
+    /// left out; one with more than [`MAX_CHILD_DATA`] bytes has empty
+    /// `data` (its `stat.data_length` says how much it holds).
     pub children: Vec<ChildNode>,
 }
 
@@ -51,6 +65,67 @@ pub async fn snapshot(session: &Session, path: &str) -> Result<Option<Snapshot>>
         Err(e) => return Err(e),
     };
     names.sort();
+    // Requests go out in call order: every stat is asked for before the
+    // first answer is awaited (one round trip).
+    let stats = session
+        .retry("read", path, || {
+            let asked: Vec<_> = names
+                .iter()
+                .map(|name| client.check_stat(&path::join(path, name)))
+                .collect();
+            async move {
+                let mut stats = Vec::with_capacity(asked.len());
+                for stat in asked {
+                    stats.push(stat.await?);
+                }
+                Ok(stats)
+            }
+        })
+        .await?;
+    let mut children = Vec::with_capacity(names.len());
+    let mut batch: Vec<String> = Vec::new();
+    let mut batch_bytes = 0;
+    for (name, stat) in names.into_iter().zip(stats) {
+        let Some(stat) = stat else { continue };
+        let len = usize::try_from(stat.data_length).unwrap_or(0);
+        if len > MAX_CHILD_DATA {
+            debug!(%path, child = %name, bytes = len, "a child too large to read: listed without its data");
+            children.push(ChildNode {
+                name,
+                data: Vec::new(),
+                stat,
+            });
+            continue;
+        }
+        if batch.len() == BATCH_CHILDREN || batch_bytes + len > BATCH_BYTES {
+            read_batch(session, path, std::mem::take(&mut batch), &mut children).await?;
+            batch_bytes = 0;
+        }
+        batch.push(name);
+        batch_bytes += len;
+    }
+    read_batch(session, path, batch, &mut children).await?;
+    children.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some(Snapshot {
+        data,
+        stat,
+        children,
+    }))
+}
+
+/// Reads the data of `path`'s children `names` in one multi-read into
+/// `children` (a child deleted meanwhile is left out; one grown past
+/// [`MAX_CHILD_DATA`] since its stat was read keeps no data).
+async fn read_batch(
+    session: &Session,
+    path: &str,
+    names: Vec<String>,
+    children: &mut Vec<ChildNode>,
+) -> Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let client = session.client();
     let results = session
         .retry("read", path, || {
             let mut reader = client.new_multi_reader();
@@ -61,19 +136,21 @@ pub async fn snapshot(session: &Session, path: &str) -> Result<Option<Snapshot>>
             reader.commit()
         })
         .await?;
-    let children = names
-        .into_iter()
-        .zip(results)
-        .filter_map(|(name, result)| match result {
-            zk::MultiReadResult::Data { data, stat } => Some(ChildNode { name, data, stat }),
-            _ => None,
-        })
-        .collect();
-    Ok(Some(Snapshot {
-        data,
-        stat,
-        children,
-    }))
+    children.extend(
+        names
+            .into_iter()
+            .zip(results)
+            .filter_map(|(name, result)| match result {
+                zk::MultiReadResult::Data { mut data, stat } => {
+                    if data.len() > MAX_CHILD_DATA {
+                        data = Vec::new();
+                    }
+                    Some(ChildNode { name, data, stat })
+                }
+                _ => None,
+            }),
+    );
+    Ok(())
 }
 
 /// Deletes `path` and everything below it. Children that appear meanwhile
