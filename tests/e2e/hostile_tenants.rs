@@ -210,6 +210,47 @@ async fn subtree(session: &Session, path: &str) -> BTreeMap<String, (Vec<u8>, St
     nodes
 }
 
+/// After an attack: B's own participants still get through a new barrier
+/// of B's (two of them, with B's credential, from this host: the
+/// controller still reconciles B) and B's lock is
+/// still taken and given back: what A tried left B working, not just
+/// unchanged.
+async fn still_works(c: &Cluster, b: &Tenant) {
+    let after: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "after" }, "spec": { "participants": 2 }
+    }))
+    .unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(b.client.clone(), b.name());
+    barriers
+        .create(&PostParams::default(), &after)
+        .await
+        .expect("B makes a Barrier after the attack");
+    eventually(WITHIN, "B's new Barrier reconciled", || async {
+        barriers.get("after").await.ok()?.status?.znode
+    })
+    .await;
+    let credential = b.credential(c).await;
+    // Flags before the command's `--`.
+    let participant = |id: &'static str, kind: &'static str, name: &'static str| {
+        let mut cmd = support::zkgate(&c.zookeeper(), &[kind, "run", name]);
+        cmd.args(["--namespace", b.name(), "--id", id, "--timeout", "60s"])
+            .args(["--auth", &credential.expose(), "--", "true"]);
+        support::output(cmd)
+    };
+    let ((first, e1), (second, e2)) = tokio::join!(
+        participant("b-0", "barrier", "after"),
+        participant("b-1", "barrier", "after")
+    );
+    assert_eq!(
+        (first, second),
+        (0, 0),
+        "B's gang after the attack: {e1}\n{e2}"
+    );
+    let (code, err) = participant("b-lock", "lock", "db").await;
+    assert_eq!(code, 0, "B's lock after the attack: {err}");
+}
+
 /// Asserts that the nodes under `path` are what `before` recorded, naming
 /// the nodes that differ.
 async fn assert_unchanged(
@@ -494,6 +535,7 @@ async fn a_tenants_credential_opens_nothing_of_another_namespace_in_zookeeper() 
             "{name}: {status:?}"
         );
     }
+    still_works(&c, &b).await;
 }
 
 /// Through its pods: a pod of A labelled with the name of a Barrier or a
@@ -631,6 +673,7 @@ spec:
             "{name}: {status:?}"
         );
     }
+    still_works(&c, &b).await;
 }
 
 /// Through the webhook's port, which any pod can reach: an AdmissionReview
@@ -764,7 +807,11 @@ async fn forged_requests_to_the_webhooks_port_make_nothing_and_hand_out_nothing(
     assert_eq!(status, 200, "{body}");
     let handed: Handout = serde_json::from_str(&body).unwrap();
     assert_eq!(handed.namespace, a.name());
-    assert_ne!(handed.auth.as_deref(), Some(b_credential.expose().as_str()));
+    assert_eq!(
+        handed.auth.as_deref(),
+        Some(a.credential(&c).await.expose().as_str()),
+        "A's token is handed A's credential, whatever the request names"
+    );
     // B's token for another audience (say, one B's pod was given for
     // another service, and leaked) is refused.
     let other = support::handout::token_of(&c.client, b.name(), "default", "vault").await;
@@ -802,6 +849,7 @@ async fn forged_requests_to_the_webhooks_port_make_nothing_and_hand_out_nothing(
     );
     assert_eq!(barriers_before, barriers_after);
     assert_eq!(secrets_before, secrets_after);
+    still_works(&c, &b).await;
 }
 
 /// Taking over a namespace's name: a tenant whose namespace is deleted
