@@ -935,3 +935,91 @@ async fn turning_acls_on_later_drops_what_a_tenant_planted_while_they_were_off()
     }
     drop(api);
 }
+
+/// Review of issue 25: whoever makes a node chooses its ACL, so a
+/// namespace's pod can make one under its own barrier that shuts the
+/// controller out (it can neither list it nor, once it has a child, delete
+/// it). Deleting the Barrier then kept its finalizer for ever, the
+/// namespace could never go, and its stored credential stayed. Now the
+/// controller removes everything else, says what it had to leave (a
+/// Warning event naming the node, for a ZooKeeper superuser), and lets the
+/// Barrier and then the namespace's credential go. Failed before the fix:
+/// the Barrier was still there after 30 s.
+#[tokio::test]
+async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_credential() {
+    use k8s_openapi::api::events::v1::Event;
+    let (api, client) = PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let served = Served::new(&ns);
+    let _controller = controller_with_credential(&api, &zk, "controller-shut-out", &served);
+    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let within = Duration::from_secs(30);
+    eventually(within, "the Barrier's node made", || async {
+        barriers.get("gang").await.ok()?.status?.znode
+    })
+    .await;
+    let credential = served.credential(&client, &ns).await;
+    let pod = session_as(&zk, Some(&credential)).await;
+    let trap = format!("/zkgate/namespaces/{ns}/barriers/gang/trap");
+    let mine = zk::CreateMode::Persistent.with_acls(pod.node_acls());
+    pod.client().create(&trap, b"", &mine).await.unwrap();
+    pod.client()
+        .create(&format!("{trap}/inner"), b"", &mine)
+        .await
+        .unwrap();
+    let nobody = Credential::parse("nobody:unknown").unwrap();
+    let shut = [nobody.acl(zk::Permission::ALL)];
+    pod.client()
+        .set_acl(&trap, &shut, None)
+        .await
+        .expect("the maker may shut everyone else out");
+
+    barriers.delete("gang", &Default::default()).await.unwrap();
+    eventually(within, "the Barrier gone", || async {
+        barriers.get_opt("gang").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let said = eventually(within, "a Warning naming the node left", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("NodesLeftBehind"))
+    })
+    .await;
+    assert_eq!(said.type_.as_deref(), Some("Warning"));
+    assert!(
+        said.note.as_deref().is_some_and(|n| n.contains(&trap)),
+        "{said:?}"
+    );
+
+    // The namespace goes: its stored credential goes with it, the node
+    // left behind notwithstanding.
+    remove_namespace(&client, &ns).await;
+    let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
+    let stored = format!("/zkgate/credentials/{ns}");
+    eventually(
+        Duration::from_secs(60),
+        "the stored credential gone",
+        || async {
+            observer
+                .client()
+                .check_stat(&stored)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    drop(api);
+}

@@ -447,7 +447,8 @@ async fn a_barrier_node_deleted_by_hand_stops_its_waiters_and_is_made_again() {
     .await;
     let path = format!("/zkgate/namespaces/{ns}/barriers/gang");
     let admin = support::session(&zk).await;
-    zkgate::zk::tree::delete_tree(&admin, &path).await.unwrap();
+    let left = zkgate::zk::tree::delete_tree(&admin, &path).await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
     let (code, err) = support::finished(waiter, within).await;
     assert_eq!(code, 4, "{err}");
     // The controller makes the node again, for the same resource.

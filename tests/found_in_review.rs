@@ -1012,3 +1012,35 @@ async fn a_snapshot_does_not_read_a_childs_bulk() {
     sorted.sort();
     assert_eq!(names, sorted, "children sorted by name");
 }
+
+/// Found while testing issue 25's review fixes: a Barrier whose cleanup
+/// failed after it marked the barrier failed was reconciled hundreds of
+/// times a second, whatever the backoff: each attempt marked it failed
+/// again, which rewrote the node, which the controller's watch on the
+/// namespaces turned into another reconcile. Marking a barrier failed the
+/// way it already is now writes nothing. Before the fix the second `fail`
+/// moved the node's version.
+#[tokio::test]
+async fn failing_a_barrier_as_it_already_failed_writes_nothing() {
+    use zkgate::zk::{BarrierData, DoubleBarrier};
+    let session = session(&support::shared_zookeeper()).await;
+    let path = format!("/zkgate-review/failed-{}", uuid::Uuid::new_v4().simple());
+    let barrier = DoubleBarrier::new(path.clone());
+    let data = BarrierData {
+        participants: 2,
+        ..Default::default()
+    };
+    barrier.create(&session, &data).await.unwrap();
+    assert!(barrier.fail(&session, "Deleted").await.unwrap());
+    let (_, first) = session.client().get_data(&path).await.unwrap();
+    assert!(
+        barrier.fail(&session, "Deleted").await.unwrap(),
+        "still failed, not opened"
+    );
+    let (_, second) = session.client().get_data(&path).await.unwrap();
+    assert_eq!(first.version, second.version, "the node was written again");
+    // A different reason is a change, and is written.
+    assert!(barrier.fail(&session, "TimedOut").await.unwrap());
+    let (_, third) = session.client().get_data(&path).await.unwrap();
+    assert_eq!(third.version, first.version + 1);
+}

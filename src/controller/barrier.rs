@@ -17,7 +17,7 @@ use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
 use crate::api::Barrier;
 use crate::zk::tree::ChildNode;
-use crate::zk::{tree, BarrierData, DoubleBarrier, READY};
+use crate::zk::{BarrierData, DoubleBarrier, READY};
 
 impl Reconciled for Barrier {
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
@@ -73,7 +73,7 @@ impl Reconciled for Barrier {
             }) => {}
             Err(e) => return Err(e.into()),
         }
-        tree::delete_tree(zk, &path).await?;
+        super::reconciler::delete_subtree(barrier, ctx, &path).await?;
         ctx.metrics.barrier_gone(namespace, &name);
         ctx.jobs.follow(namespace, &name, None);
         if let Some(uid) = barrier.uid() {

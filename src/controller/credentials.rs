@@ -652,7 +652,13 @@ async fn remove_namespace_state(
     namespace: &str,
 ) -> Result<(), Error> {
     let dirs = layout.namespace_dirs(namespace)?;
-    tree::delete_tree(zk, &dirs[0]).await?;
+    // Nodes a participant shut the controller out of stay (only a
+    // ZooKeeper superuser can remove them), but the credential goes all
+    // the same: a namespace made again must get a new one.
+    let left = tree::delete_tree(zk, &dirs[0]).await?;
+    if !left.is_empty() {
+        tracing::error!(namespace, "{}", Error::ShutOut(left));
+    }
     tree::delete_if_present(zk, &layout.credential(namespace)?).await?;
     info!(
         namespace,
@@ -686,7 +692,7 @@ async fn load(
                 let (node_acl, _) = zk
                     .retry("read the ACL of", node, || client.get_acl(node))
                     .await?;
-                if !acl::same(&node_acl, &zk.node_acls().to_vec()) {
+                if !acl::same(&node_acl, &zk.node_acls()) {
                     tracing::warn!(
                         namespace,
                         node,

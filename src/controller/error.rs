@@ -14,6 +14,10 @@ pub enum Error {
     /// A status could not be turned into JSON and back (a bug).
     #[error("cannot encode the status: {0}")]
     Encode(#[from] serde_json::Error),
+    /// Nodes in the way that the controller cannot remove: their maker gave
+    /// them an ACL that shuts it out.
+    #[error("ZooKeeper nodes the controller cannot remove are in the way: {} (whoever made them gave them an ACL that shuts the controller out; a ZooKeeper superuser must delete them)", .0.join(", "))]
+    ShutOut(Vec<String>),
     /// The resource has no namespace or name.
     #[error("the resource has no {0}")]
     Incomplete(&'static str),

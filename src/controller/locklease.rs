@@ -112,7 +112,10 @@ impl Reconciled for LockLease {
                         .iter()
                         .chain([&path::join(&path, crate::zk::COUNT)])
                     {
-                        tree::delete_tree(zk, dir).await?;
+                        let left = tree::delete_tree(zk, dir).await?;
+                        if !left.is_empty() {
+                            return Err(Error::ShutOut(left));
+                        }
                     }
                 }
                 let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
@@ -177,7 +180,7 @@ impl Reconciled for LockLease {
         for contender in crate::zk::contender::queue(&names).iter().rev() {
             tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
         }
-        tree::delete_tree(zk, &path).await?;
+        super::reconciler::delete_subtree(lock, ctx, &path).await?;
         ctx.metrics.lock_gone(namespace, &name);
         if let Some(uid) = lock.uid() {
             ctx.lock_status.forget(&uid);

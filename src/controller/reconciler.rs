@@ -326,7 +326,10 @@ where
     match node.as_ref().map(|n| owner(&n.data)) {
         Some(Ok(named)) if named.as_deref() != Some(uid) => {
             tracing::info!(%path, "replacing the subtree of an earlier resource with the same name");
-            crate::zk::tree::delete_tree(&ctx.zk, path).await?;
+            let left = crate::zk::tree::delete_tree(&ctx.zk, path).await?;
+            if !left.is_empty() {
+                return Err(Error::ShutOut(left));
+            }
             node = None;
         }
         Some(Err(problem)) => {
@@ -341,4 +344,27 @@ where
         node = crate::zk::tree::snapshot(&ctx.zk, path).await?;
     }
     Ok(node)
+}
+
+/// Deletes the subtree at `path` as `object` goes. Nodes it has to leave
+/// (a participant made them with an ACL that shuts the controller out) are
+/// said, in a Warning event on `object` and the log, and left: only a
+/// ZooKeeper superuser can remove them, and holding the finalizer would
+/// only keep the resource, and its namespace, from ever going.
+pub async fn delete_subtree<K>(object: &K, ctx: &Context, path: &str) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let left = crate::zk::tree::delete_tree(&ctx.zk, path).await?;
+    if !left.is_empty() {
+        let message = Error::ShutOut(left).to_string();
+        tracing::error!(%path, "{message}");
+        let note = super::status::Note {
+            reason: "NodesLeftBehind",
+            message,
+            warning: true,
+        };
+        ctx.record(object, &note).await;
+    }
+    Ok(())
 }

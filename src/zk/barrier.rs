@@ -1318,6 +1318,16 @@ impl DoubleBarrier {
             let mut barrier = BarrierData::parse(&self.path, &data)?.unwrap_or_default();
             change(&mut barrier);
             let bytes = barrier.to_bytes();
+            if bytes == data {
+                // Already so: nothing to write (a write would wake every
+                // watcher of the node, the controller's own among them,
+                // for nothing). Unopened unless `ready` is there.
+                let ready_there = session
+                    .retry("read", &ready, || client.check_stat(&ready))
+                    .await?
+                    .is_some();
+                return Ok(!ready_there);
+            }
             let mut writer = client.new_multi_writer();
             writer
                 .add_set_data(&self.path, &bytes, Some(stat.version))

@@ -155,7 +155,13 @@ async fn read_batch(
 
 /// Deletes `path` and everything below it. Children that appear meanwhile
 /// (a participant registering as the resource is deleted) are deleted too.
-pub async fn delete_tree(session: &Session, path: &str) -> Result<()> {
+///
+/// Returns the nodes it had to leave, with what is below them: whoever
+/// makes a node chooses its ACL, so a participant may make one that shuts
+/// the session out (it cannot list its children, nor delete it while it
+/// has any). Only a ZooKeeper superuser can remove those; the caller says
+/// so rather than retrying for ever.
+pub async fn delete_tree(session: &Session, path: &str) -> Result<Vec<String>> {
     let client = session.client();
     for _ in 0..20 {
         let children = match session
@@ -166,11 +172,35 @@ pub async fn delete_tree(session: &Session, path: &str) -> Result<()> {
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..
-            }) => return Ok(()),
+            }) => return Ok(Vec::new()),
+            // Unreadable: gone if it has no children (deleting needs only
+            // the parent's permission), else left.
+            Err(ZkError::NotAuthorized { .. }) => {
+                return match session
+                    .retry("delete", path, || client.delete(path, None))
+                    .await
+                {
+                    Ok(())
+                    | Err(ZkError::Zk {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => Ok(Vec::new()),
+                    Err(ZkError::Zk {
+                        source: zk::Error::NotEmpty,
+                        ..
+                    })
+                    | Err(ZkError::NotAuthorized { .. }) => Ok(vec![path.to_owned()]),
+                    Err(e) => Err(e),
+                };
+            }
             Err(e) => return Err(e),
         };
+        let mut left = Vec::new();
         for child in children {
-            Box::pin(delete_tree(session, &path::join(path, &child))).await?;
+            left.extend(Box::pin(delete_tree(session, &path::join(path, &child))).await?);
+        }
+        if !left.is_empty() {
+            return Ok(left);
         }
         match session
             .retry("delete", path, || client.delete(path, None))
@@ -182,12 +212,13 @@ pub async fn delete_tree(session: &Session, path: &str) -> Result<()> {
                 ..
             }) => {
                 debug!(%path, "deleted");
-                return Ok(());
+                return Ok(Vec::new());
             }
             Err(ZkError::Zk {
                 source: zk::Error::NotEmpty,
                 ..
             }) => continue,
+            Err(ZkError::NotAuthorized { .. }) => return Ok(vec![path.to_owned()]),
             Err(e) => return Err(e),
         }
     }
