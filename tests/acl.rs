@@ -14,7 +14,7 @@ use std::time::Duration;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::handout::Served;
-use support::kube::{namespace, ControllerProcess, PrivateApiServer};
+use support::kube::{barrier_waiting, namespace, ControllerProcess, PrivateApiServer};
 use support::{children, eventually, session_as};
 use tokio::process::Command;
 use zkgate::api::{Barrier, BarrierPhase, LockLease};
@@ -768,18 +768,10 @@ async fn an_install_watching_one_namespace_leaves_the_other_installs_credentials
     let (served_theirs, served_mine) = (Served::new(&theirs), Served::new(&mine));
     let _other_install = scoped("install-theirs", &theirs, &served_theirs);
     let mut this_install = scoped("install-mine", &mine, &served_mine);
-    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
     let within = Duration::from_secs(30);
     for ns in [&theirs, &mine] {
         let barriers: Api<Barrier> = Api::namespaced(client.clone(), ns);
-        barriers
-            .create(&PostParams::default(), &barrier)
-            .await
-            .unwrap();
-        eventually(within, "the Barrier's node made", || async {
-            barriers.get("gang").await.ok()?.status?.znode
-        })
-        .await;
+        barrier_waiting(&barriers, "gang", 2, within).await;
     }
     let their_credential = served_theirs.credential(&client, &theirs).await;
     let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
@@ -856,17 +848,9 @@ async fn turning_acls_on_later_drops_what_a_tenant_planted_while_they_were_off()
         let args: Vec<&str> = handout.iter().map(String::as_str).collect();
         ControllerProcess::start_with(&api.kubeconfig(), &zk, "controller-open", &args)
     };
-    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &victim);
-    barriers
-        .create(&PostParams::default(), &barrier)
-        .await
-        .unwrap();
     let within = Duration::from_secs(30);
-    eventually(within, "the Barrier's node made", || async {
-        barriers.get("gang").await.ok()?.status?.znode
-    })
-    .await;
+    barrier_waiting(&barriers, "gang", 2, within).await;
     // The tenant, with no credential at all, plants a credential it knows.
     let planted = Credential::parse(&format!("namespace-{victim}:known-to-the-tenant")).unwrap();
     let tenant = session_as(&zk, None).await;
@@ -953,17 +937,9 @@ async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_c
     let zk = support::isolated_connect();
     let served = Served::new(&ns);
     let _controller = controller_with_credential(&api, &zk, "controller-shut-out", &served);
-    let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
-    barriers
-        .create(&PostParams::default(), &barrier)
-        .await
-        .unwrap();
     let within = Duration::from_secs(30);
-    eventually(within, "the Barrier's node made", || async {
-        barriers.get("gang").await.ok()?.status?.znode
-    })
-    .await;
+    barrier_waiting(&barriers, "gang", 2, within).await;
     let credential = served.credential(&client, &ns).await;
     let pod = session_as(&zk, Some(&credential)).await;
     let trap = format!("/zkgate/namespaces/{ns}/barriers/gang/trap");

@@ -52,6 +52,14 @@ impl Tenant {
         Tenant { ns, user, client }
     }
 
+    /// Two tenants, A and B, each with its resources made.
+    async fn pair(c: &Cluster) -> (Tenant, Tenant) {
+        let (a, b) = (Tenant::new(c).await, Tenant::new(c).await);
+        a.make_resources().await;
+        b.make_resources().await;
+        (a, b)
+    }
+
     fn name(&self) -> &str {
         &self.ns.name
     }
@@ -210,12 +218,21 @@ async fn subtree(session: &Session, path: &str) -> BTreeMap<String, (Vec<u8>, St
     nodes
 }
 
-/// After an attack: B's own participants still get through a new barrier
+/// After an attack: nobody holds or waits for B's locks, B's own participants still get through a new barrier
 /// of B's (two of them, with B's credential, from this host: the
 /// controller still reconciles B) and B's lock is
 /// still taken and given back: what A tried left B working, not just
 /// unchanged.
 async fn still_works(c: &Cluster, b: &Tenant) {
+    let locks: Api<LockLease> = Api::namespaced(c.client.clone(), b.name());
+    for name in ["db", "slots"] {
+        let status = locks.get(name).await.unwrap().status.unwrap();
+        assert_eq!(
+            (status.holder_count, status.waiting_count),
+            (0, 0),
+            "nobody holds or waits for B's {name}: {status:?}"
+        );
+    }
     let after: Barrier = serde_json::from_value(json!({
         "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
         "metadata": { "name": "after" }, "spec": { "participants": 2 }
@@ -267,6 +284,20 @@ async fn assert_unchanged(
     assert!(differ.is_empty(), "nodes under {path} changed: {differ:?}");
 }
 
+/// The names of what `api` lists.
+async fn names_in<K>(api: &Api<K>) -> std::collections::BTreeSet<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|x| x.name_any())
+        .collect()
+}
+
 fn no_auth<T: std::fmt::Debug>(what: &str, result: Result<T, zk::Error>) {
     match result {
         Err(zk::Error::NoAuth) => {}
@@ -305,9 +336,7 @@ fn unchanged_part(object: &impl serde::Serialize) -> Value {
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn through_the_api_a_tenant_reaches_only_its_own_namespace() {
     let c = cluster().await;
-    let (a, b) = (Tenant::new(&c).await, Tenant::new(&c).await);
-    a.make_resources().await;
-    b.make_resources().await;
+    let (a, b) = Tenant::pair(&c).await;
     let theirs_barriers: Api<Barrier> = Api::namespaced(a.client.clone(), b.name());
     let theirs_locks: Api<LockLease> = Api::namespaced(a.client.clone(), b.name());
     let admin_barriers: Api<Barrier> = Api::namespaced(c.client.clone(), b.name());
@@ -423,9 +452,7 @@ async fn through_the_api_a_tenant_reaches_only_its_own_namespace() {
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_tenants_credential_opens_nothing_of_another_namespace_in_zookeeper() {
     let c = cluster().await;
-    let (a, b) = (Tenant::new(&c).await, Tenant::new(&c).await);
-    a.make_resources().await;
-    b.make_resources().await;
+    let (a, b) = Tenant::pair(&c).await;
     // B has a participant registered and waiting at its barrier.
     c.apply(
         b.name(),
@@ -526,15 +553,6 @@ async fn a_tenants_credential_opens_nothing_of_another_namespace_in_zookeeper() 
     }
 
     assert_unchanged(&observer, &theirs, &before).await;
-    let locks: Api<LockLease> = Api::namespaced(c.client.clone(), b.name());
-    for name in ["db", "slots"] {
-        let status = locks.get(name).await.unwrap().status.unwrap();
-        assert_eq!(
-            (status.holder_count, status.waiting_count),
-            (0, 0),
-            "{name}: {status:?}"
-        );
-    }
     still_works(&c, &b).await;
 }
 
@@ -548,9 +566,7 @@ async fn a_tenants_credential_opens_nothing_of_another_namespace_in_zookeeper() 
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_tenants_pods_cannot_join_or_take_another_namespaces_barriers_and_locks() {
     let c = cluster().await;
-    let (a, b) = (Tenant::new(&c).await, Tenant::new(&c).await);
-    a.make_resources().await;
-    b.make_resources().await;
+    let (a, b) = Tenant::pair(&c).await;
     let b_only = "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: b-only}\nspec: {participants: 2}\n---\n\
                   apiVersion: zkgate.io/v1alpha1\nkind: LockLease\nmetadata: {name: b-only-lock}\nspec: {}\n";
     c.apply_as(Some(&b.user), b.name(), b_only)
@@ -664,15 +680,6 @@ spec:
         .status
         .unwrap();
     assert_eq!(gang.entered, 0, "{gang:?}");
-    let locks: Api<LockLease> = Api::namespaced(c.client.clone(), b.name());
-    for name in ["db", "slots"] {
-        let status = locks.get(name).await.unwrap().status.unwrap();
-        assert_eq!(
-            (status.holder_count, status.waiting_count),
-            (0, 0),
-            "{name}: {status:?}"
-        );
-    }
     still_works(&c, &b).await;
 }
 
@@ -686,36 +693,15 @@ spec:
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn forged_requests_to_the_webhooks_port_make_nothing_and_hand_out_nothing() {
     let c = cluster().await;
-    let (a, b) = (Tenant::new(&c).await, Tenant::new(&c).await);
-    a.make_resources().await;
-    b.make_resources().await;
+    let (a, b) = Tenant::pair(&c).await;
     let layout = Layout::new(ROOT).unwrap();
     let theirs = layout.namespace(b.name()).unwrap();
     let observer = b.observer(&c).await;
     let before = subtree(&observer, &theirs).await;
     let b_barriers: Api<Barrier> = Api::namespaced(c.client.clone(), b.name());
     let b_secrets: Api<Secret> = Api::namespaced(c.client.clone(), b.name());
-    let names = |list: Vec<String>| list.into_iter().collect::<std::collections::BTreeSet<_>>();
-    let barriers_before = names(
-        b_barriers
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|x| x.name_any())
-            .collect(),
-    );
-    let secrets_before = names(
-        b_secrets
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|x| x.name_any())
-            .collect(),
-    );
+    let barriers_before = names_in(&b_barriers).await;
+    let secrets_before = names_in(&b_secrets).await;
     let b_credential = b.credential(&c).await;
 
     let ca = c.webhook_ca().await;
@@ -827,26 +813,8 @@ async fn forged_requests_to_the_webhooks_port_make_nothing_and_hand_out_nothing(
     assert!(!body.contains(&b_credential.password), "{body}");
 
     assert_unchanged(&observer, &theirs, &before).await;
-    let barriers_after = names(
-        b_barriers
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|x| x.name_any())
-            .collect(),
-    );
-    let secrets_after = names(
-        b_secrets
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|x| x.name_any())
-            .collect(),
-    );
+    let barriers_after = names_in(&b_barriers).await;
+    let secrets_after = names_in(&b_secrets).await;
     assert_eq!(barriers_before, barriers_after);
     assert_eq!(secrets_before, secrets_after);
     still_works(&c, &b).await;
