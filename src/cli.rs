@@ -494,7 +494,11 @@ impl HandoutArgs {
     /// Asks for the handout, if an address is given, for up to `within`
     /// (`None`: no limit); SIGTERM or SIGINT meanwhile ends the command
     /// (nothing is registered yet).
-    async fn fetch(&self, within: Option<Duration>) -> Result<Option<Handout>, AgentError> {
+    async fn fetch(
+        &self,
+        within: Option<Duration>,
+        stop: &mut crate::agent::Termination,
+    ) -> Result<Option<Handout>, AgentError> {
         if self.credentials_url.iter().all(|u| u.trim().is_empty()) {
             return Ok(None);
         }
@@ -508,7 +512,6 @@ impl HandoutArgs {
             })?,
             token_file: self.credentials_token_file.clone(),
         };
-        let mut stop = crate::agent::Termination::install()?;
         let fetched = tokio::select! {
             fetched = source.fetch(within) => fetched,
             exit = stop.received() => return Err(AgentError::new(exit, format!("stopped by {} while asking for the credentials", exit.signal_name()))),
@@ -743,7 +746,12 @@ fn root_path(s: &str) -> Result<String, String> {
 }
 
 impl Common {
-    async fn participant(&self) -> Result<Participant, AgentError> {
+    /// Who takes part, with its credentials asked for when they are not
+    /// given; and the signal handlers, installed first, that serve the
+    /// whole command from here on (a SIGTERM that came between two sets of
+    /// handlers would be lost: a process that is PID 1 has no default).
+    async fn participant(&self) -> Result<(Participant, crate::agent::Termination), AgentError> {
+        let mut stop = crate::agent::Termination::install()?;
         let id = match &self.id {
             Some(id) => id.clone(),
             None => {
@@ -766,7 +774,7 @@ impl Common {
             && (self.security.tls_ca.is_some() || !self.zookeeper.uses_tls());
         let handout = match given {
             true => None,
-            false => self.handout.fetch(self.timeout).await?,
+            false => self.handout.fetch(self.timeout, &mut stop).await?,
         };
         if let Some(h) = handout.as_ref().filter(|h| h.namespace != self.namespace) {
             return Err(AgentError::usage(format!(
@@ -780,7 +788,7 @@ impl Common {
                 .connect_timeout(self.connect_timeout),
             handout.as_ref(),
         )?;
-        Ok(Participant {
+        let participant = Participant {
             session,
             layout,
             namespace: self.namespace.clone(),
@@ -788,7 +796,8 @@ impl Common {
             pod_name: self.pod_name.clone(),
             pod_uid: self.pod_uid.clone().filter(|u| !u.is_empty()),
             timeout: self.timeout,
-        })
+        };
+        Ok((participant, stop))
     }
 }
 
@@ -886,15 +895,15 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
         }
         Command::Barrier(action) => match action {
             BarrierAction::Enter(b) => {
-                let p = b.common.participant().await?;
+                let (p, stop) = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
-                    .enter()
+                    .enter(stop)
                     .await
             }
             BarrierAction::Leave(b) => {
-                let p = b.common.participant().await?;
+                let (p, stop) = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
-                    .leave()
+                    .leave(stop)
                     .await
             }
             BarrierAction::Sidecar {
@@ -902,9 +911,9 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 readiness,
                 grace_period,
             } => {
-                let p = b.common.participant().await?;
+                let (p, stop) = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
-                    .sidecar(&readiness.options(), grace_period)
+                    .sidecar(stop, &readiness.options(), grace_period)
                     .await
             }
             BarrierAction::Run {
@@ -912,18 +921,18 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 kill_grace,
                 command,
             } => {
-                let p = b.common.participant().await?;
+                let (p, stop) = b.common.participant().await?;
                 BarrierCommand::new(&p, &b.name, b.participants)?
-                    .run(&command, kill_grace)
+                    .run(stop, &command, kill_grace)
                     .await
             }
         },
         Command::Lock(action) => match action {
             LockAction::Acquire { lock: l, token } => {
-                let p = l.common.participant().await?;
+                let (p, stop) = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
-                    .acquire(&token.token_file)
+                    .acquire(stop, &token.token_file)
                     .await
             }
             LockAction::Sidecar {
@@ -932,10 +941,10 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 readiness,
                 kill_grace,
             } => {
-                let p = l.common.participant().await?;
+                let (p, stop) = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
-                    .sidecar(&token.token_file, &readiness.options(), kill_grace)
+                    .sidecar(stop, &token.token_file, &readiness.options(), kill_grace)
                     .await
             }
             LockAction::Watch {
@@ -948,10 +957,10 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 kill_grace,
                 command,
             } => {
-                let p = l.common.participant().await?;
+                let (p, stop) = l.common.participant().await?;
                 LockCommand::new(&p, &l.name, l.side(), l.create)?
                     .permits(l.take, l.permits)
-                    .run(&command, kill_grace)
+                    .run(stop, &command, kill_grace)
                     .await
             }
         },

@@ -958,3 +958,112 @@ async fn asking_for_credentials_nobody_hands_out_exits_5_and_sigterm_ends_the_wa
         "nothing registered"
     );
 }
+
+/// A handout of our own on loopback: its CA (PEM), and a listener whose
+/// connections get `body` as the answer to any request.
+async fn handout_that_answers() -> (String, tokio::net::TcpListener, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(leaf.der().to_vec())],
+        PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    (
+        ca.pem(),
+        listener,
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)),
+    )
+}
+
+/// Issue 25 (left from its item 4): the participant installs its signal
+/// handlers once, before it asks for its credentials, and the same ones
+/// serve the command. A SIGTERM that came just after the answer (between
+/// the asking's handlers and the command's, in the old code) was lost: a
+/// process that is PID 1 has no default action, so the command went on,
+/// registered and waited. The handout here answers and, once the command
+/// has closed the connection, sends SIGTERM: the command must stop with
+/// 143, nothing registered. The old gap was microseconds wide: this test
+/// did not catch it on the old code (it guards the single set of handlers
+/// from here on; it is not a proof that the gap existed).
+#[tokio::test]
+async fn sigterm_just_after_the_credentials_came_ends_the_command() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "a-token").unwrap();
+    let (ca, listener, acceptor) = handout_that_answers().await;
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let answer = serde_json::json!({ "namespace": "default", "auth": "namespace-default:secret" })
+        .to_string();
+    for round in 0..6 {
+        let mut cmd = zkgate(
+            &connect,
+            &[
+                "barrier",
+                "enter",
+                "b",
+                "--participants",
+                "2",
+                "--timeout",
+                "8s",
+            ],
+        );
+        cmd.env("ZKGATE_CREDENTIALS_URL", &url)
+            .env("ZKGATE_CREDENTIALS_CA", &ca)
+            .env("ZKGATE_CREDENTIALS_TOKEN_FILE", &token)
+            .env("ZKGATE_NAMESPACE", "default")
+            .env("ZKGATE_ID", format!("p{round}"))
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut tls = acceptor.accept(tcp).await.unwrap();
+        // The request: headers, then its body.
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tls.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+            answer.len()
+        );
+        tls.write_all(response.as_bytes()).await.unwrap();
+        tls.flush().await.unwrap();
+        // Once the command has closed the connection it is done asking:
+        // the signal lands after the asking, where the gap was.
+        let _ = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await;
+        signal(&child, libc::SIGTERM);
+        let status = exited(&mut child, Duration::from_secs(20)).await;
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
+        assert_eq!(status.code(), Some(143), "round {round}: {err}");
+    }
+    let observer = session(&connect).await;
+    assert!(
+        children(&observer, &format!("{BARRIERS}/b"))
+            .await
+            .is_empty(),
+        "nothing registered"
+    );
+}

@@ -145,8 +145,7 @@ impl<'a> BarrierCommand<'a> {
     /// `enter` (init container): registers with a persistent node, which
     /// outlives this process, and returns once the barrier is open. SIGTERM
     /// while waiting removes the registration (exit 143).
-    pub async fn enter(&self) -> Result<i32, AgentError> {
-        let mut stop = Termination::install()?;
+    pub async fn enter(&self, mut stop: Termination) -> Result<i32, AgentError> {
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
@@ -196,8 +195,7 @@ impl<'a> BarrierCommand<'a> {
     /// `leave`: leaves and returns once every participant has left.
     /// SIGTERM or SIGINT stops the wait (exit 143 or 130) and removes our
     /// node, as for `enter`.
-    pub async fn leave(&self) -> Result<i32, AgentError> {
-        let mut stop = Termination::install()?;
+    pub async fn leave(&self, mut stop: Termination) -> Result<i32, AgentError> {
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
@@ -219,10 +217,10 @@ impl<'a> BarrierCommand<'a> {
     /// `grace`. SIGTERM before the barrier opened removes the registration.
     pub async fn sidecar(
         &self,
+        mut stop: Termination,
         readiness: &ReadinessOptions,
         grace: Duration,
     ) -> Result<i32, AgentError> {
-        let mut stop = Termination::install()?;
         let readiness = Readiness::start(readiness).await?;
         let (session, entered) = self.enter_ephemeral(&mut stop).await?;
         readiness.set_ready()?;
@@ -246,9 +244,13 @@ impl<'a> BarrierCommand<'a> {
     /// code. If our registration is lost while the command runs (the
     /// session expired or may have: the peers would finish the round
     /// without us), the command is terminated and the exit is 5.
-    pub async fn run(&self, command: &[String], grace: Duration) -> Result<i32, AgentError> {
+    pub async fn run(
+        &self,
+        mut stop: Termination,
+        command: &[String],
+        grace: Duration,
+    ) -> Result<i32, AgentError> {
         child::check_command(command)?;
-        let mut stop = Termination::install()?;
         let (session, entered) = self.enter_ephemeral(&mut stop).await?;
         let ended = match child::spawn(command, &[], grace) {
             Ok(child) => {

@@ -246,9 +246,12 @@ impl<'a> LockCommand<'a> {
     /// outlives this process, writes the fencing token to `token_file` and
     /// returns. A restarted container adopts its own earlier hold. SIGTERM
     /// while waiting removes our node (exit 143).
-    pub async fn acquire(&self, token_file: &std::path::Path) -> Result<i32, AgentError> {
+    pub async fn acquire(
+        &self,
+        mut stop: Termination,
+        token_file: &std::path::Path,
+    ) -> Result<i32, AgentError> {
         ready::refuse_special(token_file)?;
-        let mut stop = Termination::install()?;
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
@@ -286,6 +289,7 @@ impl<'a> LockCommand<'a> {
     /// that crashed) is removed before anything else.
     pub async fn sidecar(
         &self,
+        mut stop: Termination,
         token_file: &std::path::Path,
         readiness: &ReadinessOptions,
         grace: Option<Duration>,
@@ -296,7 +300,6 @@ impl<'a> LockCommand<'a> {
         for published in [token_file, &trust_file(token_file), &grace_file(token_file)] {
             ready::refuse_special(published)?;
         }
-        let mut stop = Termination::install()?;
         // A token left by a sidecar that crashed is no longer held: a
         // watched command must not start on it while we queue.
         withdraw(token_file);
@@ -372,6 +375,7 @@ impl<'a> LockCommand<'a> {
     /// command may have overlapped another holder.
     pub async fn run(
         &self,
+        mut stop: Termination,
         command: &[String],
         grace: Option<Duration>,
     ) -> Result<i32, AgentError> {
@@ -379,7 +383,6 @@ impl<'a> LockCommand<'a> {
         if let Some(grace) = grace {
             check_kill_grace(grace, self.participant.session.session_timeout, "asked for")?;
         }
-        let mut stop = Termination::install()?;
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
