@@ -999,3 +999,79 @@ async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_c
     .await;
     drop(api);
 }
+
+/// Review of issue 25 (second round): a namespace's pods may write their
+/// barrier's node and make nodes under their lock's. Neither may keep the
+/// resource (and so its namespace) from ever going: a barrier node
+/// rewritten with junk, without pause, while the Barrier is deleted, and
+/// a node named like a contender with a child of its own under the lock.
+/// Failed before the fix: both were still there after 30 s (the cleanup
+/// stopped at the junk, and at the contender it could not delete alone).
+#[tokio::test]
+async fn what_a_namespaces_pods_write_does_not_keep_its_resources_from_going() {
+    let (api, client) = PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let zk = support::isolated_connect();
+    let served = Served::new(&ns);
+    let _controller = controller_with_credential(&api, &zk, "controller-pods-write", &served);
+    let within = Duration::from_secs(30);
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    barrier_waiting(&barriers, "gang", 2, within).await;
+    let locks: Api<LockLease> = Api::namespaced(client.clone(), &ns);
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" }, "spec": {} })).unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    eventually(within, "the lock's node made", || async {
+        locks.get("db").await.ok()?.status?.znode
+    })
+    .await;
+    let credential = served.credential(&client, &ns).await;
+    let pod = session_as(&zk, Some(&credential)).await;
+    let mine = zk::CreateMode::Persistent.with_acls(pod.node_acls());
+    let lock_node = format!("/zkgate/namespaces/{ns}/locks/db");
+    let fake = format!("{lock_node}/x-lock-0000000001");
+    pod.client().create(&fake, b"", &mine).await.unwrap();
+    pod.client()
+        .create(&format!("{fake}/inner"), b"", &mine)
+        .await
+        .unwrap();
+    locks.delete("db", &Default::default()).await.unwrap();
+
+    let gang = format!("/zkgate/namespaces/{ns}/barriers/gang");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (pod, gang, stop) = (
+            session_as(&zk, Some(&credential)).await,
+            gang.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                if let Err(zk::Error::NoNode) = pod.client().set_data(&gang, b"junk", None).await {
+                    return;
+                }
+            }
+        })
+    };
+    barriers.delete("gang", &Default::default()).await.unwrap();
+    let gone = |what: &'static str| {
+        let (barriers, locks) = (barriers.clone(), locks.clone());
+        async move {
+            match what {
+                "Barrier" => barriers.get_opt("gang").await.ok()?.is_none().then_some(()),
+                _ => locks.get_opt("db").await.ok()?.is_none().then_some(()),
+            }
+        }
+    };
+    eventually(within, "the Barrier gone", || gone("Barrier")).await;
+    eventually(within, "the LockLease gone", || gone("LockLease")).await;
+    stop.cancel();
+    writer.await.unwrap();
+    let observer = session_as(&zk, Some(&Credential::parse(CONTROLLER_AUTH).unwrap())).await;
+    for node in [gang, lock_node] {
+        assert!(
+            observer.client().check_stat(&node).await.unwrap().is_none(),
+            "{node} left behind"
+        );
+    }
+    drop(api);
+}

@@ -71,6 +71,14 @@ impl Reconciled for Barrier {
                 source: zookeeper_client::Error::NoNode,
                 ..
             }) => {}
+            // The namespace's pods may write the node: data made unreadable,
+            // or rewritten without pause, must not keep the Barrier (and its
+            // namespace) for ever. Its deletion below tells the waiters too.
+            Err(
+                e @ (crate::zk::ZkError::InvalidData { .. } | crate::zk::ZkError::Contended { .. }),
+            ) => {
+                tracing::warn!(barrier = %name, error = %e, "could not mark the barrier failed before deleting it; deleting it all the same");
+            }
             Err(e) => return Err(e.into()),
         }
         super::reconciler::delete_subtree(barrier, ctx, &path).await?;

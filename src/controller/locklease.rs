@@ -177,8 +177,10 @@ impl Reconciled for LockLease {
                 .into())
             }
         };
+        // Each with what may be below it (a pod may put children under a
+        // node of its own); what cannot go is said by delete_subtree below.
         for contender in crate::zk::contender::queue(&names).iter().rev() {
-            tree::delete_if_present(zk, &path::join(&path, &contender.name)).await?;
+            tree::delete_tree(zk, &path::join(&path, &contender.name)).await?;
         }
         super::reconciler::delete_subtree(lock, ctx, &path).await?;
         ctx.metrics.lock_gone(namespace, &name);
