@@ -682,17 +682,44 @@ async fn load(
     create: bool,
 ) -> Result<Option<Known>, Error> {
     let client = zk.client();
+    let mut attempts = 0;
     loop {
-        match zk.retry("read", node, || client.get_data(node)).await {
-            Ok((data, stat)) => {
+        attempts += 1;
+        if attempts > crate::zk::CONTENDED_ATTEMPTS {
+            return Err(ZkError::Contended {
+                op: "read",
+                path: node.to_owned(),
+                attempts: attempts - 1,
+            }
+            .into());
+        }
+        // The data and the ACL of one and the same node (both asked for
+        // before either answer is awaited; compared by their stats below).
+        let read = zk
+            .retry("read", node, || {
+                let data = client.get_data(node);
+                let acl = client.get_acl(node);
+                async move { Ok((data.await?, acl.await?)) }
+            })
+            .await;
+        match read {
+            Ok(((data, stat), (node_acl, acl_stat))) => {
+                if (acl_stat.czxid, acl_stat.mzxid, acl_stat.aversion)
+                    != (stat.czxid, stat.mzxid, stat.aversion)
+                {
+                    // Replaced or changed between the two reads: again.
+                    continue;
+                }
                 // Only a node the controller made (its ACL the controller's
                 // alone) holds a credential: one made while ACLs were off
                 // (open to anyone then) may hold a password a tenant
-                // planted. It goes, and the namespace gets a new one.
-                let (node_acl, _) = zk
-                    .retry("read the ACL of", node, || client.get_acl(node))
-                    .await?;
+                // planted. The leader removes it, and the namespace gets a
+                // new one; a reader that makes nothing (the handout) only
+                // refuses to use it.
                 if !acl::same(&node_acl, &zk.node_acls()) {
+                    if !create {
+                        return Ok(None);
+                    }
                     tracing::warn!(
                         namespace,
                         node,

@@ -555,7 +555,7 @@ async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> 
     }
     let own = session.node_acls().to_vec();
     let credentials = layout.child("credentials");
-    let mut paths = vec![
+    let paths = vec![
         layout.root().to_owned(),
         layout.namespaces_root(),
         credentials,
@@ -566,13 +566,12 @@ async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> 
             client.list_children(layout.root())
         })
         .await
-        .unwrap_or_default();
-    paths.extend(
-        root_children
-            .into_iter()
-            .filter(|c| c == "leader" || c.starts_with("leader-"))
-            .map(|c| layout.child(&c)),
-    );
+        .with_context(|| format!("cannot list {}", layout.root()))?;
+    let leaders: Vec<String> = root_children
+        .into_iter()
+        .filter(|c| c == "leader" || c.starts_with("leader-"))
+        .map(|c| layout.child(&c))
+        .collect();
     for path in paths {
         let client = session.client();
         let options = zookeeper_client::CreateMode::Persistent.with_acls((&own[..]).into());
@@ -583,6 +582,20 @@ async fn protect_root(session: &Session, layout: &Layout) -> anyhow::Result<()> 
         crate::zk::acl_change::ensure(session, &path, &own)
             .await
             .with_context(|| format!("cannot set the ACL of {path}"))?;
+    }
+    // The leader locks' nodes (this scope's and other installs'): one that
+    // shuts the controller out (planted while ACLs were off) is said, not
+    // a reason to stop leading.
+    for path in leaders {
+        match crate::zk::acl_change::ensure(session, &path, &own).await {
+            Ok(_) => {}
+            Err(crate::zk::ZkError::NotAuthorized { .. }) => {
+                warn!(node = %path, "a leader lock node shuts the controller out (made so while ACLs were off?): its ACL stays as it is; a ZooKeeper superuser must fix it");
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot set the ACL of {path}")))
+            }
+        }
     }
     Ok(())
 }
