@@ -997,6 +997,43 @@ async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_c
         },
     )
     .await;
+    // Made again under that name: a new credential at once; a Barrier of
+    // the name that held the node says what is in its way; one of another
+    // name works.
+    use k8s_openapi::api::core::v1::Namespace;
+    let again: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } })).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &again)
+        .await
+        .unwrap();
+    let gang: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
+    barriers
+        .create(&PostParams::default(), &gang)
+        .await
+        .unwrap();
+    let in_the_way = eventually(within, "a Warning naming the node in the way", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("NodesInTheWay"))
+    })
+    .await;
+    assert!(
+        in_the_way
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(&trap)),
+        "{in_the_way:?}"
+    );
+    let fresh = served.credential(&client, &ns).await;
+    assert_ne!(
+        fresh, credential,
+        "the namespace made again got the old credential"
+    );
+    barrier_waiting(&barriers, "other", 2, within).await;
     drop(api);
 }
 

@@ -328,7 +328,16 @@ where
             tracing::info!(%path, "replacing the subtree of an earlier resource with the same name");
             let left = crate::zk::tree::delete_tree(&ctx.zk, path).await?;
             if !left.is_empty() {
-                return Err(Error::ShutOut(left));
+                // Said on the resource, not only in the log: its owner
+                // sees why it never gets going.
+                let error = Error::ShutOut(left);
+                let note = super::status::Note {
+                    reason: "NodesInTheWay",
+                    message: error.to_string(),
+                    warning: true,
+                };
+                ctx.record(object, &note).await;
+                return Err(error);
             }
             node = None;
         }

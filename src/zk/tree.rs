@@ -19,7 +19,8 @@ pub struct ChildNode {
     pub stat: zk::Stat,
 }
 
-/// The most of one child's data a [`snapshot`] reads. Registrations and
+/// The most of one child's data a [`snapshot`] keeps (it reads no more,
+/// unless the child grew since its stat was read). Registrations and
 /// contenders carry a few hundred bytes; a child past this (a namespace's
 /// pods may write what they like under their own nodes, up to ZooKeeper's
 /// 1 MB) is listed with its stat and no data, so that nobody can make the
@@ -27,13 +28,15 @@ pub struct ChildNode {
 pub const MAX_CHILD_DATA: usize = 64 * 1024;
 
 /// Children's data read per multi-read: at most this many children, and
-/// at most [`BATCH_BYTES`] by their stats.
-const BATCH_CHILDREN: usize = 64;
+/// at most [`BATCH_BYTES`] by their stats. A child may grow between its
+/// stat and its read (it is then dropped after the read): the count bounds
+/// what one read can bring (16 nodes of ZooKeeper's 1 MB at most).
+const BATCH_CHILDREN: usize = 16;
 const BATCH_BYTES: usize = 1024 * 1024;
 
 /// A node with its data and its children's data: the node and its child
 /// list, then the children's stats, then their data in multi-reads of a
-/// bounded size (one for a gang of up to 64).
+/// bounded size (one per 16 children).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     /// The node's data.
