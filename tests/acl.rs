@@ -51,6 +51,37 @@ fn controller_with(
     ControllerProcess::start_with(&api.kubeconfig(), zk, id, &args)
 }
 
+/// What most tests here start from: an API server with the CRDs, a
+/// namespace in it, a ZooKeeper root of the test's own, and a controller
+/// `id` with a credential of its own (rotation grace `grace`) handing out
+/// the namespaces' credentials.
+struct Setup {
+    api: PrivateApiServer,
+    client: kube::Client,
+    ns: String,
+    zk: String,
+    served: Served,
+    controller: ControllerProcess,
+}
+
+impl Setup {
+    async fn start(id: &str, grace: &str) -> Setup {
+        let (api, client) = PrivateApiServer::with_crds().await;
+        let ns = namespace(&client).await;
+        let zk = support::isolated_connect();
+        let served = Served::new("default");
+        let controller = controller_with(&api, &zk, id, &served, grace);
+        Setup {
+            api,
+            client,
+            ns,
+            zk,
+            served,
+            controller,
+        }
+    }
+}
+
 /// Asks for a rotation of `ns`'s credential by annotating `poke`'s `name`
 /// (a LockLease or Barrier there) and returns the new credential, once the
 /// controller has made it (and dropped the annotation).
@@ -443,11 +474,14 @@ async fn namespaces_are_isolated_by_their_credentials_and_rotation_revokes_the_o
 /// old credential stops working when the grace window closes.
 #[tokio::test]
 async fn a_rotation_in_the_middle_of_a_round_does_not_fail_the_gang() {
-    let (api, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let served = Served::new("default");
-    let _controller = controller_with(&api, &zk, "controller-rotation", &served, "20s");
+    let Setup {
+        api: _api,
+        client,
+        ns,
+        zk,
+        served,
+        controller: _controller,
+    } = Setup::start("controller-rotation", "20s").await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "round" }, "spec": { "participants": 2 } })).unwrap();
     barriers
@@ -558,11 +592,14 @@ async fn remove_namespace(client: &kube::Client, ns: &str) {
 #[tokio::test]
 async fn a_namespace_made_again_gets_a_new_credential_at_once() {
     use k8s_openapi::api::core::v1::Namespace;
-    let (api, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let served = Served::new("default");
-    let _controller = controller_with_credential(&api, &zk, "controller-remade", &served);
+    let Setup {
+        api,
+        client,
+        ns,
+        zk,
+        served,
+        controller: _controller,
+    } = Setup::start("controller-remade", GRACE).await;
     let within = Duration::from_secs(30);
     let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 2 } })).unwrap();
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
@@ -636,11 +673,14 @@ async fn a_namespace_made_again_gets_a_new_credential_at_once() {
 /// at once and the oldest one stopped opening anything.
 #[tokio::test]
 async fn a_second_rotation_waits_for_the_first_ones_grace_window() {
-    let (api, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let served = Served::new("default");
-    let _controller = controller_with(&api, &zk, "controller-twice", &served, "15s");
+    let Setup {
+        api,
+        client,
+        ns,
+        zk,
+        served,
+        controller: _controller,
+    } = Setup::start("controller-twice", "15s").await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let locks: Api<LockLease> = Api::namespaced(client.clone(), &ns);
     let barrier: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "gang" }, "spec": { "participants": 3 } })).unwrap();
@@ -932,11 +972,14 @@ async fn turning_acls_on_later_drops_what_a_tenant_planted_while_they_were_off()
 #[tokio::test]
 async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_credential() {
     use k8s_openapi::api::events::v1::Event;
-    let (api, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let served = Served::new(&ns);
-    let _controller = controller_with_credential(&api, &zk, "controller-shut-out", &served);
+    let Setup {
+        api,
+        client,
+        ns,
+        zk,
+        served,
+        controller: _controller,
+    } = Setup::start("controller-shut-out", GRACE).await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let within = Duration::from_secs(30);
     barrier_waiting(&barriers, "gang", 2, within).await;
@@ -1046,11 +1089,14 @@ async fn a_node_that_shuts_the_controller_out_does_not_keep_the_barrier_or_the_c
 /// stopped at the junk, and at the contender it could not delete alone).
 #[tokio::test]
 async fn what_a_namespaces_pods_write_does_not_keep_its_resources_from_going() {
-    let (api, client) = PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let zk = support::isolated_connect();
-    let served = Served::new(&ns);
-    let _controller = controller_with_credential(&api, &zk, "controller-pods-write", &served);
+    let Setup {
+        api,
+        client,
+        ns,
+        zk,
+        served,
+        controller: _controller,
+    } = Setup::start("controller-pods-write", GRACE).await;
     let within = Duration::from_secs(30);
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     barrier_waiting(&barriers, "gang", 2, within).await;
