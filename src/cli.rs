@@ -65,11 +65,11 @@ pub enum Command {
     /// for a LockLease, its holders and queue), or all of a namespace.
     /// Installed as `kubectl-zkgate`, this is `kubectl zkgate status`.
     Status {
-        /// `barrier` or `locklease`.
-        #[arg(value_enum)]
-        kind: Option<crate::plugin::Kind>,
-        /// Its name.
-        name: Option<String>,
+        /// `[KIND] [NAME]`: a kind (`barrier` or `locklease`) lists that
+        /// kind; a name alone shows whichever kind has it; both show that
+        /// one.
+        #[arg(num_args = 0..=2, value_name = "KIND|NAME")]
+        what: Vec<String>,
         /// The namespace [default: the kubeconfig's].
         #[arg(short = 'n', long)]
         namespace: Option<String>,
@@ -740,6 +740,28 @@ fn node_name(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// What `zkgate status` was asked for: `[KIND] [NAME]`, where a lone word
+/// that names a kind is the kind, and any other lone word is a name.
+fn status_target(
+    what: &[String],
+) -> Result<(Option<crate::plugin::Kind>, Option<String>), AgentError> {
+    use clap::ValueEnum;
+    let kind = |word: &str| crate::plugin::Kind::from_str(word, true);
+    match what {
+        [] => Ok((None, None)),
+        [word] => Ok(match kind(word) {
+            Ok(k) => (Some(k), None),
+            Err(_) => (None, Some(word.clone())),
+        }),
+        [k, name] => kind(k).map(|k| (Some(k), Some(name.clone()))).map_err(|_| {
+            AgentError::usage(format!(
+                "{k:?} is not a kind: give barrier or locklease, then the name"
+            ))
+        }),
+        _ => Err(AgentError::usage("give at most a kind and a name")),
+    }
+}
+
 fn root_path(s: &str) -> Result<String, String> {
     path::validate_path(s).map_err(|e| e.to_string())?;
     Ok(s.to_owned())
@@ -821,11 +843,8 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 .map(|()| 0)
                 .map_err(|e| AgentError::new(Exit::Internal, format!("{e:#}")))
         }
-        Command::Status {
-            kind,
-            name,
-            namespace,
-        } => {
+        Command::Status { what, namespace } => {
+            let (kind, name) = status_target(&what)?;
             let plugin = crate::plugin::Plugin::connect(namespace)
                 .await
                 .map_err(plugin_error)?;

@@ -1806,6 +1806,17 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
         why_a.contains("has registered at Barrier train and waits for the others: 1 of 3"),
         "{why_a}"
     );
+    // A name alone (issue 27, item 4): whichever kind has it. Failed
+    // before: the name was parsed as the kind (exit 2, "invalid value").
+    let (code, alone, err) = plugin(&s, &["status", "train"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        alone.contains("barrier/train: Waiting, 1 of 3 participants entered"),
+        "{alone}"
+    );
+    let (code, listed, err) = plugin(&s, &["status", "barrier"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(listed.contains("train"), "{listed}");
     let (code, _, err) = plugin(&s, &["status", "barrier", "nope"]).await;
     assert_eq!(code, Some(2), "a name that is not there is bad input");
     assert!(err.contains("Barrier nope not found"), "{err}");
