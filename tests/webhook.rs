@@ -584,21 +584,12 @@ async fn a_forged_admission_review_creates_nothing() {
         "apiVersion": "batch/v1", "kind": "Job", "name": "ghost",
         "uid": "00000000-0000-0000-0000-000000000001", "controller": true
     }]);
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-00000000000f",
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "resource": { "group": "", "version": "v1", "resource": "pods" },
-            "operation": "CREATE",
-            "namespace": h.ns,
-            "name": "forged-0",
-            "userInfo": { "username": "system:serviceaccount:tenant:default" },
-            "object": pod,
-            "dryRun": false
-        }
-    });
+    let review = support::https::pod_creation_review(
+        &h.ns,
+        "forged-0",
+        "system:serviceaccount:tenant:default",
+        pod,
+    );
     let (status, body) = post_review(h.port, &ca, &review).await;
     assert_eq!(status, 200, "{body}");
     // The response is written after anything admission does: what it made

@@ -712,26 +712,12 @@ async fn forged_requests_to_the_webhooks_port_make_nothing_and_hand_out_nothing(
         server_name: format!("{RELEASE}-webhook.{SYSTEM_NAMESPACE}.svc"),
     };
     let review = |labels: Value, owners: Value| {
-        json!({
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "00000000-0000-0000-0000-00000000000f",
-                "kind": { "group": "", "version": "v1", "kind": "Pod" },
-                "resource": { "group": "", "version": "v1", "resource": "pods" },
-                "operation": "CREATE",
-                "namespace": b.name(),
-                "name": "forged",
-                "userInfo": { "username": a.user },
-                "object": {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": { "name": "forged", "namespace": b.name(), "labels": labels, "ownerReferences": owners },
-                    "spec": { "containers": [{ "name": "work", "image": "workload:local", "command": ["true"] }] }
-                },
-                "dryRun": false
-            }
-        })
-        .to_string()
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "forged", "namespace": b.name(), "labels": labels, "ownerReferences": owners },
+            "spec": { "containers": [{ "name": "work", "image": "workload:local", "command": ["true"] }] }
+        });
+        support::https::pod_creation_review(b.name(), "forged", &a.user, pod).to_string()
     };
     let ghost = json!([{
         "apiVersion": "batch/v1", "kind": "Job", "name": "ghost",

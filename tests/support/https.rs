@@ -85,3 +85,29 @@ impl Endpoint {
         (status, body)
     }
 }
+
+/// An AdmissionReview for the creation of `pod` (JSON) named `name` in
+/// `namespace`, as `user` would have it sent: what anyone who reaches the
+/// webhook's port can forge.
+pub fn pod_creation_review(
+    namespace: &str,
+    name: &str,
+    user: &str,
+    pod: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-00000000000f",
+            "kind": { "group": "", "version": "v1", "kind": "Pod" },
+            "resource": { "group": "", "version": "v1", "resource": "pods" },
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": name,
+            "userInfo": { "username": user },
+            "object": pod,
+            "dryRun": false
+        }
+    })
+}
