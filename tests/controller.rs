@@ -1083,6 +1083,74 @@ async fn deleting_a_locklease_stops_its_holder_and_waiters() {
     .await;
 }
 
+/// A lock in constant use changes its nodes every millisecond, and each
+/// change asks for a reconcile; those requests must not put the reconcile
+/// off for as long as the use goes on (a found bug: each one pushed the
+/// debounced reconcile back, so a busy lock's spec changes and deletion
+/// waited for its users to pause).
+#[tokio::test]
+async fn a_lock_in_constant_use_still_follows_its_spec_and_goes_when_deleted() {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "busy" }, "spec": {} })).unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    eventually(WITHIN, "the lock's node made", || async {
+        api.get("busy").await.ok()?.status?.znode
+    })
+    .await;
+    let path = format!("/zkgate/namespaces/{}/locks/busy", s.ns);
+    let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut users = Vec::new();
+    for _ in 0..4 {
+        let (session, path, cycles) = (session(&s.zk).await, path.clone(), cycles.clone());
+        users.push(tokio::spawn(async move {
+            let lock = zkgate::zk::Mutex::new(&path, Default::default());
+            // Until the lock is deleted under it.
+            while let Ok(hold) = lock.acquire(&session, None).await {
+                if hold.release().await.is_err() {
+                    break;
+                }
+                cycles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    let in_use = |n| {
+        let cycles = cycles.clone();
+        move || {
+            let cycles = cycles.clone();
+            async move { (cycles.load(std::sync::atomic::Ordering::Relaxed) >= n).then_some(()) }
+        }
+    };
+    eventually(WITHIN, "the lock in use", in_use(100)).await;
+    api.patch(
+        "busy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "leaseDuration": "1h" } })),
+    )
+    .await
+    .unwrap();
+    eventually(WITHIN, "the spec change observed while in use", || async {
+        let st = api.get("busy").await.ok()?.status?;
+        (st.observed_generation == Some(2)).then_some(())
+    })
+    .await;
+    let before = cycles.load(std::sync::atomic::Ordering::Relaxed);
+    eventually(WITHIN, "the lock still in use", in_use(before + 100)).await;
+    api.delete("busy", &DeleteParams::default()).await.unwrap();
+    eventually(WITHIN, "the resource gone while in use", || async {
+        api.get_opt("busy").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    for user in users {
+        user.await.unwrap();
+    }
+    let observer = session(&s.zk).await;
+    assert!(
+        observer.client().check_stat(&path).await.unwrap().is_none(),
+        "{path} left behind"
+    );
+}
+
 fn accepted(
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
 ) -> Option<&str> {

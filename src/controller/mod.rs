@@ -445,6 +445,7 @@ async fn lead(
         locks: lock_tx,
         all_barriers: all_barriers_tx,
         all_locks: all_locks_tx,
+        interval: ZOOKEEPER_TRIGGER_INTERVAL,
     };
     let follow = zkevents::follow(session, &options.layout, triggers);
     let follow_namespaces = {
@@ -493,6 +494,10 @@ const CONCURRENCY: u16 = 64;
 /// Triggers for one object within this window make one reconcile: a gang
 /// arriving at once is one status write, not one per participant.
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// A resource whose nodes change without pause is reconciled this often;
+/// longer than [`DEBOUNCE`], which would put it off for ever otherwise.
+const ZOOKEEPER_TRIGGER_INTERVAL: Duration = Duration::from_millis(250);
+const _: () = assert!(ZOOKEEPER_TRIGGER_INTERVAL.as_millis() > DEBOUNCE.as_millis());
 
 /// The controller of kind `K`: its resources (stripped of managed fields)
 /// and its labelled pods (`pods`) trigger reconciles, and so do the
