@@ -633,9 +633,21 @@ pub struct BarrierArgs {
     /// Without a controller: create the barrier node for this many participants if missing.
     #[arg(long, env = "ZKGATE_PARTICIPANTS", value_parser = clap::value_parser!(u32).range(1..))]
     pub participants: Option<u32>,
+    /// The run this participant belongs to (the webhook sets the uid of
+    /// the pod's Job): a barrier made for another run is waited out, never
+    /// entered, until this run's replaces it [default: enter any].
+    #[arg(long, env = "ZKGATE_RUN")]
+    pub run: Option<String>,
     /// Connection and identity.
     #[command(flatten)]
     pub common: Common,
+}
+
+impl BarrierArgs {
+    /// The barrier command these arguments name, for participant `p`.
+    fn command<'a>(&self, p: &'a Participant) -> Result<BarrierCommand<'a>, AgentError> {
+        Ok(BarrierCommand::new(p, &self.name, self.participants)?.in_run(self.run.clone()))
+    }
 }
 
 /// A lock and which side to take.
@@ -915,15 +927,11 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
         Command::Barrier(action) => match action {
             BarrierAction::Enter(b) => {
                 let (p, stop) = b.common.participant().await?;
-                BarrierCommand::new(&p, &b.name, b.participants)?
-                    .enter(stop)
-                    .await
+                b.command(&p)?.enter(stop).await
             }
             BarrierAction::Leave(b) => {
                 let (p, stop) = b.common.participant().await?;
-                BarrierCommand::new(&p, &b.name, b.participants)?
-                    .leave(stop)
-                    .await
+                b.command(&p)?.leave(stop).await
             }
             BarrierAction::Sidecar {
                 barrier: b,
@@ -931,7 +939,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 grace_period,
             } => {
                 let (p, stop) = b.common.participant().await?;
-                BarrierCommand::new(&p, &b.name, b.participants)?
+                b.command(&p)?
                     .sidecar(stop, &readiness.options(), grace_period)
                     .await
             }
@@ -941,9 +949,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 command,
             } => {
                 let (p, stop) = b.common.participant().await?;
-                BarrierCommand::new(&p, &b.name, b.participants)?
-                    .run(stop, &command, kill_grace)
-                    .await
+                b.command(&p)?.run(stop, &command, kill_grace).await
             }
         },
         Command::Lock(action) => match action {

@@ -11,7 +11,8 @@ use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::webhook::inject::BARRIER_CONTAINER;
+use crate::controller::runs::run_of;
+use crate::controller::webhook::inject::{job_of, BARRIER_CONTAINER};
 use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
 
 /// Why the plugin could not answer.
@@ -262,8 +263,26 @@ fn not_registered_because(pod: &Pod) -> String {
     }
 }
 
+/// Whether `pod` cannot have registered yet: its barrier container has not
+/// started (or it has no containers started, or no status at all). Once
+/// that container runs, only ZooKeeper knows.
+fn cannot_have_registered(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return true;
+    };
+    match &status.init_container_statuses {
+        None => status.container_statuses.is_none(),
+        Some(inits) => inits
+            .iter()
+            .find(|c| c.name == BARRIER_CONTAINER || c.name == "barrier")
+            .is_some_and(|c| c.state.as_ref().is_none_or(|s| s.waiting.is_some())),
+    }
+}
+
 /// The pods expected at `barrier` that are not among its registered
-/// participants, with why.
+/// participants, with why. When the status lists only some participants
+/// (`unlisted`), a pod missing from the list may be registered: only the
+/// pods that cannot have registered are named then.
 fn missing(barrier: &Barrier, pods: &[Pod]) -> Vec<(String, String)> {
     let st = barrier.status.clone().unwrap_or_default();
     let registered: BTreeSet<String> = st
@@ -273,13 +292,33 @@ fn missing(barrier: &Barrier, pods: &[Pod]) -> Vec<(String, String)> {
         .flat_map(|p| [Some(p.id.clone()), p.pod.clone()])
         .flatten()
         .collect();
+    let capped = st.unlisted > 0;
     let mut out: Vec<_> = pods
         .iter()
         .filter(|p| !registered.contains(&p.name_any()))
+        .filter(|p| !capped || cannot_have_registered(p))
         .map(|p| (p.name_any(), not_registered_because(p)))
         .collect();
     out.sort();
     out
+}
+
+/// Whether `pod` is among `barrier`'s registered participants: `None` when
+/// the list is capped and the pod is not in it but may have registered.
+fn registered(barrier: &Barrier, pod: &Pod) -> Option<bool> {
+    let st = barrier.status.clone().unwrap_or_default();
+    let name = pod.name_any();
+    let listed = st
+        .participants
+        .iter()
+        .any(|p| !p.lost && (p.pod.as_deref() == Some(&name) || p.id == name));
+    if listed {
+        Some(true)
+    } else if st.unlisted > 0 && !cannot_have_registered(pod) {
+        None
+    } else {
+        Some(false)
+    }
 }
 
 fn barrier_report(barrier: &Barrier, pods: &[Pod], _now: Timestamp) -> String {
@@ -306,8 +345,23 @@ fn barrier_report(barrier: &Barrier, pods: &[Pod], _now: Timestamp) -> String {
     );
     if !opened {
         let missing = missing(barrier, pods);
-        if !missing.is_empty() {
+        if st.unlisted > 0 {
+            // The registered are not all listed: what is missing comes from
+            // the counts, and only pods that cannot have registered are named.
+            if let Some(required) = st.required.or(barrier.spec.participants) {
+                let _ = writeln!(
+                    out,
+                    "  not registered: {} of {required}",
+                    required.saturating_sub(st.entered)
+                );
+            }
+            if !missing.is_empty() {
+                let _ = writeln!(out, "  of which not started ({}):", missing.len());
+            }
+        } else if !missing.is_empty() {
             let _ = writeln!(out, "  not registered ({}):", missing.len());
+        }
+        if !missing.is_empty() {
             for (pod, why) in missing {
                 let _ = writeln!(out, "    {pod}: {why}");
             }
@@ -358,6 +412,39 @@ fn lock_report(lock: &LockLease, now: Timestamp) -> String {
 }
 
 fn why_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
+    let name = pod.name_any();
+    let (job, run) = (job_of(pod), run_of(barrier));
+    let holder = || {
+        barrier
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| Some(o.uid.as_str()) == run)
+            .map_or_else(|| "?".to_owned(), |o| o.name.clone())
+    };
+    match (job, run) {
+        (Some(job), Some(run)) if job.uid != run => format!(
+                "Pod {name} is of Job {}'s run (uid {}), but Barrier {} belongs to another run (Job {}, uid {run}): the pod waits for its own run's Barrier, which zkgate makes once that run is over.",
+                job.name,
+                job.uid,
+                barrier.name_any(),
+                holder()
+            ),
+        (Some(job), Some(_)) => {
+            format!(
+                "Pod {name} is of Job {}'s run (uid {}), the run of Barrier {}. ",
+                job.name,
+                job.uid,
+                barrier.name_any()
+            ) + &why_at_barrier(pod, barrier, pods)
+        }
+        _ => why_at_barrier(pod, barrier, pods),
+    }
+}
+
+/// [`why_barrier`] once the pod is known to be of the barrier's run.
+fn why_at_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
     let st = barrier.status.clone().unwrap_or_default();
     let name = pod.name_any();
     let required = st.required.or(barrier.spec.participants);
@@ -376,20 +463,25 @@ fn why_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
             st.message.unwrap_or_default()
         ),
         _ => {
-            let here = st
-                .participants
-                .iter()
-                .any(|p| !p.lost && (p.pod.as_deref() == Some(&name) || p.id == name));
+            let here = registered(barrier, pod);
             let missing = missing(barrier, pods);
             let others: Vec<_> = missing
                 .iter()
                 .filter(|(p, _)| p != &name)
                 .map(|(p, why)| format!("{p} ({why})"))
                 .collect();
-            let mut s = if here {
+            let mut s = if here == Some(true) {
                 format!(
                     "Pod {name} has registered at Barrier {} and waits for the others: {} of {count} participants entered.",
                     barrier.name_any(),
+                    st.entered
+                )
+            } else if here.is_none() {
+                format!(
+                    "Pod {name} may have registered at Barrier {}: its barrier container has started, and the status lists only {} of the {} participants; {} of {count} entered.",
+                    barrier.name_any(),
+                    st.participants.len(),
+                    st.participants.len() + st.unlisted as usize,
                     st.entered
                 )
             } else {
@@ -452,5 +544,116 @@ fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
             lock.name_any(),
             lock_line(lock)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{BarrierSpec, BarrierStatus, ParticipantStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, PodStatus,
+    };
+
+    fn pod(name: &str, barrier_container: Option<ContainerState>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.status = Some(PodStatus {
+            phase: Some("Pending".into()),
+            init_container_statuses: Some(vec![ContainerStatus {
+                name: BARRIER_CONTAINER.into(),
+                state: barrier_container,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    fn running() -> Option<ContainerState> {
+        Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        })
+    }
+
+    fn waiting() -> Option<ContainerState> {
+        Some(ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("PodInitializing".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// 150 participants wanted, 120 entered, 100 listed: the 20 unlisted
+    /// pods whose barrier container runs may be registered.
+    fn capped() -> (Barrier, Vec<Pod>) {
+        let mut barrier = Barrier::new(
+            "gang",
+            BarrierSpec {
+                participants: Some(150),
+                ..Default::default()
+            },
+        );
+        barrier.status = Some(BarrierStatus {
+            phase: Some(BarrierPhase::Waiting),
+            required: Some(150),
+            entered: 120,
+            participants: (0..100)
+                .map(|i| ParticipantStatus {
+                    id: format!("p{i}"),
+                    pod: Some(format!("p{i}")),
+                    ..Default::default()
+                })
+                .collect(),
+            unlisted: 20,
+            ..Default::default()
+        });
+        let pods = (0..150)
+            .map(|i| {
+                pod(
+                    &format!("p{i}"),
+                    if i < 140 { running() } else { waiting() },
+                )
+            })
+            .collect();
+        (barrier, pods)
+    }
+
+    #[test]
+    fn past_the_cap_a_pod_that_may_have_registered_is_not_called_unregistered() {
+        let (barrier, pods) = capped();
+        let named: Vec<_> = missing(&barrier, &pods)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let expected: Vec<_> = (140..150).map(|i| format!("p{i}")).collect();
+        assert_eq!(
+            named, expected,
+            "only the pods whose barrier container has not started"
+        );
+        let report = barrier_report(&barrier, &pods, Timestamp::now());
+        assert!(report.contains("not registered: 30 of 150"), "{report}");
+        assert!(report.contains("(and 20 more not listed)"), "{report}");
+        assert!(!report.contains("p120:"), "{report}");
+        let why = why_barrier(&pods[120], &barrier, &pods);
+        assert!(why.contains("may have registered"), "{why}");
+        let why = why_barrier(&pods[145], &barrier, &pods);
+        assert!(why.contains("has not registered"), "{why}");
+        let why = why_barrier(&pods[5], &barrier, &pods);
+        assert!(why.contains("has registered"), "{why}");
+    }
+
+    #[test]
+    fn under_the_cap_every_unlisted_pod_is_named() {
+        let (mut barrier, pods) = capped();
+        if let Some(st) = barrier.status.as_mut() {
+            st.unlisted = 0;
+            st.entered = 100;
+        }
+        let named = missing(&barrier, &pods);
+        assert_eq!(named.len(), 50);
     }
 }

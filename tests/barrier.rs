@@ -312,7 +312,7 @@ async fn a_failed_or_deleted_barrier_stops_its_waiters() {
             &BarrierData {
                 participants: 3,
                 uid: Some("u1".into()),
-                failed: None,
+                ..BarrierData::default()
             },
         )
         .await

@@ -1067,3 +1067,80 @@ async fn sigterm_just_after_the_credentials_came_ends_the_command() {
         "nothing registered"
     );
 }
+
+/// A participant of one run (a Job's) waits out another run's barrier of
+/// the same name without registering in it (its count would open the
+/// other gang), and enters its own run's once that replaces it.
+#[tokio::test]
+async fn a_participant_never_enters_another_runs_barrier_and_enters_its_own() {
+    use tokio::io::AsyncBufReadExt;
+    let connect = isolated_connect();
+    let observer = session(&connect).await;
+    let path = format!("{BARRIERS}/gang");
+    let made = |run: &str, participants| BarrierData {
+        participants,
+        run: Some(run.to_owned()),
+        ..BarrierData::default()
+    };
+    DoubleBarrier::new(&path)
+        .create(&observer, &made("earlier", 2))
+        .await
+        .unwrap();
+    let mut waiting = zkgate(
+        &connect,
+        &[
+            "barrier", "enter", "gang", "--id", "new-0", "--run", "later",
+        ],
+    );
+    waiting.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
+    let mut child = waiting.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("another run's") {
+                return;
+            }
+        }
+        panic!("the command ended without waiting");
+    })
+    .await
+    .expect("the participant says it waits for its run's barrier");
+    // The earlier run's last participant arrives: it must not find the
+    // later run's participant counted (x = 2).
+    let earlier = {
+        let connect = connect.clone();
+        tokio::spawn(async move {
+            let session = session(&connect).await;
+            let options = zkgate::zk::EnterOptions {
+                run: Some("earlier".into()),
+                ..Default::default()
+            };
+            DoubleBarrier::new(format!("{BARRIERS}/gang"))
+                .enter(&session, "old-0", &options, None)
+                .await
+        })
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the earlier run's participant in",
+        || async { (children(&observer, &path).await == ["old-0"]).then_some(()) },
+    )
+    .await;
+    // The earlier run is over: its barrier goes (its waiter is told), and
+    // the later run's is made.
+    zkgate::zk::tree::delete_tree(&observer, &path)
+        .await
+        .unwrap();
+    let told = earlier.await.unwrap();
+    assert!(
+        matches!(told, Err(zkgate::zk::ZkError::Deleted { .. })),
+        "{told:?}"
+    );
+    DoubleBarrier::new(&path)
+        .create(&observer, &made("later", 1))
+        .await
+        .unwrap();
+    let status = exited(&mut child, Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "entered its own run's barrier");
+    assert_eq!(children(&observer, &path).await, ["new-0", "ready"]);
+}

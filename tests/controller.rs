@@ -1972,3 +1972,83 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
     );
     drop(registered);
 }
+
+/// Jobs made while no controller ran: a Job made again under the name of
+/// one whose (opened, finished) run still has its Barrier gets a Barrier
+/// of its own once the controller starts, and a running Job's Barrier is
+/// left as it is.
+#[tokio::test]
+async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over() {
+    use k8s_openapi::api::batch::v1::Job;
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = namespace(&client).await;
+    let zk = isolated_connect();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let labelled = |name: &str, label: &str| -> Job {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "parallelism": 2,
+                "template": {
+                    "metadata": { "labels": { "zkgate.io/barrier": label } },
+                    "spec": { "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }] }
+                }
+            }
+        }))
+        .unwrap()
+    };
+    let owned_by = |name: &str, job: &str, uid: &str| -> Barrier {
+        serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+            "metadata": { "name": name, "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid
+            }] },
+            "spec": { "jobRef": job }
+        }))
+        .unwrap()
+    };
+    // The earlier run's Barrier: its Job (same name) is gone; this API
+    // server runs no garbage collector.
+    let earlier = barriers
+        .create(
+            &PostParams::default(),
+            &owned_by("train", "train", "00000000-0000-0000-0000-000000000001"),
+        )
+        .await
+        .unwrap();
+    let again = jobs
+        .create(&PostParams::default(), &labelled("train", "train"))
+        .await
+        .unwrap();
+    let running = jobs
+        .create(&PostParams::default(), &labelled("serve", "serve"))
+        .await
+        .unwrap();
+    let kept = barriers
+        .create(
+            &PostParams::default(),
+            &owned_by("serve", "serve", &running.uid().unwrap()),
+        )
+        .await
+        .unwrap();
+
+    let _controller = ControllerProcess::start(&ns, &zk, "controller-0");
+    let uid = again.uid().unwrap();
+    let replaced = eventually(WITHIN, "the re-made Job's own Barrier", || async {
+        barriers
+            .get_opt("train")
+            .await
+            .ok()
+            .flatten()
+            .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
+    })
+    .await;
+    assert_ne!(replaced.uid(), earlier.uid());
+    assert_eq!(
+        barriers.get("serve").await.unwrap().uid(),
+        kept.uid(),
+        "a running Job's Barrier is its own: left as it is"
+    );
+}

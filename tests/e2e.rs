@@ -530,6 +530,134 @@ async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
     .await;
 }
 
+/// A labelled Job deleted and made again at once (a re-run): the second
+/// run gang-starts again, on a Barrier of its own, not on the first run's
+/// (opened, and still there until the garbage collector or zkgate removes
+/// it).
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_labelled_job_made_again_gang_starts_again_on_a_barrier_of_its_own() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    let manifest = c.example(
+        "gang-job-labelled/job.yaml",
+        &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
+    );
+    c.apply(&ns.name, &manifest);
+    let first = c.gang_started_together(&ns.name, "zkgate-barrier").await;
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let old = jobs.get("train").await.unwrap().uid().unwrap();
+    jobs.delete("train", &DeleteParams::background())
+        .await
+        .unwrap();
+    c.apply(&ns.name, &manifest);
+    let again = jobs.get("train").await.unwrap().uid().unwrap();
+    assert_ne!(again, old, "a new Job");
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    eventually(
+        WITHIN,
+        "the first run's pods gone and the second run's Barrier",
+        || async {
+            let old_pods = c.pods(&ns.name, &format!("controller-uid={old}")).await;
+            let barrier = barriers.get_opt("train").await.ok()??;
+            (old_pods.is_empty()
+                && zkgate::controller::runs::run_of(&barrier) == Some(again.as_str()))
+            .then_some(())
+        },
+    )
+    .await;
+    let second = c.gang_started_together(&ns.name, "zkgate-barrier").await;
+    assert_ne!(second.uid(), first.uid(), "a Barrier of its own");
+    let status = second.status.unwrap();
+    assert_eq!(
+        (status.entered, status.left),
+        (4, 4),
+        "the second run's four"
+    );
+}
+
+/// A CronJob whose pod template carries the label: each run (a Job of its
+/// own, the previous one kept in the history) gang-starts on a Barrier of
+/// its own run.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn each_run_of_a_labelled_cronjob_gang_starts_on_a_barrier_of_its_own() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    // batch/v1beta1: the cluster's API server is 1.20.
+    c.apply(
+        &ns.name,
+        r#"apiVersion: batch/v1beta1
+kind: CronJob
+metadata:
+  name: nightly
+spec:
+  schedule: "* * * * *"
+  concurrencyPolicy: Forbid
+  successfulJobsHistoryLimit: 3
+  jobTemplate:
+    spec:
+      parallelism: 2
+      completions: 2
+      template:
+        metadata:
+          labels:
+            zkgate.io/barrier: nightly
+        spec:
+          restartPolicy: Never
+          automountServiceAccountToken: false
+          containers:
+            - name: worker
+              image: workload:local
+              command: ["sh", "-c", "echo started-at-us $(now-us); sleep 2"]
+"#,
+    );
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    // Each run's Barrier, seen while it is there (a run's lasts until the
+    // next run replaces it, a minute later): run (Job uid) → Barrier uid.
+    let seen = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let runs = eventually(
+        Duration::from_secs(300),
+        "two runs of the CronJob succeeded",
+        || async {
+            if let Some(b) = barriers.get_opt("nightly").await.ok().flatten() {
+                if let Some(run) = zkgate::controller::runs::run_of(&b) {
+                    seen.lock()
+                        .unwrap()
+                        .entry(run.to_owned())
+                        .or_insert(b.uid().unwrap());
+                }
+            }
+            let done: Vec<Job> = jobs
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(2))
+                .collect();
+            (done.len() >= 2).then_some(done)
+        },
+    )
+    .await;
+    let seen = seen.into_inner().unwrap();
+    for job in &runs {
+        let uid = job.uid().unwrap();
+        assert!(
+            seen.contains_key(&uid),
+            "run {} had a Barrier of its own: {seen:?}",
+            job.name_any()
+        );
+        for pod in c.pods(&ns.name, &format!("controller-uid={uid}")).await {
+            let log = c.logs(&ns.name, &pod.name_any(), "zkgate-barrier").await;
+            assert!(log.contains("barrier open"), "{}: {log}", pod.name_any());
+        }
+    }
+    let distinct: std::collections::BTreeSet<_> = seen.values().collect();
+    assert_eq!(distinct.len(), seen.len(), "one Barrier per run: {seen:?}");
+}
+
 /// Pods leaving while their init containers wait at the barrier.
 ///
 /// Deleted: a kubelet 1.20 SIGKILLs the init containers of a pod being

@@ -391,6 +391,150 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
     h.done().await;
 }
 
+/// A labelled Job made, deleted and made again under the same name (a
+/// re-run), and another Job labelling the same Barrier while the first
+/// runs, and then once it is over (a CronJob's next run): each run gets a
+/// Barrier of its own, its pods are told their run, and two running Jobs
+/// never share one (the second's pods are refused with the reason).
+#[tokio::test]
+async fn each_run_of_a_labelled_job_gets_a_barrier_of_its_own() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let observer = support::session(&zk).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    let labelled_job = |name: &str| -> Job {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "parallelism": 2,
+                "template": {
+                    "metadata": { "labels": { "zkgate.io/barrier": "train" } },
+                    "spec": { "restartPolicy": "Never", "containers": [{ "name": "worker", "image": "busybox" }] }
+                }
+            }
+        }))
+        .unwrap()
+    };
+    // A pod as the Job controller makes it (this API server runs none).
+    let pod_of_job = |name: &str, job: &Job| {
+        let mut pod = pod_of(name, json!({ "zkgate.io/barrier": "train" }));
+        pod["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "batch/v1", "kind": "Job", "name": job.name_any(),
+            "uid": job.uid().unwrap(), "controller": true
+        }]);
+        pod
+    };
+    let path = format!("/zkgate/namespaces/{}/barriers/train", h.ns);
+    // The Barrier once it is `job`'s, and its node once that says so.
+    let barrier_of = |job: Job| {
+        let (barriers, observer, path) = (barriers.clone(), &observer, path.clone());
+        async move {
+            let uid = job.uid().unwrap();
+            let barrier = eventually(WITHIN, "the run's Barrier", || async {
+                barriers
+                    .get_opt("train")
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
+            })
+            .await;
+            eventually(WITHIN, "the run's barrier node", || async {
+                let (data, _) = observer.client().get_data(&path).await.ok()?;
+                let data = zkgate::zk::BarrierData::parse(&path, &data).ok()??;
+                (data.run.as_deref() == Some(uid.as_str())).then_some(())
+            })
+            .await;
+            barrier
+        }
+    };
+    let run_of = |pod: &Pod| {
+        let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+        env(init, "ZKGATE_RUN").and_then(|e| e.value.clone())
+    };
+
+    let first = jobs
+        .create(&PostParams::default(), &labelled_job("train"))
+        .await
+        .unwrap();
+    let first_barrier = barrier_of(first.clone()).await;
+    let pod = h.create_pod(pod_of_job("train-a", &first)).await.unwrap();
+    assert_eq!(run_of(&pod), first.uid(), "the pod is told its run");
+
+    // Deleted and made again at once. This API server runs no garbage
+    // collector: the first run's Barrier stays, owned by a Job that is gone.
+    jobs.delete("train", &DeleteParams::background())
+        .await
+        .unwrap();
+    let again = jobs
+        .create(&PostParams::default(), &labelled_job("train"))
+        .await
+        .unwrap();
+    let again_barrier = barrier_of(again.clone()).await;
+    assert_ne!(
+        again_barrier.uid(),
+        first_barrier.uid(),
+        "a Barrier of its own, not the first run's"
+    );
+    let pod = h.create_pod(pod_of_job("train-b", &again)).await.unwrap();
+    assert_eq!(run_of(&pod), again.uid());
+
+    // Another Job labelling the same Barrier while this run goes on.
+    let other = jobs
+        .create(&PostParams::default(), &labelled_job("other"))
+        .await
+        .unwrap();
+    let refused = h
+        .create_pod(pod_of_job("other-a", &other))
+        .await
+        .expect_err("two running Jobs never share a Barrier")
+        .to_string();
+    assert!(
+        refused.contains("still runs") && refused.contains("train"),
+        "{refused}"
+    );
+    assert_eq!(
+        barriers.get("train").await.unwrap().uid(),
+        again_barrier.uid(),
+        "the running Job keeps its Barrier"
+    );
+
+    // The run is over: the other Job's run gets the Barrier.
+    jobs.patch_status(
+        "train",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({ "status": { "conditions": [{ "type": "Complete", "status": "True" }] } }),
+        ),
+    )
+    .await
+    .unwrap();
+    barrier_of(other.clone()).await;
+    let pod = h
+        .create_pod(pod_of_job("other-b", &other))
+        .await
+        .expect("admitted once the Barrier is its run's");
+    assert_eq!(run_of(&pod), other.uid());
+
+    // A third waits behind it; the holder is deleted (no Job change tells
+    // of that, only its deletion): the third gets the Barrier.
+    let third = jobs
+        .create(&PostParams::default(), &labelled_job("third"))
+        .await
+        .unwrap();
+    h.create_pod(pod_of_job("third-a", &third))
+        .await
+        .expect_err("refused while the other Job runs");
+    jobs.delete("other", &DeleteParams::background())
+        .await
+        .unwrap();
+    barrier_of(third.clone()).await;
+    drop(controller);
+    h.done().await;
+}
+
 /// Only labelled pods reach the webhook: with it down, an unlabelled pod is
 /// admitted as it is, and a labelled one is refused (failurePolicy Fail: a
 /// gang member never starts without its barrier).

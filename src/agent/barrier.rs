@@ -18,6 +18,7 @@ pub struct BarrierCommand<'a> {
     participant: &'a Participant,
     barrier: DoubleBarrier,
     participants: Option<u32>,
+    run: Option<String>,
 }
 
 impl<'a> BarrierCommand<'a> {
@@ -37,7 +38,17 @@ impl<'a> BarrierCommand<'a> {
             participant,
             barrier: DoubleBarrier::new(path),
             participants,
+            run: None,
         })
+    }
+
+    /// Enters only a barrier of `run` (see [`EnterOptions::run`]); an empty
+    /// run is none.
+    pub fn in_run(self, run: Option<String>) -> Self {
+        BarrierCommand {
+            run: run.filter(|r| !r.is_empty()),
+            ..self
+        }
     }
 
     fn options(&self, persistent: bool) -> EnterOptions {
@@ -46,6 +57,7 @@ impl<'a> BarrierCommand<'a> {
             persistent,
             create_with_participants: self.participants,
             progress_every: Some(PROGRESS_EVERY),
+            run: self.run.clone(),
         }
     }
 

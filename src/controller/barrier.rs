@@ -144,6 +144,8 @@ async fn apply_sized(
         participants: size,
         uid: Some(uid.clone()),
         failed: None,
+        // Fixed at creation: a Barrier's owners do not change its run.
+        run: super::runs::run_of(barrier).map(str::to_owned),
     };
 
     let owner = |data: &[u8]| {
@@ -187,6 +189,13 @@ async fn apply_sized(
         .ok()
         .flatten()
         .unwrap_or_default();
+    // A node made before runs were recorded (an upgrade) gets its run, so
+    // that a later run's participants never pass its `ready`.
+    if let (None, Some(run)) = (&current.run, &wanted.run) {
+        if current.uid == wanted.uid {
+            recipe.set_run(zk, run).await?;
+        }
+    }
     let entered = node.children.iter().filter(|c| c.name != READY).count();
     let wanted_x = size;
     let mut spec_problem = size_problem;

@@ -2,22 +2,20 @@
 //! cache (no request per reconcile), and which Barriers follow which Job,
 //! so that a change of the Job's parallelism reconciles them at once.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use futures::Stream;
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
-use tracing::info;
-
 use super::BARRIER_LABEL;
-use crate::api::{Barrier, BarrierSpec};
+use crate::api::Barrier;
 
 /// How many participants a Job's pods make: the smaller of its parallelism
 /// (1 when unset) and its completions (unbounded when unset); `None` when
@@ -35,9 +33,6 @@ const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct Jobs {
     store: Store<Job>,
     followers: Mutex<Followers>,
-    /// The uids of the labelled Jobs whose Barrier this term made (or
-    /// found): each Job's is made once, not at each of its changes.
-    barriers_made: Mutex<HashSet<String>>,
 }
 
 /// Which Barriers follow which Job, indexed both ways so that a Barrier's
@@ -56,7 +51,24 @@ struct Followers {
 fn strip(job: &mut Job) {
     job.managed_fields_mut().clear();
     job.metadata.annotations = None;
-    job.status = None;
+    // Of the status, only whether it finished (see `live`).
+    job.status = job.status.take().and_then(|status| {
+        let over: Vec<_> = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            .map(|c| JobCondition {
+                message: None,
+                reason: None,
+                ..c
+            })
+            .collect();
+        (!over.is_empty()).then(|| JobStatus {
+            conditions: Some(over),
+            ..JobStatus::default()
+        })
+    });
     if let Some(spec) = job.spec.as_mut() {
         let label = template_label(&spec.template).map(str::to_owned);
         *spec = JobSpec {
@@ -89,60 +101,23 @@ pub fn barrier_label(job: &Job) -> Option<&str> {
     template_label(&job.spec.as_ref()?.template)
 }
 
-/// Makes the Barrier of a Job whose pod template carries [`BARRIER_LABEL`]
-/// when there is none of that name: sized from the Job (`spec.jobRef`),
-/// owned by it (deleted with it). A Barrier of that name already there is
-/// left as it is, whoever made it.
-pub async fn make_barrier(client: &kube::Client, job: &Job) -> Result<(), kube::Error> {
-    let (Some(name), Some(namespace), Some(uid)) = (barrier_label(job), job.namespace(), job.uid())
-    else {
-        return Ok(());
-    };
-    let api: Api<Barrier> = Api::namespaced(client.clone(), &namespace);
-    if api.get_opt(name).await?.is_some() {
-        return Ok(());
-    }
-    let mut barrier = Barrier::new(
-        name,
-        BarrierSpec {
-            participants: None,
-            job_ref: Some(job.name_any()),
-            ..BarrierSpec::default()
-        },
-    );
-    barrier.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "batch/v1".to_owned(),
-        kind: "Job".to_owned(),
-        name: job.name_any(),
-        uid,
-        controller: Some(false),
-        block_owner_deletion: Some(false),
-    }]);
-    barrier.metadata.labels = Some(crate::controller::managed_by());
-    match api.create(&PostParams::default(), &barrier).await {
-        Ok(_) => {
-            info!(%namespace, barrier = %name, job = %job.name_any(), "made the Job's Barrier");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 impl Jobs {
-    /// The cache of `api`'s Jobs, and the stream that fills it (to be
-    /// polled: the Barrier controller watches it).
-    pub fn watch(api: Api<Job>) -> (Jobs, impl Stream<Item = Result<Job, watcher::Error>>) {
+    /// The cache of `api`'s Jobs, and the stream of its events that fills
+    /// it (to be polled: the Barrier controller watches it).
+    pub fn watch(
+        api: Api<Job>,
+    ) -> (
+        Jobs,
+        impl Stream<Item = Result<watcher::Event<Job>, watcher::Error>>,
+    ) {
         let (store, writer) = reflector::store();
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .modify(strip)
-            .reflect(writer)
-            .applied_objects();
+            .reflect(writer);
         let jobs = Jobs {
             store,
             followers: Default::default(),
-            barriers_made: Default::default(),
         };
         (jobs, stream)
     }
@@ -190,31 +165,9 @@ impl Jobs {
         }
     }
 
-    /// Makes `job`'s Barrier (see [`make_barrier`]) unless this term did
-    /// already; a failure is logged and tried again at the Job's next change.
-    pub async fn make_barrier_once(&self, client: &kube::Client, job: &Job) {
-        let Some(uid) = job.uid().filter(|_| barrier_label(job).is_some()) else {
-            return;
-        };
-        if self
-            .barriers_made
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&uid)
-        {
-            return;
-        }
-        match make_barrier(client, job).await {
-            Ok(()) => {
-                self.barriers_made
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(uid);
-            }
-            Err(e) => {
-                tracing::warn!(namespace = ?job.namespace(), job = %job.name_any(), error = %e, "cannot make the Job's Barrier; trying again at the Job's next change")
-            }
-        }
+    /// The cache of Jobs.
+    pub fn store(&self) -> &Store<Job> {
+        &self.store
     }
 
     /// The Barriers that follow `job`.
@@ -257,7 +210,6 @@ mod tests {
                 Jobs {
                     store,
                     followers: Default::default(),
-                    barriers_made: Default::default(),
                 },
                 (),
             )

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod pods;
 mod reconciler;
 mod removal;
+pub mod runs;
 pub mod status;
 pub mod webhook;
 mod zkevents;
@@ -401,20 +402,45 @@ async fn lead(
         jobs,
         leader_node: hold.path().to_owned(),
     });
-    // A Job's change reconciles the Barriers it sizes; a labelled Job gets
-    // its Barrier (admission makes nothing: see webhook).
-    let job_followers = job_changes.filter_map({
-        let ctx = ctx.clone();
-        move |job| {
+    // A Job's change reconciles the Barriers it sizes; a labelled Job's
+    // change or end plans its Barrier (admission makes nothing: see
+    // webhook; the plans are carried out by `runs::keep`, off this stream).
+    let (touches, touched) = unbounded_channel();
+    let job_followers = job_changes
+        .filter_map({
             let ctx = ctx.clone();
-            async move {
-                let job = job.ok()?;
-                ctx.jobs.make_barrier_once(&ctx.client, &job).await;
-                Some(futures::stream::iter(ctx.jobs.followers(&job)))
+            move |event| {
+                let (ctx, touches) = (ctx.clone(), touches.clone());
+                async move {
+                    match event.ok()? {
+                        watcher::Event::Apply(job) | watcher::Event::InitApply(job) => {
+                            if let Some(touch) = runs::Touch::of(&job) {
+                                let _ = touches.send(touch);
+                            }
+                            Some(futures::stream::iter(ctx.jobs.followers(&job)))
+                        }
+                        watcher::Event::Delete(job) => {
+                            if let Some(touch) = runs::Touch::of(&job) {
+                                let _ = touches.send(touch);
+                            }
+                            None
+                        }
+                        watcher::Event::InitDone => {
+                            let _ = touches.send(runs::Touch::All);
+                            None
+                        }
+                        watcher::Event::Init => None,
+                    }
+                }
             }
-        }
-    });
-    let job_followers = job_followers.flatten();
+        })
+        .flatten();
+    let keep_runs = runs::keep(
+        client.clone(),
+        options.api(client),
+        ctx.jobs.store().clone(),
+        touched,
+    );
     // Stops the controllers gracefully; cancelled only by the shutdown branch
     // below, so that branch (not "the controllers stopped") decides the outcome.
     let stop = CancellationToken::new();
@@ -466,6 +492,7 @@ async fn lead(
         tokio::select! {
             reason = hold.lost() => Err(anyhow::anyhow!("lost leadership: {reason}")),
             () = follow_namespaces => Err(anyhow::anyhow!("stopped following the namespaces")),
+            () = keep_runs => Err(anyhow::anyhow!("stopped keeping the labelled Jobs' Barriers")),
             result = follow => Err(anyhow::anyhow!("stopped following ZooKeeper: {}", result.err().map(|e| e.to_string()).unwrap_or_default())),
             _ = &mut controllers => Err(anyhow::anyhow!("the controllers stopped")),
             () = shutdown.cancelled() => {

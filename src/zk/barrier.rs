@@ -36,6 +36,12 @@ pub struct BarrierData {
     /// waiters stop with [`ZkError::BarrierFailed`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// The run the barrier belongs to (opaque here; zkgate's controller
+    /// writes the uid of the Job it made the barrier for). A participant of
+    /// another run never enters it (see [`EnterOptions::run`]); one of no
+    /// run enters any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 impl BarrierData {
@@ -106,6 +112,11 @@ pub struct EnterOptions {
     pub create_with_participants: Option<u32>,
     /// Log progress (entered k of x) this often while waiting.
     pub progress_every: Option<Duration>,
+    /// Our run (see [`BarrierData::run`]): a barrier node of another run,
+    /// such as an earlier run's still being replaced or a concurrent run's,
+    /// is waited out as if it were missing, and never registered in, until
+    /// one of ours (or of no run) is there. Default: enter any.
+    pub run: Option<String>,
 }
 
 /// The outcome of a successful [`DoubleBarrier::enter`].
@@ -597,6 +608,50 @@ impl DoubleBarrier {
         }))
     }
 
+    /// Waits until the barrier node is there and of `run` (or of no run),
+    /// on watches: every wake-up looks again. Returns the node's czxid.
+    async fn await_run(&self, session: &Session, run: &str) -> Result<i64> {
+        let client = session.client();
+        let mut told = false;
+        loop {
+            let (data, czxid, watcher) = match session
+                .retry("read", &self.path, || client.get_and_watch_data(&self.path))
+                .await
+            {
+                Ok((data, stat, watcher)) => (data, stat.czxid, watcher),
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => {
+                    session.await_node(&self.path).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let theirs = BarrierData::parse(&self.path, &data)?.and_then(|d| d.run);
+            match theirs {
+                Some(theirs) if theirs != run => {
+                    if !told {
+                        info!(barrier = %self.path, %run, other = %theirs, "the barrier is another run's: waiting for this run's to replace it");
+                        told = true;
+                    }
+                    let event = watcher.changed().await;
+                    if event.event_type == zk::EventType::Session {
+                        if let Some(err) =
+                            SessionState::from_client(event.session_state).terminal_error()
+                        {
+                            return Err(err);
+                        }
+                    }
+                }
+                _ => {
+                    session.retire_watch(watcher.changed());
+                    return Ok(czxid);
+                }
+            }
+        }
+    }
+
     async fn enter_and_wait(
         &self,
         session: &Session,
@@ -622,7 +677,16 @@ impl DoubleBarrier {
         let mut registered = false;
         let mut last_progress = Instant::now();
         let mut last_count = None;
+        // The barrier node our run's check approved (its czxid): a create
+        // sent in the same round trip may land in a node made since.
+        let mut run_czxid = None;
         loop {
+            // Before anything of ours is there: one more round trip for a
+            // participant of a run, so that it never registers in a barrier
+            // of another run (its count would open that run's gang).
+            if let (false, Some(run)) = (registered, &options.run) {
+                run_czxid = Some(self.await_run(session, run).await?);
+            }
             // One round trip: the barrier's data (and a watch on it), a watch
             // on `ready`, our registration, then whether it is there and how
             // many children the barrier has, in that order on the server.
@@ -675,6 +739,7 @@ impl DoubleBarrier {
                         Some(participants) => {
                             let data = BarrierData {
                                 participants,
+                                run: options.run.clone(),
                                 ..BarrierData::default()
                             };
                             self.create(session, &data).await?;
@@ -689,6 +754,17 @@ impl DoubleBarrier {
                 }
                 Err(e) => return Err(ZkError::from_client("read", &self.path, e)),
             };
+            // Of another run now: ours was deleted and replaced since we
+            // looked (our registration, if made, is removed on the way out).
+            if let (Some(ours), Some(theirs)) =
+                (&options.run, barrier.as_ref().and_then(|b| b.run.as_ref()))
+            {
+                if ours != theirs {
+                    return Err(ZkError::Deleted {
+                        path: self.path.clone(),
+                    });
+                }
+            }
             // Checked after `ready`: a barrier that opened stays open, even if
             // its owner marked it failed a moment later (a timeout racing the
             // last arrival); every participant then sees the same outcome.
@@ -780,6 +856,13 @@ impl DoubleBarrier {
                     path: self.path.clone(),
                 });
             };
+            if run_czxid.is_some_and(|czxid| czxid != barrier_stat.czxid) {
+                // Replaced after our run's check: ours went (and our node,
+                // if it landed in the new one, is removed on the way out).
+                return Err(ZkError::Deleted {
+                    path: self.path.clone(),
+                });
+            }
             // Every child but `ready` is a participant. `ready` was absent
             // earlier in this round; made since, it is counted here, and
             // opening then finds it there (which is the outcome anyway).
@@ -1275,6 +1358,39 @@ impl DoubleBarrier {
     pub async fn set_participants(&self, session: &Session, participants: u32) -> Result<bool> {
         self.update_unopened(session, |data| data.participants = participants)
             .await
+    }
+
+    /// Writes `run` into the barrier's data where it names none (a node
+    /// made before runs were recorded), opened or not: a participant of
+    /// another run must not pass its `ready`. Returns whether it was
+    /// written.
+    pub async fn set_run(&self, session: &Session, run: &str) -> Result<bool> {
+        let client = session.client();
+        for _ in 0..CONTENDED_ATTEMPTS {
+            let (data, stat) = session
+                .retry("read", &self.path, || client.get_data(&self.path))
+                .await?;
+            let mut barrier = BarrierData::parse(&self.path, &data)?.unwrap_or_default();
+            if barrier.run.is_some() {
+                return Ok(false);
+            }
+            barrier.run = Some(run.to_owned());
+            let bytes = barrier.to_bytes();
+            match client
+                .set_data(&self.path, &bytes, Some(stat.version))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) if is_connection_loss(&e) => session.await_connected().await?,
+                Err(e) => return Err(ZkError::from_client("write", &self.path, e)),
+            }
+        }
+        Err(ZkError::Contended {
+            op: "write",
+            path: self.path.clone(),
+            attempts: CONTENDED_ATTEMPTS,
+        })
     }
 
     /// Marks the barrier failed, unless it has opened: every waiter stops

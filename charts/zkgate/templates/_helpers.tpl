@@ -61,10 +61,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: ["get", "list", "watch"]
 # A Job whose pod template is labelled zkgate.io/barrier gets its Barrier
 # (made by the leading controller from the Jobs it watches; admission makes
-# nothing).
+# nothing), replacing an earlier run's (deleted by uid) once that run is over.
 - apiGroups: ["zkgate.io"]
   resources: ["barriers"]
-  verbs: ["create"]
+  verbs: ["create", "delete"]
 # No Secret rule: participants get their namespace's ZooKeeper credential
 # and TLS material from the controller's handout (a projected ServiceAccount
 # token, checked by TokenReview), never from a Secret the controller writes

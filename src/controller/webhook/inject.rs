@@ -31,6 +31,7 @@ use k8s_openapi::api::core::v1::{
     VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::super::{BARRIER_LABEL, LOCK_LABEL};
 use crate::api::parse_duration;
@@ -141,6 +142,8 @@ pub struct Wanted {
     pub lock: Option<(String, Option<String>)>,
     /// How long to wait, as given.
     pub timeout: Option<String>,
+    /// The run the pod belongs to: the uid of the Job that controls it.
+    pub run: Option<String>,
 }
 
 /// Reads what `pod`'s labels and annotations ask for, checking every value
@@ -186,7 +189,17 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         barrier: name(BARRIER_LABEL)?.map(|b| (b, sidecar)),
         lock: lock.map(|l| (l, mode)),
         timeout,
+        run: job_of(pod).map(|job| job.uid.clone()),
     })
+}
+
+/// The Job that controls `pod` (its run), if any.
+pub fn job_of(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Job" && o.api_version == "batch/v1" && o.controller == Some(true))
 }
 
 /// Checks that `name` can name a Barrier or LockLease: a DNS-1123
@@ -321,6 +334,13 @@ fn add_containers(
             });
         } else {
             c.args = Some(args(&["barrier", "enter", barrier]));
+        }
+        if let Some(run) = &wanted.run {
+            c.env.get_or_insert_with(Vec::new).push(EnvVar {
+                name: "ZKGATE_RUN".to_owned(),
+                value: Some(run.clone()),
+                value_from: None,
+            });
         }
         inits.push(c);
     }

@@ -695,17 +695,45 @@ impl Webhook {
         }
         if let Some(barrier) = labels.get(BARRIER_LABEL) {
             let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
-            if api
+            let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+            let ours = inject::job_of(pod);
+            if let Some(found) = api
                 .get_opt(barrier)
                 .await
                 .map_err(|e| unreadable("Barrier", e))?
-                .is_some()
             {
+                // Another run's: an earlier one's is replaced (the pod's
+                // participant waits for its own); a live one's stays, and
+                // two live Jobs never share a gang.
+                let holder = found
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|o| Some(o.uid.as_str()) == super::runs::run_of(&found));
+                let (Some(holder), Some(ours)) = (holder, ours) else {
+                    return Ok(());
+                };
+                if holder.uid == ours.uid {
+                    return Ok(());
+                }
+                let live = jobs
+                    .get_opt(&holder.name)
+                    .await
+                    .map_err(|e| unreadable("Job", e))?
+                    .is_some_and(|j| {
+                        j.metadata.uid.as_deref() == Some(holder.uid.as_str())
+                            && super::runs::live(&j)
+                    });
+                if live {
+                    return Err(format!(
+                        "the pod's label {BARRIER_LABEL}={barrier} names the Barrier of Job {} (uid {}), which still runs: two running Jobs never share a Barrier. Give this Job's pod template a {BARRIER_LABEL} label of its own, or run it after {} is over (the Job controller retries the pod)",
+                        holder.name, holder.uid, holder.name
+                    ));
+                }
                 return Ok(());
             }
-            let job = pod.metadata.owner_references.iter().flatten().find(|o| {
-                o.kind == "Job" && o.api_version == "batch/v1" && o.controller == Some(true)
-            });
+            let job = ours;
             let missing = format!(
                 "the pod's label {BARRIER_LABEL}={barrier} names a Barrier that does not exist in namespace {namespace}"
             );
@@ -714,7 +742,6 @@ impl Webhook {
                     "{missing}, and the pod belongs to no Job (for a Job whose pod template carries the label, the controller makes it): create the Barrier first"
                 ));
             };
-            let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
             let found = jobs
                 .get_opt(&owner.name)
                 .await

@@ -1,0 +1,623 @@
+//! The Barrier's status rules.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::{
+    condition, jiff_span, note, pods_tracked, spec_accepted, time_of_millis, warning, Capped, Note,
+    LIST_LIMIT, LOST_KEPT,
+};
+use crate::api::{BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus};
+use crate::zk::tree::Snapshot;
+use crate::zk::{BarrierData, ParticipantData, READY};
+
+/// What to do about a barrier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BarrierOutcome {
+    /// The status to write.
+    pub status: BarrierStatus,
+    /// Mark the barrier failed in ZooKeeper with this reason.
+    pub fail: Option<String>,
+    /// Events to record.
+    pub notes: Vec<Note>,
+    /// Reconcile again after this long at the latest (a timeout to enforce).
+    pub requeue: Option<Duration>,
+}
+
+/// Everything the barrier's status is computed from.
+pub struct BarrierObservation<'a> {
+    /// The spec.
+    pub spec: &'a BarrierSpec,
+    /// How many participants open it (the spec's, or its Job's).
+    pub participants: u32,
+    /// When the resource was created.
+    pub created: Option<Timestamp>,
+    /// The barrier node, read just now.
+    pub node: &'a Snapshot,
+    /// The status written last time.
+    pub previous: &'a BarrierStatus,
+    /// The resource's generation.
+    pub generation: Option<i64>,
+    /// The barrier node's path.
+    pub znode: &'a str,
+    /// Now.
+    pub now: Timestamp,
+    /// What in the spec could not be applied, if anything.
+    pub spec_problem: Option<&'a str>,
+}
+
+impl Capped for BarrierStatus {
+    fn capped(&self) -> Self {
+        let mut written = self.clone();
+        let total = written.participants.len() + written.unlisted as usize;
+        written.participants.truncate(LIST_LIMIT);
+        written.unlisted = (total - written.participants.len()) as u32;
+        written
+    }
+}
+
+/// Computes a barrier's status.
+pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
+    let data = BarrierData::parse(obs.znode, &obs.node.data)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let ready = obs.node.children.iter().find(|c| c.name == READY);
+    let members: Vec<_> = obs
+        .node
+        .children
+        .iter()
+        .filter(|c| c.name != READY)
+        .collect();
+    let opened = ready.is_some();
+    let mut notes = Vec::new();
+
+    // Merge who is there now with who was seen before.
+    let mut participants = obs.previous.participants.clone();
+    for member in &members {
+        let pod = ParticipantData::parse(&member.data).pod;
+        match participants.iter_mut().find(|p| p.id == member.name) {
+            Some(p) if p.left_at.is_some() => {
+                // The same id registered again: a replacement.
+                *p = ParticipantStatus {
+                    id: member.name.clone(),
+                    pod,
+                    entered_at: time_of_millis(member.stat.ctime),
+                    ..Default::default()
+                };
+            }
+            Some(_) => {}
+            None => participants.push(ParticipantStatus {
+                id: member.name.clone(),
+                pod,
+                entered_at: time_of_millis(member.stat.ctime),
+                ..Default::default()
+            }),
+        }
+    }
+    let mut lost = Vec::new();
+    for p in participants.iter_mut().filter(|p| p.left_at.is_none()) {
+        if !members.iter().any(|m| m.name == p.id) {
+            p.left_at = Some(Time(obs.now));
+            if !opened {
+                p.lost = true;
+                lost.push(p.id.clone());
+            }
+        }
+    }
+    participants.sort_by(|a, b| {
+        a.entered_at
+            .cmp(&b.entered_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    // A Job's retries can lose participants without end: keep the most
+    // recent few (they explain a Failed barrier), not every one.
+    let lost_seen = participants.iter().filter(|p| p.lost).count();
+    if lost_seen > LOST_KEPT {
+        let mut lost_times: Vec<_> = participants
+            .iter()
+            .filter(|p| p.lost)
+            .map(|p| (p.left_at.clone().map(|t| t.0), p.id.clone()))
+            .collect();
+        lost_times.sort();
+        let dropped: Vec<_> = lost_times[..lost_seen - LOST_KEPT]
+            .iter()
+            .map(|(_, id)| id.clone())
+            .collect();
+        participants.retain(|p| !(p.lost && dropped.contains(&p.id)));
+    }
+    let mut entered = participants.iter().filter(|p| !p.lost).count() as u32;
+    let mut left = participants
+        .iter()
+        .filter(|p| p.left_at.is_some() && !p.lost)
+        .count() as u32;
+    if opened {
+        // `ready` is made only once x are registered, so an opened barrier
+        // had at least x even when a participant entered and left between
+        // two looks of the controller (the list shows only those seen).
+        entered = entered.max(data.participants);
+        if members.is_empty() {
+            left = entered;
+        }
+        // Once open, the counts only grow; a status read back with a capped
+        // list (a new term) still knows them.
+        if matches!(
+            obs.previous.phase,
+            Some(BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed)
+        ) {
+            entered = entered.max(obs.previous.entered);
+            left = left.max(obs.previous.left).min(entered);
+        }
+    }
+
+    let mut fail = None;
+    let mut requeue = None;
+    let previous_phase = obs.previous.phase;
+    // A barrier that opened stays opened: a failure marked after `ready`
+    // (a timeout racing the last arrival) does not undo it.
+    let (phase, reason, message) = if let (Some(reason), false) = (data.failed.clone(), opened) {
+        (
+            BarrierPhase::Failed,
+            Some(reason.clone()),
+            format!("failed: {reason}"),
+        )
+    } else if opened {
+        if members.is_empty() {
+            (
+                BarrierPhase::Completed,
+                None,
+                format!("all {left} participants have left"),
+            )
+        } else if left == 0 {
+            (
+                BarrierPhase::Open,
+                None,
+                format!("open: {entered} participants entered"),
+            )
+        } else {
+            (
+                BarrierPhase::Leaving,
+                None,
+                format!("{left} of {entered} participants have left"),
+            )
+        }
+    } else if !lost.is_empty() && obs.spec.on_participant_loss == OnParticipantLoss::Fail {
+        fail = Some("ParticipantLost".to_owned());
+        (
+            BarrierPhase::Failed,
+            Some("ParticipantLost".to_owned()),
+            format!(
+                "participant {} was lost before the barrier opened",
+                lost.join(", ")
+            ),
+        )
+    } else {
+        let timeout = obs
+            .spec
+            .timeout
+            .as_deref()
+            .and_then(|t| crate::api::parse_duration(t).ok());
+        let deadline = timeout
+            .zip(obs.created)
+            .and_then(|(t, c)| c.checked_add(jiff_span(t)).ok());
+        match deadline {
+            Some(deadline) if obs.now >= deadline => {
+                fail = Some("TimedOut".to_owned());
+                (
+                    BarrierPhase::Failed,
+                    Some("TimedOut".to_owned()),
+                    format!(
+                        "{} of {} participants entered within {}",
+                        members.len(),
+                        data.participants.max(obs.participants),
+                        obs.spec.timeout.as_deref().unwrap_or("")
+                    ),
+                )
+            }
+            other => {
+                if let Some(deadline) = other {
+                    requeue = Some(Duration::from_millis(
+                        deadline.duration_since(obs.now).as_millis().max(0) as u64 + 50,
+                    ));
+                }
+                (
+                    BarrierPhase::Waiting,
+                    None,
+                    format!(
+                        "{} of {} participants entered",
+                        members.len(),
+                        obs.participants
+                    ),
+                )
+            }
+        }
+    };
+    for id in &lost {
+        notes.push(warning(
+            "ParticipantLost",
+            format!("participant {id} left before the barrier opened"),
+        ));
+    }
+    if previous_phase != Some(phase) {
+        match phase {
+            BarrierPhase::Open | BarrierPhase::Leaving
+                if !matches!(
+                    previous_phase,
+                    Some(BarrierPhase::Open | BarrierPhase::Leaving)
+                ) =>
+            {
+                notes.push(note(
+                    "Opened",
+                    format!("the barrier opened with {entered} participants"),
+                ))
+            }
+            BarrierPhase::Completed => notes.push(note(
+                "Completed",
+                format!("all {left} participants have left"),
+            )),
+            BarrierPhase::Failed => notes.push(warning("Failed", message.clone())),
+            _ => {}
+        }
+    }
+    let completed_at = match phase {
+        BarrierPhase::Completed => obs.previous.completed_at.clone().or(Some(Time(obs.now))),
+        _ => None,
+    };
+    let is_open = matches!(
+        phase,
+        BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed
+    );
+    let ready_condition = condition(
+        "Ready",
+        is_open,
+        reason
+            .as_deref()
+            .unwrap_or(if is_open { "Opened" } else { "Waiting" }),
+        &message,
+        obs.generation,
+        obs.now,
+        &obs.previous.conditions,
+    );
+    let accepted = spec_accepted(
+        obs.spec_problem,
+        obs.generation,
+        obs.now,
+        &obs.previous.conditions,
+        &mut notes,
+    );
+    BarrierOutcome {
+        status: BarrierStatus {
+            phase: Some(phase),
+            reason,
+            message: Some(message),
+            // What the node holds: the count it opened with stays, whatever
+            // the spec or the Job says later.
+            required: Some(if data.participants > 0 {
+                data.participants
+            } else {
+                obs.participants
+            }),
+            entered,
+            left,
+            participants,
+            unlisted: 0,
+            opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
+            completed_at,
+            conditions: vec![
+                ready_condition,
+                accepted,
+                pods_tracked(
+                    &obs.node.children,
+                    obs.generation,
+                    obs.now,
+                    &obs.previous.conditions,
+                ),
+            ],
+            observed_generation: obs.generation,
+            znode: Some(obs.znode.to_owned()),
+        },
+        fail,
+        notes,
+        requeue,
+    }
+}
+
+/// The status of a Barrier that has no size yet (`spec.jobRef` names a
+/// Job that is not there, or runs no pod): waiting, and why. Nothing is made
+/// in ZooKeeper until it has a size, so its participants wait for the node.
+pub fn barrier_unsized(
+    previous: &BarrierStatus,
+    problem: &str,
+    generation: Option<i64>,
+    znode: &str,
+    now: Timestamp,
+) -> BarrierOutcome {
+    let mut notes = Vec::new();
+    let accepted = spec_accepted(
+        Some(problem),
+        generation,
+        now,
+        &previous.conditions,
+        &mut notes,
+    );
+    let message = format!("waiting to know how many participants open it: {problem}");
+    BarrierOutcome {
+        status: BarrierStatus {
+            phase: Some(BarrierPhase::Waiting),
+            reason: Some("Unsized".to_owned()),
+            conditions: vec![
+                condition(
+                    "Ready",
+                    false,
+                    "Unsized",
+                    &message,
+                    generation,
+                    now,
+                    &previous.conditions,
+                ),
+                accepted,
+            ],
+            message: Some(message),
+            observed_generation: generation,
+            znode: Some(znode.to_owned()),
+            ..BarrierStatus::default()
+        },
+        fail: None,
+        notes,
+        requeue: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{at, child, node, spec};
+    use super::*;
+
+    fn observe(
+        spec: &BarrierSpec,
+        node: &Snapshot,
+        previous: &BarrierStatus,
+        now: i64,
+    ) -> BarrierOutcome {
+        barrier(&BarrierObservation {
+            spec,
+            participants: spec.participants.unwrap_or(1),
+            created: Some(at(0)),
+            node,
+            previous,
+            generation: Some(1),
+            znode: "/b",
+            now: at(now),
+            spec_problem: None,
+        })
+    }
+
+    #[test]
+    fn waiting_then_open_then_leaving_then_completed() {
+        let s = spec(2, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        let one = observe(
+            &s,
+            &node(data.clone(), vec![child("a", 10, 11, "")]),
+            &BarrierStatus::default(),
+            20,
+        );
+        assert_eq!(
+            (one.status.phase, one.status.entered),
+            (Some(BarrierPhase::Waiting), 1)
+        );
+        let open = observe(
+            &s,
+            &node(
+                data.clone(),
+                vec![
+                    child("a", 10, 11, ""),
+                    child("b", 30, 31, ""),
+                    child(READY, 31, 32, ""),
+                ],
+            ),
+            &one.status,
+            40,
+        );
+        assert_eq!(
+            (open.status.phase, open.status.entered),
+            (Some(BarrierPhase::Open), 2)
+        );
+        assert_eq!(
+            open.notes.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["Opened"]
+        );
+        let leaving = observe(
+            &s,
+            &node(
+                data.clone(),
+                vec![child("b", 30, 31, ""), child(READY, 31, 32, "")],
+            ),
+            &open.status,
+            50,
+        );
+        assert_eq!(
+            (leaving.status.phase, leaving.status.left),
+            (Some(BarrierPhase::Leaving), 1)
+        );
+        assert!(leaving.notes.is_empty(), "no second Opened event");
+        let done = observe(
+            &s,
+            &node(data, vec![child(READY, 31, 32, "")]),
+            &leaving.status,
+            60,
+        );
+        assert_eq!(
+            (done.status.phase, done.status.entered, done.status.left),
+            (Some(BarrierPhase::Completed), 2, 2)
+        );
+        assert_eq!(done.notes[0].reason, "Completed");
+    }
+
+    #[test]
+    fn a_gang_that_came_and_went_between_two_looks_still_counts_x() {
+        // The whole round (enter, open, leave) happened between two looks:
+        // only `ready` is left, yet x entered and left.
+        let s = spec(3, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let done = observe(
+            &s,
+            &node(data, vec![child(READY, 31, 32, "")]),
+            &BarrierStatus::default(),
+            60,
+        );
+        assert_eq!(
+            (done.status.phase, done.status.entered, done.status.left),
+            (Some(BarrierPhase::Completed), 3, 3)
+        );
+        assert_eq!(
+            done.status.message.as_deref(),
+            Some("all 3 participants have left")
+        );
+    }
+
+    #[test]
+    fn a_participant_lost_before_opening_waits_or_fails_by_policy() {
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let before = observe(
+            &spec(3, None, OnParticipantLoss::Wait),
+            &node(
+                data.clone(),
+                vec![child("a", 1, 2, ""), child("b", 1, 3, "")],
+            ),
+            &BarrierStatus::default(),
+            5,
+        );
+        let wait = observe(
+            &spec(3, None, OnParticipantLoss::Wait),
+            &node(data.clone(), vec![child("a", 1, 2, "")]),
+            &before.status,
+            6,
+        );
+        assert_eq!(
+            (wait.status.phase, wait.status.entered, wait.fail.clone()),
+            (Some(BarrierPhase::Waiting), 1, None)
+        );
+        assert!(wait
+            .status
+            .participants
+            .iter()
+            .any(|p| p.id == "b" && p.lost));
+        let fail = observe(
+            &spec(3, None, OnParticipantLoss::Fail),
+            &node(data, vec![child("a", 1, 2, "")]),
+            &before.status,
+            6,
+        );
+        assert_eq!(fail.fail.as_deref(), Some("ParticipantLost"));
+        assert_eq!(fail.status.phase, Some(BarrierPhase::Failed));
+    }
+
+    #[test]
+    fn a_timeout_fails_a_waiting_barrier_and_is_requeued_until_then() {
+        let s = spec(2, Some("10s"), OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        let early = observe(
+            &s,
+            &node(data.clone(), vec![child("a", 1, 2, "")]),
+            &BarrierStatus::default(),
+            4_000,
+        );
+        assert_eq!(early.fail, None);
+        let requeue = early.requeue.unwrap();
+        assert!(
+            requeue > Duration::from_secs(5) && requeue <= Duration::from_secs(7),
+            "{requeue:?}"
+        );
+        let late = observe(
+            &s,
+            &node(data, vec![child("a", 1, 2, "")]),
+            &early.status,
+            10_001,
+        );
+        assert_eq!(late.fail.as_deref(), Some("TimedOut"));
+    }
+
+    #[test]
+    fn a_spec_problem_is_a_condition_and_one_warning() {
+        let s = spec(1, None, OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 3,
+            ..Default::default()
+        };
+        let n = node(data, vec![child("a", 1, 2, ""), child("b", 1, 3, "")]);
+        let problem = "participants lowered to 1, but 2 have already entered; keeping 3";
+        let obs = |previous| BarrierObservation {
+            spec: &s,
+            participants: s.participants.unwrap_or(1),
+            created: Some(at(0)),
+            node: &n,
+            previous,
+            generation: Some(2),
+            znode: "/b",
+            now: at(5),
+            spec_problem: Some(problem),
+        };
+        let empty = BarrierStatus::default();
+        let first = barrier(&obs(&empty));
+        let accepted = first
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SpecAccepted")
+            .unwrap();
+        assert_eq!(
+            (
+                accepted.status.as_str(),
+                accepted.reason.as_str(),
+                accepted.message.as_str()
+            ),
+            ("False", "InvalidSpec", problem)
+        );
+        assert_eq!(
+            first
+                .notes
+                .iter()
+                .filter(|n| n.reason == "InvalidSpec")
+                .count(),
+            1
+        );
+        let again = barrier(&obs(&first.status));
+        assert!(
+            again.notes.iter().all(|n| n.reason != "InvalidSpec"),
+            "reported once, not on every reconcile"
+        );
+    }
+
+    #[test]
+    fn an_opened_barrier_stays_open_even_if_marked_failed_later() {
+        let s = spec(1, Some("1s"), OnParticipantLoss::Wait);
+        let data = BarrierData {
+            participants: 1,
+            failed: Some("TimedOut".into()),
+            ..Default::default()
+        };
+        let out = observe(
+            &s,
+            &node(data, vec![child("a", 1, 2, ""), child(READY, 2, 3, "")]),
+            &BarrierStatus::default(),
+            5_000,
+        );
+        assert_eq!(out.status.phase, Some(BarrierPhase::Open));
+        assert_eq!(out.fail, None);
+    }
+}
