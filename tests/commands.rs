@@ -1144,3 +1144,67 @@ async fn a_participant_never_enters_another_runs_barrier_and_enters_its_own() {
     assert_eq!(status.code(), Some(0), "entered its own run's barrier");
     assert_eq!(children(&observer, &path).await, ["new-0", "ready"]);
 }
+
+/// A barrier node that does not say its run (made before runs were
+/// recorded) may be an earlier run's, opened: a participant of a run waits
+/// until its owner writes the run, rather than pass its `ready`.
+#[tokio::test]
+async fn a_participant_of_a_run_waits_while_the_barrier_does_not_say_its_run() {
+    use tokio::io::AsyncBufReadExt;
+    let connect = isolated_connect();
+    let observer = session(&connect).await;
+    let path = format!("{BARRIERS}/gang");
+    let barrier = DoubleBarrier::new(&path);
+    let unstamped = BarrierData {
+        participants: 1,
+        uid: Some("earlier".into()),
+        ..BarrierData::default()
+    };
+    barrier.create(&observer, &unstamped).await.unwrap();
+    // Opened by the earlier run.
+    observer
+        .client()
+        .create(
+            &format!("{path}/ready"),
+            b"",
+            &zookeeper_client::CreateMode::Persistent.with_acls(observer.node_acls()),
+        )
+        .await
+        .unwrap();
+    let mut waiting = zkgate(
+        &connect,
+        &[
+            "barrier", "enter", "gang", "--id", "new-0", "--run", "later",
+        ],
+    );
+    waiting.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
+    let mut child = waiting.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            assert!(
+                !line.contains("barrier open"),
+                "passed an unsaid run's ready: {line}"
+            );
+            if line.contains("not recorded yet") {
+                return;
+            }
+        }
+        panic!("the command ended without waiting");
+    })
+    .await
+    .expect("the participant waits for the barrier to say its run");
+    assert_eq!(
+        children(&observer, &path).await,
+        ["ready"],
+        "nothing registered"
+    );
+    // Its owner says it is of this run (a node of the same Barrier).
+    assert!(barrier.set_run(&observer, "later").await.unwrap());
+    let status = exited(&mut child, Duration::from_secs(20)).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "entered once the barrier said its run"
+    );
+}

@@ -1999,10 +1999,16 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
         }))
         .unwrap()
     };
-    let owned_by = |name: &str, job: &str, uid: &str| -> Barrier {
+    // As the controller makes them (`managed`), or by hand.
+    let owned_by = |name: &str, job: &str, uid: &str, managed: bool| -> Barrier {
+        let labels = if managed {
+            json!({ "app.kubernetes.io/managed-by": "zkgate" })
+        } else {
+            json!({})
+        };
         serde_json::from_value(json!({
             "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
-            "metadata": { "name": name, "ownerReferences": [{
+            "metadata": { "name": name, "labels": labels, "ownerReferences": [{
                 "apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid
             }] },
             "spec": { "jobRef": job }
@@ -2014,7 +2020,12 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
     let earlier = barriers
         .create(
             &PostParams::default(),
-            &owned_by("train", "train", "00000000-0000-0000-0000-000000000001"),
+            &owned_by(
+                "train",
+                "train",
+                "00000000-0000-0000-0000-000000000001",
+                true,
+            ),
         )
         .await
         .unwrap();
@@ -2029,7 +2040,24 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
     let kept = barriers
         .create(
             &PostParams::default(),
-            &owned_by("serve", "serve", &running.uid().unwrap()),
+            &owned_by("serve", "serve", &running.uid().unwrap(), true),
+        )
+        .await
+        .unwrap();
+    // Made by hand, owned by a Job that is gone (for the garbage
+    // collector): the user's, never replaced.
+    jobs.create(&PostParams::default(), &labelled("tune", "tune"))
+        .await
+        .unwrap();
+    let theirs = barriers
+        .create(
+            &PostParams::default(),
+            &owned_by(
+                "tune",
+                "setup",
+                "00000000-0000-0000-0000-000000000002",
+                false,
+            ),
         )
         .await
         .unwrap();
@@ -2050,5 +2078,10 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
         barriers.get("serve").await.unwrap().uid(),
         kept.uid(),
         "a running Job's Barrier is its own: left as it is"
+    );
+    assert_eq!(
+        barriers.get("tune").await.unwrap().uid(),
+        theirs.uid(),
+        "a Barrier made by hand is left as it is"
     );
 }

@@ -145,7 +145,8 @@ async fn apply_sized(
         uid: Some(uid.clone()),
         failed: None,
         // Fixed at creation: a Barrier's owners do not change its run.
-        run: super::runs::run_of(barrier).map(str::to_owned),
+        // Its run, or that it has none ("").
+        run: Some(super::runs::run_of(barrier).unwrap_or_default().to_owned()),
     };
 
     let owner = |data: &[u8]| {

@@ -23,7 +23,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_util::time::DelayQueue;
+use tokio_util::time::{delay_queue, DelayQueue};
 use tracing::{debug, info, warn};
 
 use super::jobs::barrier_label;
@@ -48,10 +48,18 @@ impl Touch {
     }
 }
 
-/// The run a Barrier belongs to: the uid of its `batch/v1` Job owner (the
-/// Job it was made for). A Barrier without one (made by hand) belongs to
-/// no run, and every participant enters it.
+/// The run a Barrier belongs to: for one the controller made (labelled
+/// [`crate::controller::managed_by`]), the uid of its `batch/v1` Job owner
+/// (the Job it was made for). A Barrier made by hand belongs to no run,
+/// and every participant enters it.
 pub fn run_of(barrier: &Barrier) -> Option<&str> {
+    // Only what the controller made: a Barrier made by hand stays its
+    // maker's even when a Job owns it (for the garbage collector).
+    let managed = crate::controller::managed_by();
+    let labels = barrier.metadata.labels.as_ref()?;
+    if !managed.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        return None;
+    }
     barrier
         .metadata
         .owner_references
@@ -105,8 +113,10 @@ enum Plan<'a> {
 
 /// The one rule of runs: a label's Barrier belongs to one live Job at a
 /// time. The oldest live Job gets it when there is none, or when the one
-/// there belongs to a run that is over; a live holder keeps it.
-fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job]) -> Plan<'a> {
+/// there belongs to a run that is over; a live holder keeps it (whether its
+/// template still carries the label or not: `holder_live`, from the cache
+/// of every Job).
+fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) -> Plan<'a> {
     let mut running: Vec<&Job> = labelled.iter().copied().filter(|j| live(j)).collect();
     running.sort_by_key(|j| {
         (
@@ -136,6 +146,19 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job]) -> Plan<'a> {
                 .collect(),
         },
         Some(_) => Plan::Nothing,
+        // Its Job runs without the label (it was changed, or the Barrier's
+        // owner was set by hand): not a run that is over.
+        None if holder_live => Plan::Shared {
+            holder: barrier
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.uid == run)
+                .map(|o| o.name.clone())
+                .unwrap_or_default(),
+            others: running.iter().map(|j| j.name_any()).collect(),
+        },
         None => Plan::Replace {
             old: barrier.uid().unwrap_or_default(),
             holder: barrier
@@ -185,7 +208,8 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
     }
 }
 
-/// A failed plan is tried again after this, doubling up to [`RETRY_MAX`].
+/// A plan that failed (or found the caches behind) is tried again after
+/// this, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -193,7 +217,7 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 fn strip(barrier: &mut Barrier) {
     barrier.managed_fields_mut().clear();
     barrier.metadata.annotations = None;
-    barrier.metadata.labels = None;
+    // The labels stay: `run_of` reads them.
     barrier.spec = BarrierSpec::default();
     barrier.status = None;
 }
@@ -216,8 +240,7 @@ pub async fn keep(
         .reflect(writer);
     let mut events = std::pin::pin!(events);
     let mut pending: BTreeSet<Touch> = BTreeSet::new();
-    let mut retry: DelayQueue<Touch> = DelayQueue::new();
-    let mut backoff: HashMap<Touch, Duration> = HashMap::new();
+    let mut retries = Retries::default();
     loop {
         tokio::select! {
             touch = touches.recv() => match touch {
@@ -232,16 +255,16 @@ pub async fn keep(
                 }
                 Ok(watcher::Event::InitDone) => { pending.insert(Touch::All); }
                 Ok(_) => {}
-                Err(e) => debug!(error = %e, "watching Barriers (retried)"),
+                Err(e) => warn!(error = %e, "cannot watch Barriers (retried); labelled Jobs' Barriers wait"),
             },
-            Some(expired) = futures::future::poll_fn(|cx| retry.poll_expired(cx)) => {
-                pending.insert(expired.into_inner());
+            Some(due) = retries.next_due() => {
+                pending.insert(due);
             }
         }
         // Never from a partial listing: a live Job missing from it would
         // look like a run that is over.
-        let listed = jobs.wait_until_ready().now_or_never().is_some()
-            && cache.wait_until_ready().now_or_never().is_some();
+        let listed = matches!(jobs.wait_until_ready().now_or_never(), Some(Ok(())))
+            && matches!(cache.wait_until_ready().now_or_never(), Some(Ok(())));
         if !listed {
             continue;
         }
@@ -253,22 +276,64 @@ pub async fn keep(
                 continue;
             };
             match see_to(&client, &jobs, &cache, namespace, label).await {
-                Ok(Seen::Done) => {
-                    backoff.remove(&touch);
-                }
+                Ok(Seen::Done) => retries.done(&touch),
                 Ok(Seen::Later) => {
-                    retry.insert(touch, RETRY_FIRST);
+                    retries.again(touch);
                 }
                 Err(e) => {
-                    let delay = backoff
-                        .get(&touch)
-                        .map_or(RETRY_FIRST, |d| (*d * 2).min(RETRY_MAX));
+                    let delay = retries.again(touch.clone());
                     warn!(%namespace, barrier = %label, error = %e, retry_in = ?delay, "cannot see to the Barrier of a labelled Job; trying again");
-                    backoff.insert(touch.clone(), delay);
-                    retry.insert(touch, delay);
                 }
             }
         }
+    }
+}
+
+/// Plans to look at again later: one entry per touch, however often it is
+/// asked for, each after a delay that doubles (from [`RETRY_FIRST`] to
+/// [`RETRY_MAX`]) until a plan for it is done.
+#[derive(Default)]
+struct Retries {
+    queue: DelayQueue<Touch>,
+    /// The touches queued, their queue keys and their current delay.
+    queued: HashMap<Touch, (delay_queue::Key, Duration)>,
+    /// The delay of the next retry of touches not queued now.
+    delays: HashMap<Touch, Duration>,
+}
+
+impl Retries {
+    /// Looks at `touch` again later (once, if it is queued already);
+    /// returns when.
+    fn again(&mut self, touch: Touch) -> Duration {
+        if let Some((_, delay)) = self.queued.get(&touch) {
+            return *delay;
+        }
+        let delay = self
+            .delays
+            .get(&touch)
+            .map_or(RETRY_FIRST, |d| (*d * 2).min(RETRY_MAX));
+        self.delays.insert(touch.clone(), delay);
+        let key = self.queue.insert(touch.clone(), delay);
+        self.queued.insert(touch, (key, delay));
+        delay
+    }
+
+    /// A plan for `touch` is done: no retry, and the delay starts over.
+    fn done(&mut self, touch: &Touch) {
+        self.delays.remove(touch);
+        if let Some((key, _)) = self.queued.remove(touch) {
+            self.queue.remove(&key);
+        }
+    }
+
+    /// The next touch whose delay is over; `None` at once when none is
+    /// queued (a disabled `select!` branch).
+    async fn next_due(&mut self) -> Option<Touch> {
+        let due = futures::future::poll_fn(|cx| self.queue.poll_expired(cx))
+            .await?
+            .into_inner();
+        self.queued.remove(&due);
+        Some(due)
     }
 }
 
@@ -295,8 +360,12 @@ async fn see_to(
         .filter(|j| j.namespace().as_deref() == Some(namespace) && barrier_label(j) == Some(label))
         .collect();
     let barrier = barriers.get(&ObjectRef::new(label).within(namespace));
+    let holder_live = barrier.as_deref().and_then(run_of).is_some_and(|run| {
+        all.iter()
+            .any(|j| j.uid().as_deref() == Some(run) && live(j))
+    });
     let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
-    match plan(barrier.as_deref(), &labelled) {
+    match plan(barrier.as_deref(), &labelled, holder_live) {
         Plan::Nothing | Plan::AfterDeletion => Ok(Seen::Done),
         Plan::Make(job) => make_barrier(&api, label, job).await,
         Plan::Replace { old, holder, new } => {
@@ -364,6 +433,7 @@ mod tests {
     fn barrier_of(uid: &str, run: Option<&str>) -> Barrier {
         let mut b = Barrier::new("train", BarrierSpec::default());
         b.metadata.uid = Some(uid.into());
+        b.metadata.labels = Some(crate::controller::managed_by());
         b.metadata.owner_references = run.map(|run| {
             vec![OwnerReference {
                 api_version: "batch/v1".into(),
@@ -382,15 +452,23 @@ mod tests {
         let later = labelled("other", "j2", 200, false);
         let first_over = labelled("train", "j1", 100, true);
         assert_eq!(
-            plan(None, &[&later, &first]),
+            plan(None, &[&later, &first], false),
             Plan::Make(&first),
             "the oldest running"
         );
-        assert_eq!(plan(None, &[&first_over]), Plan::Nothing, "nothing runs");
-        let firsts = barrier_of("b1", Some("j1"));
-        assert_eq!(plan(Some(&firsts), &[&first]), Plan::Nothing, "its own");
         assert_eq!(
-            plan(Some(&firsts), &[&first, &later]),
+            plan(None, &[&first_over], false),
+            Plan::Nothing,
+            "nothing runs"
+        );
+        let firsts = barrier_of("b1", Some("j1"));
+        assert_eq!(
+            plan(Some(&firsts), &[&first], false),
+            Plan::Nothing,
+            "its own"
+        );
+        assert_eq!(
+            plan(Some(&firsts), &[&first, &later], false),
             Plan::Shared {
                 holder: "train".into(),
                 others: vec!["other".into()]
@@ -398,7 +476,7 @@ mod tests {
             "a running holder keeps it"
         );
         assert_eq!(
-            plan(Some(&firsts), &[&first_over, &later]),
+            plan(Some(&firsts), &[&first_over, &later], false),
             Plan::Replace {
                 old: "b1".into(),
                 holder: "train".into(),
@@ -408,7 +486,7 @@ mod tests {
         );
         let again = labelled("train", "j3", 300, false);
         assert_eq!(
-            plan(Some(&firsts), &[&again]),
+            plan(Some(&firsts), &[&again], false),
             Plan::Replace {
                 old: "b1".into(),
                 holder: "train".into(),
@@ -418,16 +496,54 @@ mod tests {
         );
         let mut deleting = firsts.clone();
         deleting.metadata.deletion_timestamp = first.metadata.creation_timestamp.clone();
-        assert_eq!(plan(Some(&deleting), &[&again]), Plan::AfterDeletion);
+        assert_eq!(plan(Some(&deleting), &[&again], false), Plan::AfterDeletion);
         let by_hand = barrier_of("b0", None);
         assert_eq!(
-            plan(Some(&by_hand), &[&first, &later]),
+            plan(Some(&by_hand), &[&first, &later], false),
             Plan::Nothing,
             "made by hand: never replaced"
+        );
+        assert!(
+            matches!(plan(Some(&firsts), &[&later], true), Plan::Shared { .. }),
+            "its Job runs without the label: not over"
+        );
+        let mut theirs = firsts.clone();
+        theirs.metadata.labels = None;
+        assert_eq!(
+            run_of(&theirs),
+            None,
+            "made by hand, owned by a Job: no run"
+        );
+        assert_eq!(
+            plan(Some(&theirs), &[&later], false),
+            Plan::Nothing,
+            "never replaced"
         );
         let mut being_deleted = first.clone();
         being_deleted.metadata.deletion_timestamp = first.metadata.creation_timestamp.clone();
         assert!(!live(&being_deleted));
         assert!(!live(&first_over));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_touch_asked_again_is_retried_once_with_a_growing_delay() {
+        let touch = Touch::Label("ns".into(), "train".into());
+        let mut retries = Retries::default();
+        assert_eq!(retries.again(touch.clone()), RETRY_FIRST);
+        for _ in 0..5 {
+            assert_eq!(retries.again(touch.clone()), RETRY_FIRST, "queued once");
+        }
+        assert_eq!(retries.queue.len(), 1);
+        assert_eq!(retries.next_due().await, Some(touch.clone()));
+        assert_eq!(retries.next_due().await, None, "due once");
+        assert_eq!(retries.again(touch.clone()), RETRY_FIRST * 2, "it doubles");
+        retries.done(&touch);
+        assert_eq!(retries.queue.len(), 0, "done: not retried");
+        assert_eq!(retries.again(touch.clone()), RETRY_FIRST, "and starts over");
+        for _ in 0..20 {
+            retries.done(&touch);
+            retries.delays.insert(touch.clone(), RETRY_MAX);
+            assert_eq!(retries.again(touch.clone()), RETRY_MAX, "bounded");
+        }
     }
 }

@@ -37,9 +37,9 @@ pub struct BarrierData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
     /// The run the barrier belongs to (opaque here; zkgate's controller
-    /// writes the uid of the Job it made the barrier for). A participant of
-    /// another run never enters it (see [`EnterOptions::run`]); one of no
-    /// run enters any.
+    /// writes the uid of the Job it made the barrier for, and `""` for a
+    /// barrier of no run). `None`: the barrier does not say (made before
+    /// runs were recorded; its owner writes it). See [`BarrierData::admits`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
 }
@@ -63,6 +63,14 @@ impl BarrierData {
             });
         }
         Ok(Some(parsed))
+    }
+
+    /// Whether a participant of run `run` may register: `Some(true)` for a
+    /// barrier of that run or of none, `Some(false)` for another run's,
+    /// `None` while the barrier does not say (a participant of a run waits:
+    /// it could be an earlier run's, opened).
+    pub fn admits(&self, run: &str) -> Option<bool> {
+        self.run.as_deref().map(|r| r.is_empty() || r == run)
     }
 
     /// Serializes it.
@@ -628,27 +636,47 @@ impl DoubleBarrier {
                 }
                 Err(e) => return Err(e),
             };
-            let theirs = BarrierData::parse(&self.path, &data)?.and_then(|d| d.run);
-            match theirs {
-                Some(theirs) if theirs != run => {
-                    if !told {
-                        info!(barrier = %self.path, %run, other = %theirs, "the barrier is another run's: waiting for this run's to replace it");
-                        told = true;
-                    }
-                    let event = watcher.changed().await;
-                    if event.event_type == zk::EventType::Session {
-                        if let Some(err) =
-                            SessionState::from_client(event.session_state).terminal_error()
-                        {
-                            return Err(err);
-                        }
-                    }
-                }
-                _ => {
-                    session.retire_watch(watcher.changed());
-                    return Ok(czxid);
+            let found = BarrierData::parse(&self.path, &data)?;
+            // A node without data (made by another client) has no run.
+            if found.as_ref().is_none_or(|d| d.admits(run) == Some(true)) {
+                session.retire_watch(watcher.changed());
+                return Ok(czxid);
+            }
+            if !told {
+                let other = found
+                    .and_then(|d| d.run)
+                    .unwrap_or_else(|| "not recorded yet".to_owned());
+                info!(barrier = %self.path, %run, %other, "the barrier is another run's (or does not say): waiting for this run's");
+                told = true;
+            }
+            let event = watcher.changed().await;
+            if event.event_type == zk::EventType::Session {
+                if let Some(err) = SessionState::from_client(event.session_state).terminal_error() {
+                    return Err(err);
                 }
             }
+        }
+    }
+
+    /// The czxid of the barrier node if it is there and admits `run`.
+    async fn node_of_run(&self, session: &Session, run: &str) -> Result<Option<i64>> {
+        let client = session.client();
+        match session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await
+        {
+            Ok((data, stat)) => {
+                let found = BarrierData::parse(&self.path, &data)?;
+                Ok(found
+                    .as_ref()
+                    .is_none_or(|d| d.admits(run) == Some(true))
+                    .then_some(stat.czxid))
+            }
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -726,6 +754,8 @@ impl DoubleBarrier {
                             Ok((stat, _)) => {
                                 guard.arm_created(node.clone(), stat.czxid);
                                 registered = true;
+                                // In a node no run check has seen.
+                                run_czxid = None;
                                 continue;
                             }
                             Err(e) if is_connection_loss(&e) => {
@@ -739,7 +769,8 @@ impl DoubleBarrier {
                         Some(participants) => {
                             let data = BarrierData {
                                 participants,
-                                run: options.run.clone(),
+                                // Says its run, or that it has none.
+                                run: Some(options.run.clone().unwrap_or_default()),
                                 ..BarrierData::default()
                             };
                             self.create(session, &data).await?;
@@ -756,10 +787,8 @@ impl DoubleBarrier {
             };
             // Of another run now: ours was deleted and replaced since we
             // looked (our registration, if made, is removed on the way out).
-            if let (Some(ours), Some(theirs)) =
-                (&options.run, barrier.as_ref().and_then(|b| b.run.as_ref()))
-            {
-                if ours != theirs {
+            if let (Some(ours), Some(barrier)) = (&options.run, &barrier) {
+                if barrier.admits(ours) == Some(false) {
                     return Err(ZkError::Deleted {
                         path: self.path.clone(),
                     });
@@ -856,12 +885,22 @@ impl DoubleBarrier {
                     path: self.path.clone(),
                 });
             };
-            if run_czxid.is_some_and(|czxid| czxid != barrier_stat.czxid) {
-                // Replaced after our run's check: ours went (and our node,
-                // if it landed in the new one, is removed on the way out).
-                return Err(ZkError::Deleted {
-                    path: self.path.clone(),
-                });
+            if let Some(run) = &options.run {
+                if run_czxid != Some(barrier_stat.czxid) {
+                    // Our create went to a node other than the one our run's
+                    // check approved (made since): it stands only if that
+                    // node is our run's too. Otherwise ours went, and our
+                    // node is removed on the way out. (Until then, for one
+                    // round trip, another run's count may include it.)
+                    match self.node_of_run(session, run).await? {
+                        Some(czxid) if czxid == barrier_stat.czxid => run_czxid = Some(czxid),
+                        _ => {
+                            return Err(ZkError::Deleted {
+                                path: self.path.clone(),
+                            })
+                        }
+                    }
+                }
             }
             // Every child but `ready` is a participant. `ready` was absent
             // earlier in this round; made since, it is counted here, and
