@@ -1068,12 +1068,38 @@ async fn sigterm_just_after_the_credentials_came_ends_the_command() {
     );
 }
 
+/// `zkgate barrier enter gang --run later` (id `new-0`), once it logs
+/// `says` (that it waits for its run's barrier); it must not pass before.
+async fn waiting_for_its_run(connect: &str, says: &str) -> Child {
+    use tokio::io::AsyncBufReadExt;
+    let mut waiting = zkgate(
+        connect,
+        &[
+            "barrier", "enter", "gang", "--id", "new-0", "--run", "later",
+        ],
+    );
+    waiting.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
+    let mut child = waiting.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            assert!(!line.contains("barrier open"), "passed: {line}");
+            if line.contains(says) {
+                return;
+            }
+        }
+        panic!("the command ended without waiting");
+    })
+    .await
+    .expect("the participant says it waits for its run's barrier");
+    child
+}
+
 /// A participant of one run (a Job's) waits out another run's barrier of
 /// the same name without registering in it (its count would open the
 /// other gang), and enters its own run's once that replaces it.
 #[tokio::test]
 async fn a_participant_never_enters_another_runs_barrier_and_enters_its_own() {
-    use tokio::io::AsyncBufReadExt;
     let connect = isolated_connect();
     let observer = session(&connect).await;
     let path = format!("{BARRIERS}/gang");
@@ -1086,25 +1112,7 @@ async fn a_participant_never_enters_another_runs_barrier_and_enters_its_own() {
         .create(&observer, &made("earlier", 2))
         .await
         .unwrap();
-    let mut waiting = zkgate(
-        &connect,
-        &[
-            "barrier", "enter", "gang", "--id", "new-0", "--run", "later",
-        ],
-    );
-    waiting.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
-    let mut child = waiting.spawn().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("another run's") {
-                return;
-            }
-        }
-        panic!("the command ended without waiting");
-    })
-    .await
-    .expect("the participant says it waits for its run's barrier");
+    let mut child = waiting_for_its_run(&connect, "another run's").await;
     // The earlier run's last participant arrives: it must not find the
     // later run's participant counted (x = 2).
     let earlier = {
@@ -1150,7 +1158,6 @@ async fn a_participant_never_enters_another_runs_barrier_and_enters_its_own() {
 /// until its owner writes the run, rather than pass its `ready`.
 #[tokio::test]
 async fn a_participant_of_a_run_waits_while_the_barrier_does_not_say_its_run() {
-    use tokio::io::AsyncBufReadExt;
     let connect = isolated_connect();
     let observer = session(&connect).await;
     let path = format!("{BARRIERS}/gang");
@@ -1171,29 +1178,7 @@ async fn a_participant_of_a_run_waits_while_the_barrier_does_not_say_its_run() {
         )
         .await
         .unwrap();
-    let mut waiting = zkgate(
-        &connect,
-        &[
-            "barrier", "enter", "gang", "--id", "new-0", "--run", "later",
-        ],
-    );
-    waiting.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
-    let mut child = waiting.spawn().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            assert!(
-                !line.contains("barrier open"),
-                "passed an unsaid run's ready: {line}"
-            );
-            if line.contains("not recorded yet") {
-                return;
-            }
-        }
-        panic!("the command ended without waiting");
-    })
-    .await
-    .expect("the participant waits for the barrier to say its run");
+    let mut child = waiting_for_its_run(&connect, "not recorded yet").await;
     assert_eq!(
         children(&observer, &path).await,
         ["ready"],

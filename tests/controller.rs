@@ -2064,15 +2064,7 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
 
     let _controller = ControllerProcess::start(&ns, &zk, "controller-0");
     let uid = again.uid().unwrap();
-    let replaced = eventually(WITHIN, "the re-made Job's own Barrier", || async {
-        barriers
-            .get_opt("train")
-            .await
-            .ok()
-            .flatten()
-            .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
-    })
-    .await;
+    let replaced = support::kube::barrier_of_run(&barriers, "train", &uid, WITHIN).await;
     assert_ne!(replaced.uid(), earlier.uid());
     assert_eq!(
         barriers.get("serve").await.unwrap().uid(),

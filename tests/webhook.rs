@@ -432,15 +432,7 @@ async fn each_run_of_a_labelled_job_gets_a_barrier_of_its_own() {
         let (barriers, observer, path) = (barriers.clone(), &observer, path.clone());
         async move {
             let uid = job.uid().unwrap();
-            let barrier = eventually(WITHIN, "the run's Barrier", || async {
-                barriers
-                    .get_opt("train")
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
-            })
-            .await;
+            let barrier = support::kube::barrier_of_run(&barriers, "train", &uid, WITHIN).await;
             eventually(WITHIN, "the run's barrier node", || async {
                 let (data, _) = observer.client().get_data(&path).await.ok()?;
                 let data = zkgate::zk::BarrierData::parse(&path, &data).ok()??;

@@ -149,29 +149,27 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
         // Its Job runs without the label (it was changed, or the Barrier's
         // owner was set by hand): not a run that is over.
         None if holder_live => Plan::Shared {
-            holder: barrier
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.uid == run)
-                .map(|o| o.name.clone())
-                .unwrap_or_default(),
+            holder: owner_name(barrier, run),
             others: running.iter().map(|j| j.name_any()).collect(),
         },
         None => Plan::Replace {
             old: barrier.uid().unwrap_or_default(),
-            holder: barrier
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.uid == run)
-                .map(|o| o.name.clone())
-                .unwrap_or_default(),
+            holder: owner_name(barrier, run),
             new: oldest.name_any(),
         },
     }
+}
+
+/// The name of `barrier`'s owner of uid `run` (its Job, which may be gone).
+fn owner_name(barrier: &Barrier, run: &str) -> String {
+    barrier
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.uid == run)
+        .map(|o| o.name.clone())
+        .unwrap_or_default()
 }
 
 /// Makes Barrier `name` for `job`: sized from the Job (`spec.jobRef`),

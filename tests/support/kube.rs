@@ -49,6 +49,25 @@ pub async fn client_as(kubeconfig: &std::path::Path, user: &str) -> Client {
 
 /// Waits until every webhook of the MutatingWebhookConfiguration `name`
 /// carries a `caBundle` (the controller published its CA).
+/// Barrier `name` once it is the run of the Job of uid `job` (owned by it).
+pub async fn barrier_of_run(
+    api: &Api<zkgate::api::Barrier>,
+    name: &str,
+    job: &str,
+    within: Duration,
+) -> zkgate::api::Barrier {
+    super::eventually(within, "the run's Barrier", || async {
+        api.get_opt(name).await.ok().flatten().filter(|b| {
+            b.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == job)
+        })
+    })
+    .await
+}
+
 pub async fn ca_bundle_published(client: &Client, name: &str, within: Duration) {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
