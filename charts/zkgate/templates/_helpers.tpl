@@ -1,13 +1,22 @@
+{{- define "zkgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "zkgate.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "zkgate.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "zkgate.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "zkgate.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -32,7 +41,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "zookeeper.auth.existingSecret needs webhook.enabled=true: pods get their namespace's ZooKeeper credential from the controller's credential handout, served beside the webhook" -}}
 {{- end -}}
 {{- if .Values.zookeeper.deploy -}}
-{{- printf "%s-zookeeper:2181" (include "zkgate.fullname" .) -}}
+{{- /* Qualified with the namespace: the webhook copies it into pods of other namespaces. */ -}}
+{{- printf "%s-zookeeper.%s.svc:2181" (include "zkgate.fullname" .) .Release.Namespace -}}
 {{- else if .Values.zookeeper.connect -}}
 {{- .Values.zookeeper.connect -}}
 {{- else -}}
