@@ -1044,3 +1044,100 @@ async fn failing_a_barrier_as_it_already_failed_writes_nothing() {
     let (_, third) = session.client().get_data(&path).await.unwrap();
     assert_eq!(third.version, first.version + 1);
 }
+
+// ---- Found by the chaos test in the CI run of e39e2d9; both fail on e39e2d9. ----
+
+/// `barrier run` (an ephemeral registration) through a proxy: p1 waits,
+/// the proxy stalls, and p2 arrives directly and opens the barrier,
+/// counting p1. p1's session then expires (the server removes its node).
+/// `give_up` comes while p1 cannot reach the server (a stop by `stop`, or
+/// p1's deadline), and its withdrawal fails with the expired session.
+/// Returns p1 (to be finished by the caller) once p2 has passed.
+async fn counted_then_expired(
+    stop_with_sigterm: bool,
+) -> (
+    tokio::process::Child,
+    support::proxy::Proxy,
+    zkgate::zk::Session,
+    String,
+) {
+    let (direct, through_proxy, proxy) = support::proxy::routes().await;
+    let observer = session(&direct).await;
+    let barrier = format!("{BARRIERS}/x");
+    let timeout = if stop_with_sigterm { "60s" } else { "3s" };
+    let run = |connect: &str, id: &str, timeout: &str| {
+        support::zkgate(
+            connect,
+            &[
+                "barrier",
+                "run",
+                "x",
+                "--participants",
+                "2",
+                "--id",
+                id,
+                "--timeout",
+                timeout,
+                "--session-timeout",
+                "4s",
+                "--",
+                "true",
+            ],
+        )
+    };
+    let p1 = piped(run(&through_proxy, "p1", timeout));
+    eventually(Duration::from_secs(10), "p1 registered", || async {
+        (children(&observer, &barrier).await == ["p1"]).then_some(())
+    })
+    .await;
+    proxy.stall();
+    // p2 opens the barrier counting p1, runs `true`, and leaves once p1's
+    // node is gone (with its session).
+    let p2 = piped(run(&direct, "p2", "60s"));
+    eventually(Duration::from_secs(10), "p2 opened the barrier", || async {
+        children(&observer, &barrier)
+            .await
+            .iter()
+            .any(|c| c == "ready")
+            .then_some(())
+    })
+    .await;
+    proxy.stall_until_expired().await;
+    if stop_with_sigterm {
+        signal_pid(p1.id().unwrap(), libc::SIGTERM);
+    }
+    let (code2, err2) = support::finished(p2, Duration::from_secs(30)).await;
+    assert_eq!(code2, 0, "p2 passed counting p1: {err2}");
+    (p1, proxy, observer, barrier)
+}
+
+/// SIGTERM while cut off, after the opening counted us: on e39e2d9 p1 was
+/// told "stopped ... our registration was withdrawn and nobody counted it"
+/// (exit 143) though p2 passed counting it: the withdrawal failed with the
+/// expired session and that was taken for a withdrawal.
+#[tokio::test]
+async fn a_participant_stopped_after_its_session_expired_is_not_told_nobody_counted_it() {
+    let (p1, proxy, _observer, _barrier) = counted_then_expired(true).await;
+    proxy.resume();
+    let (code1, err1) = support::finished(p1, Duration::from_secs(30)).await;
+    assert!(
+        !err1.contains("nobody counted it") && err1.contains("may have"),
+        "p2 passed counting p1, but p1 (exit {code1}) was told: {err1}"
+    );
+    assert_eq!(code1, 143, "stopped by SIGTERM: {err1}");
+}
+
+/// The same with p1's deadline passing while cut off: on e39e2d9 p1 was
+/// told it timed out (exit 3, which says nobody counted it) though p2
+/// passed counting it.
+#[tokio::test]
+async fn a_participant_whose_deadline_passed_after_its_session_expired_is_not_told_it_timed_out() {
+    let (p1, proxy, _observer, _barrier) = counted_then_expired(false).await;
+    proxy.resume();
+    let (code1, err1) = support::finished(p1, Duration::from_secs(30)).await;
+    assert!(
+        code1 != 3 && err1.contains("may have"),
+        "p2 passed counting p1, but p1 (exit {code1}) was told: {err1}"
+    );
+    assert_eq!(code1, 5, "the session expired: {err1}");
+}

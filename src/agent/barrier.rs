@@ -85,7 +85,8 @@ impl<'a> BarrierCommand<'a> {
     /// Enters unless stopped by SIGTERM or SIGINT first. The outcome is
     /// settled with the server (see [`DoubleBarrier::enter_unless`]): the
     /// barrier entered, with the signal that came as it opened if one did;
-    /// or stopped, with our registration withdrawn (exit 143 or 130).
+    /// or stopped, with our registration withdrawn (exit 143 or 130, and
+    /// the message says whether an opening may have counted it).
     async fn enter_with(
         &self,
         session: &Session,
@@ -114,6 +115,16 @@ impl<'a> BarrierCommand<'a> {
                     exit,
                     format!(
                     "stopped by {} while {}; our registration was withdrawn and nobody counted it",
+                    exit.signal_name(),
+                    self.waiting()
+                ),
+                ))
+            }
+            Ok(Entry::StoppedUnsettled(exit, e)) => {
+                return Err(AgentError::new(
+                    exit,
+                    format!(
+                    "stopped by {} while {}, and our registration could not be withdrawn for sure ({e}): the barrier may have opened counting it, and the others may pass without us",
                     exit.signal_name(),
                     self.waiting()
                 ),

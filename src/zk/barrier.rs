@@ -153,6 +153,11 @@ pub enum Entry<S> {
     /// Stopped, but the barrier had opened with us by then: the others
     /// count us, so the caller should leave rather than vanish.
     OpenedAsStopped(Entered, S),
+    /// Stopped, but our registration could not be withdrawn in the
+    /// transaction that settles it (the error says why: the session
+    /// expired, the node was removed by someone else): the barrier may
+    /// have opened counting it. What is left of it has been removed.
+    StoppedUnsettled(S, ZkError),
 }
 
 /// How a withdrawal ended.
@@ -161,6 +166,10 @@ enum Withdrawal {
     Withdrawn,
     /// The barrier had opened: we are in.
     Opened,
+    /// Our node went before we withdrew it (our session expired, or
+    /// someone removed it): an opening may have counted it while it was
+    /// there, and nothing here can tell.
+    Gone,
 }
 
 /// The result of trying to open the barrier.
@@ -300,7 +309,9 @@ impl DoubleBarrier {
             .await?
         {
             Entry::Entered(entered) => Ok(entered),
-            Entry::Stopped(never) | Entry::OpenedAsStopped(_, never) => match never {},
+            Entry::Stopped(never)
+            | Entry::OpenedAsStopped(_, never)
+            | Entry::StoppedUnsettled(never, _) => match never {},
         }
     }
 
@@ -311,7 +322,10 @@ impl DoubleBarrier {
     /// data as it is, so that an opening that counted us and has not
     /// committed yet fails its version check and counts again. Never is a
     /// participant told it timed out or was stopped while the others pass
-    /// counting it.
+    /// counting it: when the withdrawal cannot be settled (our session
+    /// expired while we were cut off, our node was removed by someone
+    /// else), the outcome says the barrier may have counted us
+    /// ([`ZkError::Unsettled`], [`Entry::StoppedUnsettled`]).
     pub async fn enter_unless<S>(
         &self,
         session: &Session,
@@ -347,6 +361,7 @@ impl DoubleBarrier {
                 guard.disarm();
                 return Ok(Entry::OpenedAsStopped(entered, signal));
             }
+            Ok(Entry::StoppedUnsettled(signal, _)) => Err(signal),
             // The deadline may have cut off the create that opened the
             // barrier, or another participant's: the outcome is settled by
             // the server, not by our clock.
@@ -368,18 +383,29 @@ impl DoubleBarrier {
                 return Err(e);
             }
         };
-        let opened = match self.give_up(session, id, &mut guard).await {
-            Ok(opened) => opened,
+        let settled = match self.give_up(session, id, &mut guard).await {
             Err(ZkError::SessionExpired) if options.persistent => {
-                match self.give_up_after_expiry(session, id, &mut guard).await {
-                    Ok(opened) => opened,
-                    Err(e) => return Err(e),
-                }
+                self.give_up_after_expiry(session, id, &mut guard).await
             }
+            settled => settled,
+        };
+        let opened = match settled {
+            Ok(opened) => opened,
+            // Not withdrawn in the transaction that settles it (an expired
+            // session took our node, or someone removed it): an opening
+            // may have counted it, and the participant is told so, never
+            // that nobody did.
             Err(e) => {
-                warn!(barrier = %self.path, error = %e, "could not withdraw our registration in one transaction; removing it");
+                warn!(barrier = %self.path, error = %e, "could not withdraw our registration in the transaction that settles it; removing what is left: the barrier may have opened counting it");
                 guard.delete_now(session).await;
-                None
+                return match gave_up {
+                    Ok(timeout) => Err(ZkError::Unsettled {
+                        path: self.path.clone(),
+                        gave_up: Box::new(timeout),
+                        source: Box::new(e),
+                    }),
+                    Err(signal) => Ok(Entry::StoppedUnsettled(signal, e)),
+                };
             }
         };
         match (opened, gave_up) {
@@ -417,6 +443,10 @@ impl DoubleBarrier {
                     Withdrawal::Withdrawn => {
                         guard.disarm();
                         Ok(None)
+                    }
+                    Withdrawal::Gone => {
+                        guard.disarm();
+                        Err(ZkError::NodeRemoved { path: node })
                     }
                     // Open with our node in it: it may be counted, so it
                     // stays whatever settling says (never removed on an
@@ -481,7 +511,8 @@ impl DoubleBarrier {
     ///
     /// With `czxid`, only the node made by that transaction is ours: a node
     /// there now made later (a new pod's, after ours was removed) is left
-    /// alone, and nothing of ours can be counted any more.
+    /// alone. Our node gone before our transaction landed is
+    /// [`Withdrawal::Gone`]: it may have been counted while it was there.
     async fn withdraw(
         &self,
         session: &Session,
@@ -491,6 +522,17 @@ impl DoubleBarrier {
         let client = session.client();
         let ready = path::join(&self.path, READY);
         let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        // Whether a transaction of ours was sent and its outcome not seen
+        // (the connection was lost): our node found gone since is then
+        // taken for that transaction's doing.
+        let mut sent = false;
+        let gone = |sent: bool| {
+            if sent {
+                Withdrawal::Withdrawn
+            } else {
+                Withdrawal::Gone
+            }
+        };
         loop {
             // As the leader has it (a new session's server may be a
             // follower behind our node's create): a sync goes first.
@@ -506,7 +548,7 @@ impl DoubleBarrier {
                     .await?
                 {
                     Some(stat) if stat.czxid == czxid => Some(stat.version),
-                    _ => return Ok(Withdrawal::Withdrawn),
+                    _ => return Ok(gone(sent)),
                 },
             };
             let (data, stat) = match session
@@ -548,16 +590,22 @@ impl DoubleBarrier {
                     index: 0,
                     source: zk::Error::NoAuth,
                 }) => return self.withdraw_unversioned(session, node, node_version).await,
-                // The barrier is gone, or our node (removed by someone, or
-                // by our own attempt whose reply was lost): nothing of ours
-                // can be counted any more.
+                // The barrier is gone: nothing of ours can be counted any
+                // more (the others are told it was deleted).
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NoNode,
+                }) => return Ok(Withdrawal::Withdrawn),
+                // Our node is gone: removed by our own transaction whose
+                // reply was lost, or by someone else.
                 Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::NoNode,
                     ..
-                }) => return Ok(Withdrawal::Withdrawn),
+                }) => return Ok(gone(sent)),
                 Err(e) => {
                     let e = zk::Error::from(e);
                     if is_connection_loss(&e) {
+                        sent = true;
                         session.await_connected().await?;
                         continue;
                     }
@@ -1316,6 +1364,9 @@ impl DoubleBarrier {
         let client = session.client();
         let ready = path::join(&self.path, READY);
         let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        // As in `withdraw`: a node gone after a transaction of ours whose
+        // outcome we did not see is taken for its doing.
+        let mut sent = false;
         loop {
             let mut writer = client.new_multi_writer();
             writer
@@ -1329,6 +1380,15 @@ impl DoubleBarrier {
                     index: 0,
                     source: zk::Error::NodeExists,
                 }) => Ok(Withdrawal::Opened),
+                // The barrier is gone.
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0 | 1,
+                    source: zk::Error::NoNode,
+                }) => Ok(Withdrawal::Withdrawn),
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode,
+                    ..
+                }) if !sent => Ok(Withdrawal::Gone),
                 Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::NoNode,
                     ..
@@ -1336,6 +1396,7 @@ impl DoubleBarrier {
                 Err(e) => {
                     let e = zk::Error::from(e);
                     if is_connection_loss(&e) {
+                        sent = true;
                         session.await_connected().await?;
                         continue;
                     }

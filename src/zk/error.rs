@@ -123,6 +123,21 @@ pub enum ZkError {
         holder: String,
     },
 
+    /// We gave up waiting for a barrier (`gave_up` says why: a timeout),
+    /// but our registration could not be withdrawn in the transaction that
+    /// settles whether an opening counted it (`source` says why: the
+    /// session expired, the node was removed by someone else): the barrier
+    /// may have opened counting it, so the others may pass without us.
+    #[error("{gave_up}, and our registration could not be withdrawn for sure ({source}): the barrier {path} may have opened counting it, and the others may pass without us")]
+    Unsettled {
+        /// The barrier node.
+        path: String,
+        /// Why we gave up.
+        gave_up: Box<ZkError>,
+        /// Why the withdrawal could not settle it.
+        source: Box<ZkError>,
+    },
+
     /// Our own node disappeared while we waited: someone deleted it.
     #[error("our node {path} was deleted by someone else while waiting")]
     NodeRemoved {
@@ -211,6 +226,7 @@ impl ZkError {
             | ZkError::TlsHandshake { .. }
             | ZkError::SessionExpired
             | ZkError::SessionClosed
+            | ZkError::Unsettled { .. }
             | ZkError::AuthFailed
             | ZkError::NotAuthorized { .. } => ErrorKind::Unavailable,
             ZkError::InvalidData { .. }
