@@ -8,7 +8,9 @@ use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
-use crate::zk::{DoubleBarrier, EnterOptions, Entered, Entry, HoldMonitor, Session};
+use crate::zk::{
+    DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier, HoldMonitor, RoundEnd, Session,
+};
 
 /// How often a waiting participant logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -61,10 +63,6 @@ impl<'a> BarrierCommand<'a> {
         }
     }
 
-    fn waiting(&self) -> String {
-        format!("waiting for the barrier {} to open", self.barrier.path())
-    }
-
     /// Watches our ephemeral registration from the moment the barrier
     /// opened: what stops the sidecar or the command when it is lost.
     fn registration<'s>(&self, session: &'s Session, entered: &Entered) -> HoldMonitor<'s> {
@@ -93,9 +91,22 @@ impl<'a> BarrierCommand<'a> {
         persistent: bool,
         stop: &mut Termination,
     ) -> Result<(Entered, Option<Exit>), AgentError> {
+        self.enter_at(&self.barrier, session, persistent, stop)
+            .await
+    }
+
+    /// [`BarrierCommand::enter_with`] at `barrier` (this one, or one of its
+    /// rounds).
+    async fn enter_at(
+        &self,
+        barrier: &DoubleBarrier,
+        session: &Session,
+        persistent: bool,
+        stop: &mut Termination,
+    ) -> Result<(Entered, Option<Exit>), AgentError> {
         let p = self.participant;
-        let entry = self
-            .barrier
+        let waiting = format!("waiting for the barrier {} to open", barrier.path());
+        let entry = barrier
             .enter_unless(
                 session,
                 &p.id,
@@ -107,7 +118,7 @@ impl<'a> BarrierCommand<'a> {
         let (entered, stopped) = match entry {
             Ok(Entry::Entered(entered)) => (entered, None),
             Ok(Entry::OpenedAsStopped(entered, exit)) => {
-                info!(barrier = %self.barrier.path(), "stopped, but the barrier had opened with us");
+                info!(barrier = %barrier.path(), "stopped, but the barrier had opened with us");
                 (entered, Some(exit))
             }
             Ok(Entry::Stopped(exit)) => {
@@ -116,7 +127,7 @@ impl<'a> BarrierCommand<'a> {
                     format!(
                     "stopped by {} while {}; our registration was withdrawn and nobody counted it",
                     exit.signal_name(),
-                    self.waiting()
+                    waiting
                 ),
                 ))
             }
@@ -126,7 +137,7 @@ impl<'a> BarrierCommand<'a> {
                     format!(
                     "stopped by {} while {}, and our registration could not be withdrawn for sure ({e}): the barrier may have opened counting it, and the others may pass without us",
                     exit.signal_name(),
-                    self.waiting()
+                    waiting
                 ),
                 ))
             }
@@ -134,7 +145,7 @@ impl<'a> BarrierCommand<'a> {
                 return Err(super::explain_missing(
                     p,
                     session,
-                    self.barrier.path(),
+                    barrier.path(),
                     "Barrier",
                     p.explain(e),
                 )
@@ -142,7 +153,7 @@ impl<'a> BarrierCommand<'a> {
             }
         };
         info!(
-            barrier = %self.barrier.path(),
+            barrier = %barrier.path(),
             id = %p.id,
             participants = entered.participants,
             was_registered = entered.was_registered,
@@ -156,12 +167,23 @@ impl<'a> BarrierCommand<'a> {
         session: &Session,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(), AgentError> {
+        self.leave_at(&self.barrier, session, deadline).await
+    }
+
+    /// [`BarrierCommand::leave_with`] at `barrier` (this one, or one of its
+    /// rounds).
+    async fn leave_at(
+        &self,
+        barrier: &DoubleBarrier,
+        session: &Session,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), AgentError> {
         let p = self.participant;
-        self.barrier
+        barrier
             .leave(session, &p.id, deadline)
             .await
             .map_err(|e| p.explain(e))?;
-        info!(barrier = %self.barrier.path(), id = %p.id, "everyone has left");
+        info!(barrier = %barrier.path(), id = %p.id, "everyone has left");
         Ok(())
     }
 
@@ -190,6 +212,15 @@ impl<'a> BarrierCommand<'a> {
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
+        self.enter_ephemeral_on(session, stop).await
+    }
+
+    /// [`BarrierCommand::enter_ephemeral`] on `session`, closed on failure.
+    async fn enter_ephemeral_on(
+        &self,
+        session: Session,
+        stop: &mut Termination,
+    ) -> Result<(Session, Entered), AgentError> {
         match self.enter_with(&session, false, stop).await {
             Ok((entered, None)) => Ok((session, entered)),
             Ok((_, Some(exit))) => {
@@ -274,7 +305,44 @@ impl<'a> BarrierCommand<'a> {
         grace: Duration,
     ) -> Result<i32, AgentError> {
         child::check_command(command)?;
-        let (session, entered) = self.enter_ephemeral(&mut stop).await?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        // A barrier in rounds is entered round by round. Without a
+        // controller (`--participants`), a missing node is ours to make,
+        // a plain one; with one, we wait for it to say which it is.
+        let creating = self.participants.is_some();
+        let peek = async {
+            let data = if creating {
+                self.barrier.data_if_there(&session).await
+            } else {
+                self.barrier
+                    .data_when_there(&session, self.run.as_deref())
+                    .await
+            };
+            data.map_err(|e| self.participant.explain(e))
+        };
+        let found = stop
+            .unless_stopped(
+                &format!("waiting for the barrier {}", self.barrier.path()),
+                peek,
+            )
+            .await;
+        match found {
+            Ok(Some(data)) if data.round.is_some() => {
+                let outcome = self
+                    .run_in_rounds(&session, &mut stop, command, grace)
+                    .await;
+                close(session).await;
+                return outcome;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                close(session).await;
+                return Err(e);
+            }
+        }
+        let (session, entered) = self.enter_ephemeral_on(session, &mut stop).await?;
         let ended = match child::spawn(command, &[], grace) {
             Ok(child) => {
                 let registration = self.registration(&session, &entered);
@@ -309,4 +377,204 @@ impl<'a> BarrierCommand<'a> {
             Err(e) => Err(e),
         }
     }
+
+    /// `run` on a barrier in rounds ([`GangBarrier`]): enters the current
+    /// round, runs the command, and when the round ends (a member's
+    /// command failed, a member was lost or restarted) stops the command's
+    /// whole tree and meets the others again in the next round; the
+    /// command never runs while a command of the round before still runs
+    /// (the next round opens only once every member has registered in it,
+    /// and each stops its command first). Arriving at a round that opened
+    /// without us (our container restarted) ends that round. Returns the
+    /// command's code once a round finished with it: `0` when every member
+    /// completed. A member that completes marks the round finishing, and
+    /// from then on a failure no longer restarts the gang.
+    async fn run_in_rounds(
+        &self,
+        session: &Session,
+        stop: &mut Termination,
+        command: &[String],
+        grace: Duration,
+    ) -> Result<i32, AgentError> {
+        let p = self.participant;
+        let gang = GangBarrier::new(self.barrier.path());
+        let failed = |reason: &str| {
+            AgentError::new(
+                Exit::Failed,
+                format!(
+                    "barrier {} failed: {reason}; see the Barrier's status and events",
+                    gang.path()
+                ),
+            )
+        };
+        loop {
+            let top = self
+                .barrier
+                .data_when_there(session, self.run.as_deref())
+                .await
+                .map_err(|e| p.explain(e))?
+                .unwrap_or_default();
+            if let Some(reason) = &top.failed {
+                return Err(failed(reason));
+            }
+            let k = top.round.unwrap_or_default();
+            let round = gang.round(k);
+            let (entered, stopped) = self.enter_at(&round, session, false, stop).await?;
+            if let Some(exit) = stopped {
+                // Counted as we were stopped: the others wait for us to
+                // leave, and this round ends with us gone.
+                let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+                self.end_round(session, &gang, k, &why, &entered.node)
+                    .await?;
+                return Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path())));
+            }
+            if !gang
+                .counted(session, k, &entered.node)
+                .await
+                .map_err(|e| p.explain(e))?
+            {
+                // Round k opened without us: we restarted after it began.
+                let why = format!("{} restarted after round {k} opened", p.id);
+                info!(barrier = %gang.path(), round = k, "the round opened without us: ending it, to meet again in the next");
+                match self.end_round(session, &gang, k, &why, &entered.node).await? {
+                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => continue,
+                    RoundEnd::Finishing => {
+                        return Err(failed(&format!(
+                            "round {k} is finishing (a member completed), so the gang cannot restart for us"
+                        )))
+                    }
+                    RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                        return Err(failed(&reason))
+                    }
+                }
+            }
+            let members = gang.members(session, k).await.map_err(|e| p.explain(e))?;
+            info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
+            let registration = self.registration(session, &entered);
+            let interrupt = async {
+                tokio::select! {
+                    reason = registration.lost() => Interruption::Lost(reason),
+                    over = gang.round_over(session, k, &members) => match over {
+                        Ok(why) => Interruption::RoundOver(why),
+                        Err(e) => Interruption::Failed(e),
+                    },
+                }
+            };
+            let ended =
+                child::supervise(child::spawn(command, &[], grace)?, stop, interrupt, grace)
+                    .await?;
+            match ended {
+                Ended::Exited(0) => {
+                    if gang
+                        .start_leaving(session, k)
+                        .await
+                        .map_err(|e| p.explain(e))?
+                    {
+                        info!(barrier = %gang.path(), round = k, "the command completed; leaving the round");
+                        self.leave_at(&round, session, p.deadline()).await?;
+                        return Ok(0);
+                    }
+                    // The round ended as we completed: the gang runs again,
+                    // and so do we.
+                    info!(barrier = %gang.path(), round = k, "the command completed, but the round had ended: meeting again");
+                    self.withdraw(session, &entered.node).await?;
+                }
+                Ended::Exited(code) => {
+                    let why = format!("{}'s command exited {code}", p.id);
+                    let end = self
+                        .end_round(session, &gang, k, &why, &entered.node)
+                        .await?;
+                    if let Some(exit) = stop.asked_to_stop() {
+                        info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
+                        return Ok(code);
+                    }
+                    match end {
+                        RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
+                            info!(barrier = %gang.path(), round = k, code, "the command failed: the gang meets again");
+                        }
+                        RoundEnd::Finishing => {
+                            warn!(barrier = %gang.path(), round = k, code, "the command failed after a member completed: the gang cannot restart");
+                            return Ok(code);
+                        }
+                        RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                            warn!(barrier = %gang.path(), round = k, code, %reason, "the command failed and the gang cannot restart");
+                            return Ok(code);
+                        }
+                    }
+                }
+                Ended::Interrupted(Interruption::RoundOver(why), code) => {
+                    info!(barrier = %gang.path(), round = k, %why, code, "the round ended: the command was stopped; meeting again");
+                    self.withdraw(session, &entered.node).await?;
+                    if let Some(exit) = stop.asked_to_stop() {
+                        return Err(AgentError::new(
+                            exit,
+                            format!(
+                                "stopped by {} after round {k} of the barrier {} ended ({why})",
+                                exit.signal_name(),
+                                gang.path()
+                            ),
+                        ));
+                    }
+                }
+                Ended::Interrupted(Interruption::Lost(reason), code) => {
+                    return Err(self.registration_lost(
+                        reason,
+                        &format!("; the command was terminated (it exited {code})"),
+                    ));
+                }
+                Ended::Interrupted(Interruption::Failed(e), code) => {
+                    let err = p.explain(e);
+                    return Err(AgentError::new(
+                        err.exit,
+                        format!(
+                            "{}; the command was terminated (it exited {code})",
+                            err.message
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Ends round `k` (see [`GangBarrier::end_round`]) and withdraws our
+    /// registration `node` from it, unless the round is finishing (then
+    /// our registration stays, for the leave).
+    async fn end_round(
+        &self,
+        session: &Session,
+        gang: &GangBarrier,
+        k: u32,
+        why: &str,
+        node: &str,
+    ) -> Result<RoundEnd, AgentError> {
+        let p = self.participant;
+        let end = gang
+            .end_round(session, k, why)
+            .await
+            .map_err(|e| p.explain(e))?;
+        if end == RoundEnd::Finishing {
+            self.leave_at(&gang.round(k), session, p.deadline()).await?;
+        } else {
+            self.withdraw(session, node).await?;
+        }
+        Ok(end)
+    }
+
+    /// Removes our registration from a round that ended.
+    async fn withdraw(&self, session: &Session, node: &str) -> Result<(), AgentError> {
+        crate::zk::tree::delete_if_present(session, node)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.participant.explain(e))
+    }
+}
+
+/// Why a command running in a round was stopped.
+enum Interruption {
+    /// Our registration was lost.
+    Lost(crate::zk::LossReason),
+    /// The round ended (why).
+    RoundOver(String),
+    /// Watching the round failed.
+    Failed(crate::zk::ZkError),
 }

@@ -122,6 +122,8 @@ pub struct Termination {
     quit: tokio::signal::unix::Signal,
     usr1: tokio::signal::unix::Signal,
     usr2: tokio::signal::unix::Signal,
+    /// SIGTERM or SIGINT has come (the first one's exit code).
+    asked_to_stop: Option<Exit>,
 }
 
 impl Termination {
@@ -139,30 +141,45 @@ impl Termination {
             quit: handle(SignalKind::quit())?,
             usr1: handle(SignalKind::user_defined1())?,
             usr2: handle(SignalKind::user_defined2())?,
+            asked_to_stop: None,
         })
     }
 
     /// Resolves when SIGTERM or SIGINT arrives, with the exit code that
     /// reports it.
     pub async fn received(&mut self) -> Exit {
-        tokio::select! {
+        let exit = tokio::select! {
             _ = self.term.recv() => Exit::Terminated,
             _ = self.int.recv() => Exit::Interrupted,
-        }
+        };
+        self.asked_to_stop.get_or_insert(exit);
+        exit
+    }
+
+    /// Whether SIGTERM or SIGINT has come (passed on to a command, or
+    /// taken by [`Termination::received`]): the exit code of the first.
+    pub fn asked_to_stop(&self) -> Option<Exit> {
+        self.asked_to_stop
     }
 
     /// Resolves with the next of the signals a supervised command gets
     /// passed on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2.
     pub async fn any(&mut self) -> nix::sys::signal::Signal {
         use nix::sys::signal::Signal;
-        tokio::select! {
+        let signal = tokio::select! {
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.hup.recv() => Signal::SIGHUP,
             _ = self.quit.recv() => Signal::SIGQUIT,
             _ = self.usr1.recv() => Signal::SIGUSR1,
             _ = self.usr2.recv() => Signal::SIGUSR2,
+        };
+        match signal {
+            Signal::SIGTERM => _ = self.asked_to_stop.get_or_insert(Exit::Terminated),
+            Signal::SIGINT => _ = self.asked_to_stop.get_or_insert(Exit::Interrupted),
+            _ => {}
         }
+        signal
     }
 
     /// Runs `work` unless a signal comes first. Then `work` is dropped,

@@ -36,6 +36,12 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Left", type_ = "integer", json_path = ".status.left"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Restarts",
+        type_ = "integer",
+        json_path = ".status.restarts",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -66,10 +72,18 @@ pub struct BarrierSpec {
     #[schemars(pattern(crate::api::DURATION_PATTERN))]
     pub timeout: Option<String>,
     /// What happens when a participant that entered is lost (its pod failed
-    /// or vanished, its session expired): `Wait` (it can be replaced) or
-    /// `Fail` (the barrier fails).
+    /// or vanished, its session expired): `Wait` (it can be replaced),
+    /// `Fail` (the barrier fails) or `RestartGang` (after the opening, a
+    /// member's failure ends the round: every member's command is stopped,
+    /// and they all meet again in the next round; needs `zkgate barrier
+    /// run`). Fixed when the barrier is made.
     #[serde(default)]
     pub on_participant_loss: OnParticipantLoss,
+    /// With `RestartGang`: how many rounds may follow the first; one more
+    /// end fails the barrier (`RestartLimit`). No limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub max_restarts: Option<u32>,
 }
 
 /// What a lost participant does to the barrier.
@@ -80,6 +94,11 @@ pub enum OnParticipantLoss {
     Wait,
     /// The barrier fails and every waiter exits with the "failed" code.
     Fail,
+    /// After the opening, a member's failure (its command exits non-zero,
+    /// its session ends, it restarts) ends the round: every member's
+    /// command is stopped and the gang meets again in the next round
+    /// before any command runs again.
+    RestartGang,
 }
 
 /// Where a barrier stands.
@@ -129,7 +148,18 @@ pub struct BarrierStatus {
     /// so that a large gang's status stays small).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unlisted: u32,
-    /// When the barrier opened.
+    /// With `RestartGang`: the current round (0 first); `entered`, `left`
+    /// and `participants` describe it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
+    /// With `RestartGang`: how many times the gang restarted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    /// With `RestartGang`: why each of the last rounds ended, oldest first
+    /// (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_ends: Vec<String>,
+    /// When the barrier (the current round) opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_at: Option<Time>,
     /// When the last participant left.

@@ -15,9 +15,9 @@ use super::pods::PodFate;
 use super::reconciler::{next_look, own_node, publish, Reconciled, POD_RECHECK};
 use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
-use crate::api::Barrier;
+use crate::api::{Barrier, OnParticipantLoss};
 use crate::zk::tree::ChildNode;
-use crate::zk::{BarrierData, DoubleBarrier, READY};
+use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, READY};
 
 impl Reconciled for Barrier {
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
@@ -139,7 +139,7 @@ async fn apply_sized(
     let uid = barrier.uid().ok_or(Error::Incomplete("uid"))?;
     let path = ctx.layout.barrier(namespace, &name)?;
     let zk = &*ctx.zk;
-    let recipe = DoubleBarrier::new(&path);
+    let restarts = barrier.spec.on_participant_loss == OnParticipantLoss::RestartGang;
     let wanted = BarrierData {
         participants: size,
         uid: Some(uid.clone()),
@@ -147,6 +147,10 @@ async fn apply_sized(
         // Fixed at creation: a Barrier's owners do not change its run.
         // Its run, or that it has none ("").
         run: Some(super::runs::run_of(barrier).unwrap_or_default().to_owned()),
+        // A gang that restarts together meets in rounds, from round 0.
+        round: restarts.then_some(0),
+        max_restarts: barrier.spec.max_restarts.filter(|_| restarts),
+        ..BarrierData::default()
     };
 
     let owner = |data: &[u8]| {
@@ -154,17 +158,52 @@ async fn apply_sized(
             .map(|d| d.and_then(|d| d.uid))
             .map_err(|e| e.to_string())
     };
+    // In rounds, the round's node is made below.
     let create = || async {
-        recipe
+        DoubleBarrier::new(&path)
             .create_with_acls(zk, &wanted, &acls.barriers)
             .await
             .map(|_| ())
             .map_err(Error::from)
     };
     let node = own_node(barrier, ctx, &path, &uid, wanted.to_bytes(), owner, create).await?;
-    let Some(mut node) = node else {
+    let Some(node) = node else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    let top = BarrierData::parse(&path, &node.data)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    // A node made before runs were recorded (an upgrade) gets its run, so
+    // that a later run's participants never pass its `ready`.
+    if let (None, Some(run)) = (&top.run, &wanted.run) {
+        if top.uid == wanted.uid {
+            DoubleBarrier::new(&path).set_run(zk, run).await?;
+        }
+    }
+    let mut spec_problem = size_problem;
+    if top.round.is_some() != restarts {
+        spec_problem = Some(format!(
+            "onParticipantLoss is fixed when the barrier is made, and this one was made {} rounds; the change has no effect",
+            if top.round.is_some() { "in" } else { "without" }
+        ));
+    }
+    // In rounds, the registrations are the current round's: everything
+    // below looks at that round's node.
+    let (live, mut node) = match top.round {
+        None => (path.clone(), node),
+        Some(k) => {
+            let gang = GangBarrier::new(&path);
+            gang.ensure_round(zk, &top, k).await?;
+            let round = gang.round_path(k);
+            match crate::zk::tree::snapshot(zk, &round).await? {
+                Some(node) => (round, node),
+                // Moved on since: look again.
+                None => return Ok(Action::requeue(Duration::ZERO)),
+            }
+        }
+    };
+    let recipe = DoubleBarrier::new(&live);
 
     // Registrations made by init containers outlive them: remove those whose
     // pod has finished (it left) or is gone, and, until the barrier opens,
@@ -179,27 +218,19 @@ async fn apply_sized(
         .filter(|c| c.name != READY && c.stat.ephemeral_owner == 0)
         .collect();
     let persistent = !registrations.is_empty();
-    let removed = remove_ended(ctx, namespace, &path, registrations, opened).await?;
+    let removed = remove_ended(ctx, namespace, &live, registrations, opened).await?;
     node.children.retain(|c| !removed.contains(&c.name));
 
     // x can change while the barrier waits, but not below those already
     // in (the count could never come down to it), and not once it opened.
     // Lowered to exactly those in, it opens: the data write fires the
     // waiters' barrier watch, and each counts again against the new x.
-    let current = BarrierData::parse(&path, &node.data)
+    let current = BarrierData::parse(&live, &node.data)
         .ok()
         .flatten()
         .unwrap_or_default();
-    // A node made before runs were recorded (an upgrade) gets its run, so
-    // that a later run's participants never pass its `ready`.
-    if let (None, Some(run)) = (&current.run, &wanted.run) {
-        if current.uid == wanted.uid {
-            recipe.set_run(zk, run).await?;
-        }
-    }
     let entered = node.children.iter().filter(|c| c.name != READY).count();
     let wanted_x = size;
-    let mut spec_problem = size_problem;
     if current.participants != wanted_x && current.failed.is_none() {
         if opened {
             spec_problem = Some(format!(
@@ -212,6 +243,12 @@ async fn apply_sized(
                 current.participants
             ));
         } else if recipe.set_participants(zk, wanted_x).await? {
+            if top.round.is_some() {
+                // The rounds to come are made with the barrier's count.
+                DoubleBarrier::new(&path)
+                    .set_participants(zk, wanted_x)
+                    .await?;
+            }
             node.data = BarrierData {
                 participants: wanted_x,
                 ..current
@@ -224,7 +261,8 @@ async fn apply_sized(
     }
 
     let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
-    let outcome = status::barrier(&BarrierObservation {
+    let previous = status::previous_of_round(previous, top.round);
+    let mut outcome = status::barrier(&BarrierObservation {
         spec: &barrier.spec,
         participants: wanted_x,
         created: barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -235,6 +273,9 @@ async fn apply_sized(
         now: Timestamp::now(),
         spec_problem: spec_problem.as_deref(),
     });
+    if let Some(k) = top.round {
+        status::in_rounds(&mut outcome, &previous, &top, k, Timestamp::now());
+    }
     if let Some(reason) = &outcome.fail {
         warn!(barrier = %name, %reason, "failing the barrier");
         if !recipe.fail(zk, reason).await? {

@@ -42,6 +42,26 @@ pub struct BarrierData {
     /// runs were recorded; its owner writes it). See [`BarrierData::admits`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// A barrier in rounds (see [`super::GangBarrier`]): the current round.
+    /// `None`: a plain double barrier, entered at this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
+    /// A barrier in rounds: how many rounds may follow the first; past
+    /// them the barrier fails. `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+    /// A barrier in rounds: why each round so far ended, oldest first (at
+    /// most [`super::rounds::MAX_ENDS_KEPT`], the latest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ends: Vec<String>,
+    /// A round's node: why the round ended (its members stop, and meet
+    /// again in the next round).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// A round's node: a member completed, so the round is finishing and
+    /// can no longer restart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
 }
 
 impl BarrierData {
@@ -662,6 +682,62 @@ impl DoubleBarrier {
             was_registered: false,
             confirmed_at: sent,
         }))
+    }
+
+    /// The barrier node's data as it is now: `None` when the node is
+    /// missing or has no data.
+    pub async fn data_if_there(&self, session: &Session) -> Result<Option<BarrierData>> {
+        path::validate_path(&self.path)?;
+        let client = session.client();
+        match session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await
+        {
+            Ok((data, _)) => BarrierData::parse(&self.path, &data),
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits until the barrier node is there (and, with `run`, of that run
+    /// or of none: see [`EnterOptions::run`]) and returns its data: `None`
+    /// for a node without data (made by another client). A participant
+    /// reads it to learn how to enter (a barrier in rounds, say).
+    pub async fn data_when_there(
+        &self,
+        session: &Session,
+        run: Option<&str>,
+    ) -> Result<Option<BarrierData>> {
+        path::validate_path(&self.path)?;
+        let client = session.client();
+        loop {
+            match run {
+                Some(run) => _ = self.await_run(session, run).await?,
+                None => session.await_node(&self.path).await?,
+            }
+            match session
+                .retry("read", &self.path, || client.get_data(&self.path))
+                .await
+            {
+                Ok((data, _)) => {
+                    let found = BarrierData::parse(&self.path, &data)?;
+                    // Replaced by another run's since the wait: wait again.
+                    match (run, &found) {
+                        (Some(run), Some(d)) if d.admits(run) != Some(true) => continue,
+                        _ => return Ok(found),
+                    }
+                }
+                // Deleted since: wait again.
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Waits until the barrier node is there and of `run` (or of no run),

@@ -5,7 +5,8 @@
 //!
 //! - [`Session`]: a session with an explicit, awaited [`Session::close`] and
 //!   a visible [`SessionState`].
-//! - [`DoubleBarrier`]: ZooKeeper's double barrier (enter / leave).
+//! - [`DoubleBarrier`]: ZooKeeper's double barrier (enter / leave), and
+//!   [`GangBarrier`]: one in rounds, for a gang that restarts together.
 //! - [`Semaphore`]: N permits in Curator's InterProcessSemaphoreV2 layout,
 //!   k at a time, all or nothing; its hold is a [`LockHold`] too.
 //! - [`Mutex`] and [`ReadWriteLock`]: Curator-compatible locks; a held lock
@@ -30,6 +31,7 @@ mod guard;
 mod hold;
 mod lock;
 pub mod path;
+pub mod rounds;
 mod semaphore;
 mod session;
 pub mod tree;
@@ -43,5 +45,6 @@ pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
+pub use rounds::{GangBarrier, RoundEnd};
 pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

@@ -303,6 +303,9 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             left,
             participants,
             unlisted: 0,
+            round: None,
+            restarts: 0,
+            round_ends: Vec::new(),
             opened_at: ready.and_then(|r| time_of_millis(r.stat.ctime)),
             completed_at,
             conditions: vec![
@@ -321,6 +324,72 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
         fail,
         notes,
         requeue,
+    }
+}
+
+/// How many round ends the status lists.
+const ROUND_ENDS_LISTED: usize = 10;
+
+/// The status last written, as the start of round `round`'s: a status of
+/// an earlier round describes none of this round's participants, so only
+/// its conditions, its round and its restarts carry over (the counts and
+/// the list start again, and the phase with them).
+pub fn previous_of_round(previous: BarrierStatus, round: Option<u32>) -> BarrierStatus {
+    match round {
+        Some(k) if previous.round != Some(k) => BarrierStatus {
+            conditions: previous.conditions,
+            round: previous.round,
+            restarts: previous.restarts,
+            ..BarrierStatus::default()
+        },
+        _ => previous,
+    }
+}
+
+/// Adds to a barrier's status in rounds (`top`: the barrier node's data,
+/// now in round `round`) the round, the restarts and why the last rounds
+/// ended; an event for each restart seen; and the barrier failed when it
+/// ran out of restarts (whatever the current round's own phase).
+pub fn in_rounds(
+    outcome: &mut BarrierOutcome,
+    previous: &BarrierStatus,
+    top: &BarrierData,
+    round: u32,
+    now: Timestamp,
+) {
+    let status = &mut outcome.status;
+    status.round = Some(round);
+    status.restarts = round;
+    let skip = top.ends.len().saturating_sub(ROUND_ENDS_LISTED);
+    status.round_ends = top.ends[skip..].to_vec();
+    if let Some(before) = previous.round.filter(|before| *before < round) {
+        let why = top
+            .ends
+            .last()
+            .map(String::as_str)
+            .unwrap_or("no reason recorded");
+        outcome.notes.push(warning(
+            "GangRestarted",
+            format!("round {before} ended ({why}); the gang meets again in round {round}"),
+        ));
+    }
+    if let Some(failed) = &top.failed {
+        let reason = failed.split(':').next().unwrap_or(failed).trim().to_owned();
+        let message = format!("failed: {failed}");
+        if status.phase != Some(BarrierPhase::Failed) {
+            outcome.notes.push(warning("Failed", message.clone()));
+        }
+        status.phase = Some(BarrierPhase::Failed);
+        status.reason = Some(reason.clone());
+        status.message = Some(message.clone());
+        if let Some(ready) = status.conditions.iter_mut().find(|c| c.type_ == "Ready") {
+            if ready.status != "False" || ready.reason != reason {
+                ready.last_transition_time = Time(now);
+            }
+            ready.status = "False".to_owned();
+            ready.reason = reason;
+            ready.message = message;
+        }
     }
 }
 

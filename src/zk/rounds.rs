@@ -1,0 +1,410 @@
+//! A double barrier in rounds: when one member of a gang fails after the
+//! start, every member stops and they all meet again before anyone resumes.
+//!
+//! Layout: the barrier node's data says the current round `k`
+//! ([`BarrierData::round`]), how many rounds may follow the first
+//! ([`BarrierData::max_restarts`]) and why each round so far ended
+//! ([`BarrierData::ends`]). Round `k` is a [`DoubleBarrier`] of its own at
+//! `<barrier>/round-<k>`, so a late leaver of round `k` never counts in
+//! round `k + 1`.
+//!
+//! A round ends ([`GangBarrier::end_round`]) in one transaction that marks
+//! the round node ended, moves the barrier node to the next round and
+//! creates the next round's node (or, past `max_restarts`, fails the
+//! barrier). Every write is conditional on the versions read, so two
+//! members ending the same round end it once. A round's members watch its
+//! node ([`GangBarrier::round_over`]) and stop their commands when it ends
+//! or when one of them vanishes (its session ended) before the round's
+//! leave began. A member whose command succeeded marks the round leaving
+//! first ([`GangBarrier::start_leaving`]): from then on the round cannot
+//! restart (a member that completed cannot run again), and the members
+//! leave it as a double barrier's.
+
+use tracing::{debug, info};
+use zookeeper_client as zk;
+
+use super::barrier::{BarrierData, DoubleBarrier, READY};
+use super::error::{Result, ZkError, CONTENDED_ATTEMPTS};
+use super::path;
+use super::session::{is_connection_loss, Session, SessionState};
+
+/// How many ends a barrier node records (the rounds a barrier may have
+/// are bounded by its `max_restarts`; this bounds the node's size too).
+pub const MAX_ENDS_KEPT: usize = 100;
+
+/// What [`GangBarrier::end_round`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoundEnd {
+    /// We ended it: the next round is open for registration.
+    Restarted {
+        /// The next round.
+        next: u32,
+    },
+    /// We ended it, and that was the last restart allowed: the barrier
+    /// failed with this reason.
+    LimitReached(String),
+    /// It had ended already (someone else ended it first), or the barrier
+    /// has moved past it.
+    AlreadyEnded,
+    /// A member completed: the round is finishing and cannot restart.
+    Finishing,
+    /// The barrier failed (this reason) or is gone.
+    Failed(String),
+}
+
+/// A barrier whose gang restarts together, in rounds. See the module docs.
+#[derive(Clone, Debug)]
+pub struct GangBarrier {
+    path: String,
+}
+
+impl GangBarrier {
+    /// The barrier whose node is `path`.
+    pub fn new(path: impl Into<String>) -> Self {
+        GangBarrier { path: path.into() }
+    }
+
+    /// The barrier node's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The node of round `k`.
+    pub fn round_path(&self, k: u32) -> String {
+        path::join(&self.path, &format!("round-{k}"))
+    }
+
+    /// Round `k`, a double barrier of its own.
+    pub fn round(&self, k: u32) -> DoubleBarrier {
+        DoubleBarrier::new(self.round_path(k))
+    }
+
+    /// The data round `k`'s node is made with: the barrier's count, owner
+    /// and run; nothing of the rounds.
+    fn round_data(top: &BarrierData) -> BarrierData {
+        BarrierData {
+            participants: top.participants,
+            uid: top.uid.clone(),
+            failed: None,
+            run: top.run.clone(),
+            ..BarrierData::default()
+        }
+    }
+
+    /// Makes round `k`'s node if it is missing (its barrier node's owner
+    /// does, after making the barrier node with `round: Some(k)`), with the
+    /// barrier node's ACL. True if it made it.
+    pub async fn ensure_round(&self, session: &Session, top: &BarrierData, k: u32) -> Result<bool> {
+        let client = session.client();
+        let round = self.round_path(k);
+        let (acl, _) = session
+            .retry("read ACL", &self.path, || client.get_acl(&self.path))
+            .await?;
+        let options = zk::CreateMode::Persistent.with_acls((&acl[..]).into());
+        let bytes = Self::round_data(top).to_bytes();
+        match session
+            .retry("create", &round, || client.create(&round, &bytes, &options))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ZkError::Zk {
+                source: zk::Error::NodeExists,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads the barrier node: its data and version; `None` when it is
+    /// missing.
+    async fn read_top(&self, session: &Session) -> Result<Option<(BarrierData, i32)>> {
+        let client = session.client();
+        match session
+            .retry("read", &self.path, || client.get_data(&self.path))
+            .await
+        {
+            Ok((data, stat)) => Ok(Some((
+                BarrierData::parse(&self.path, &data)?.unwrap_or_default(),
+                stat.version,
+            ))),
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads round `k`'s node: its data and its version.
+    async fn read_round(&self, session: &Session, k: u32) -> Result<Option<(BarrierData, i32)>> {
+        let client = session.client();
+        let round = self.round_path(k);
+        match session
+            .retry("read", &round, || client.get_data(&round))
+            .await
+        {
+            Ok((data, stat)) => Ok(Some((parse(&round, &data)?, stat.version))),
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends round `k` because of `why`, unless it ended already or is
+    /// finishing: in one transaction conditional on what was read, the
+    /// round node is marked ended and the barrier node moves to round
+    /// `k + 1`, whose node is made; past `max_restarts` the barrier node
+    /// is marked failed instead.
+    pub async fn end_round(&self, session: &Session, k: u32, why: &str) -> Result<RoundEnd> {
+        let client = session.client();
+        let round = self.round_path(k);
+        for _ in 0..CONTENDED_ATTEMPTS {
+            let Some((mut top, top_version)) = self.read_top(session).await? else {
+                return Ok(RoundEnd::Failed("Deleted".to_owned()));
+            };
+            if let Some(reason) = &top.failed {
+                return Ok(RoundEnd::Failed(reason.clone()));
+            }
+            if top.round != Some(k) {
+                return Ok(RoundEnd::AlreadyEnded);
+            }
+            let Some((mut marks, round_version)) = self.read_round(session, k).await? else {
+                // Moved on and removed, or never made: nothing to end.
+                return Ok(RoundEnd::AlreadyEnded);
+            };
+            if marks.ended.is_some() {
+                return Ok(RoundEnd::AlreadyEnded);
+            }
+            if marks.leaving {
+                return Ok(RoundEnd::Finishing);
+            }
+            marks.ended = Some(why.to_owned());
+            let ended = marks.to_bytes();
+            top.ends.push(why.to_owned());
+            if top.ends.len() > MAX_ENDS_KEPT {
+                top.ends.remove(0);
+            }
+            let next = k + 1;
+            let limit = top.max_restarts.filter(|max| next > *max).map(|max| {
+                format!("RestartLimit: round {k} ended ({why}) and the gang has restarted {max} time(s), its limit")
+            });
+            let mut writer = client.new_multi_writer();
+            let next_round = self.round_path(next);
+            let acl;
+            writer
+                .add_set_data(&round, &ended, Some(round_version))
+                .map_err(|e| ZkError::from_client("end round", &round, e))?;
+            match &limit {
+                Some(reason) => {
+                    top.failed = Some(reason.clone());
+                    writer
+                        .add_set_data(&self.path, &top.to_bytes(), Some(top_version))
+                        .map_err(|e| ZkError::from_client("end round", &self.path, e))?;
+                }
+                None => {
+                    top.round = Some(next);
+                    (acl, _) = session
+                        .retry("read ACL", &self.path, || client.get_acl(&self.path))
+                        .await?;
+                    let options = zk::CreateMode::Persistent.with_acls((&acl[..]).into());
+                    writer
+                        .add_set_data(&self.path, &top.to_bytes(), Some(top_version))
+                        .and_then(|()| {
+                            writer.add_create(
+                                &next_round,
+                                &Self::round_data(&top).to_bytes(),
+                                &options,
+                            )
+                        })
+                        .map_err(|e| ZkError::from_client("end round", &self.path, e))?;
+                }
+            }
+            match writer.commit().await {
+                Ok(_) => {
+                    info!(barrier = %self.path, round = k, %why, "the round ended");
+                    return Ok(match limit {
+                        Some(reason) => RoundEnd::LimitReached(reason),
+                        None => RoundEnd::Restarted { next },
+                    });
+                }
+                // Something changed since we read (another member ended the
+                // round, one completed, the owner rewrote the node): look
+                // again. A transaction of ours that landed before a lost
+                // connection is seen as the round ended, as it is.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists,
+                    ..
+                }) => continue,
+                Err(e) => {
+                    let e = zk::Error::from(e);
+                    if is_connection_loss(&e) {
+                        session.await_connected().await?;
+                        continue;
+                    }
+                    return Err(ZkError::from_client("end round", &round, e));
+                }
+            }
+        }
+        Err(ZkError::Contended {
+            op: "end the round of",
+            path: self.path.clone(),
+            attempts: CONTENDED_ATTEMPTS,
+        })
+    }
+
+    /// Marks round `k` leaving (a member completed) unless it ended: false
+    /// when it had ended (the member's success does not stand: the gang
+    /// restarts).
+    pub async fn start_leaving(&self, session: &Session, k: u32) -> Result<bool> {
+        let client = session.client();
+        let round = self.round_path(k);
+        for _ in 0..CONTENDED_ATTEMPTS {
+            let Some((mut marks, version)) = self.read_round(session, k).await? else {
+                return Err(ZkError::Deleted { path: round });
+            };
+            if marks.ended.is_some() {
+                return Ok(false);
+            }
+            if marks.leaving {
+                return Ok(true);
+            }
+            marks.leaving = true;
+            let leaving = marks.to_bytes();
+            match session
+                .retry("write", &round, || {
+                    client.set_data(&round, &leaving, Some(version))
+                })
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(ZkError::Zk {
+                    source: zk::Error::BadVersion,
+                    ..
+                }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ZkError::Contended {
+            op: "mark leaving",
+            path: round,
+            attempts: CONTENDED_ATTEMPTS,
+        })
+    }
+
+    /// Resolves with why round `k` is over for its members: it was ended
+    /// (by anyone), or a member vanished (its session ended, its node was
+    /// removed) before the round's leave began, which this ends the round
+    /// for. Never resolves once the round is leaving. `members` are the
+    /// round's registrations to watch (as seen once it opened); any of them
+    /// gone is a loss. Every wake-up reads the round again.
+    pub async fn round_over(
+        &self,
+        session: &Session,
+        k: u32,
+        members: &[String],
+    ) -> Result<String> {
+        let client = session.client();
+        let round = self.round_path(k);
+        loop {
+            let (data, _, data_watch) = match session
+                .retry("watch", &round, || client.get_and_watch_data(&round))
+                .await
+            {
+                Ok(found) => found,
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Err(ZkError::Deleted { path: round }),
+                Err(e) => return Err(e),
+            };
+            let marks = parse(&round, &data)?;
+            if let Some(why) = marks.ended {
+                session.retire_watch(data_watch.changed());
+                return Ok(why);
+            }
+            if marks.leaving {
+                session.retire_watch(data_watch.changed());
+                return std::future::pending().await;
+            }
+            let (children, _, children_watch) = match session
+                .retry("watch", &round, || client.get_and_watch_children(&round))
+                .await
+            {
+                Ok(found) => found,
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Err(ZkError::Deleted { path: round }),
+                Err(e) => return Err(e),
+            };
+            let gone: Vec<&String> = members
+                .iter()
+                .filter(|m| !children.iter().any(|c| c == *m))
+                .collect();
+            if let Some(lost) = gone.first() {
+                // Read again after the children's change: a member that
+                // completed marked the round leaving before it went.
+                let Some((marks, _)) = self.read_round(session, k).await? else {
+                    return Err(ZkError::Deleted { path: round });
+                };
+                if let Some(why) = marks.ended {
+                    return Ok(why);
+                }
+                if !marks.leaving {
+                    let why = format!("{lost} was lost in round {k}");
+                    debug!(barrier = %self.path, round = k, %lost, "a member of the round vanished: ending the round");
+                    self.end_round(session, k, &why).await?;
+                    return Ok(why);
+                }
+                continue;
+            }
+            tokio::select! {
+                event = data_watch.changed() => check_session(&event)?,
+                event = children_watch.changed() => check_session(&event)?,
+            }
+        }
+    }
+
+    /// The members of open round `k` (its registrations, `ready` aside).
+    pub async fn members(&self, session: &Session, k: u32) -> Result<Vec<String>> {
+        let client = session.client();
+        let round = self.round_path(k);
+        let children = session
+            .retry("list", &round, || client.list_children(&round))
+            .await?;
+        Ok(children.into_iter().filter(|c| c != READY).collect())
+    }
+
+    /// Whether our registration `node` in round `k` was counted by its
+    /// opening: made before `ready`. False for a late arrival, which passed
+    /// a round that had opened without it.
+    pub async fn counted(&self, session: &Session, k: u32, node: &str) -> Result<bool> {
+        let client = session.client();
+        let ready = path::join(&self.round_path(k), READY);
+        let (ours, ready) = session
+            .retry("check", node, || async {
+                let ours = client.check_stat(node);
+                let ready = client.check_stat(&ready);
+                Ok((ours.await?, ready.await?))
+            })
+            .await?;
+        Ok(matches!((ours, ready), (Some(o), Some(r)) if o.czxid < r.czxid))
+    }
+}
+
+/// A session event that ends the wait: the session expired or was closed.
+fn check_session(event: &zk::WatchedEvent) -> Result<()> {
+    if event.event_type == zk::EventType::Session {
+        if let Some(err) = SessionState::from_client(event.session_state).terminal_error() {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// A round node's data; empty data (not of our making) has no marks.
+fn parse(path: &str, data: &[u8]) -> Result<BarrierData> {
+    Ok(BarrierData::parse(path, data)?.unwrap_or_default())
+}
