@@ -84,6 +84,7 @@ fn zkgate(s: &Setup, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
     cmd.args(args)
         .env("ZKGATE_ZOOKEEPER", &s.zk)
+        .envs(support::tls_env(&s.zk))
         .env("ZKGATE_NAMESPACE", &s.ns)
         .env("ZKGATE_LOG", "warn")
         .stdin(Stdio::null())
@@ -2076,4 +2077,108 @@ async fn a_controller_started_later_replaces_the_barriers_of_runs_that_are_over(
         theirs.uid(),
         "a Barrier made by hand is left as it is"
     );
+}
+
+/// A member's command of `barrier run`: its first run does `first`, later
+/// runs exit 0; each run appends a line to `DIR/ID.runs`.
+fn member_script(dir: &std::path::Path, id: &str, first: &str) -> String {
+    let runs = dir.join(format!("{id}.runs"));
+    let runs = runs.display();
+    format!(
+        "n=$(wc -l < {runs} 2>/dev/null || echo 0); echo run >> {runs}; \
+         if [ \"$n\" -eq 0 ]; then {first}; fi"
+    )
+}
+
+/// Issue 27, item 2: a Barrier with `onParticipantLoss: RestartGang`. One
+/// member's command fails after the opening: the gang meets again in
+/// round 1, which completes; the status says the round, the restarts and
+/// why round 0 ended, and an event says the gang restarted.
+#[tokio::test]
+async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
+    let s = setup().await;
+    create_barrier(
+        &s,
+        "gang",
+        json!({ "participants": 3, "onParticipantLoss": "RestartGang", "maxRestarts": 2 }),
+    )
+    .await;
+    barrier_where(&s, "gang", "round 0 waiting", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.round == Some(0) && st.phase == Some(BarrierPhase::Waiting)
+        })
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let members: Vec<_> = ["p0", "p1", "p2"]
+        .iter()
+        .map(|id| {
+            let first = if *id == "p1" {
+                "sleep 1; exit 3"
+            } else {
+                "sleep 60 & wait $!"
+            };
+            let script = member_script(dir.path(), id, first);
+            zkgate(
+                &s,
+                &["barrier", "run", "gang", "--id", id, "--", "sh", "-c", &script],
+            )
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for (id, m) in ["p0", "p1", "p2"].iter().zip(members) {
+        let (code, err) = finished(m).await;
+        assert_eq!(code, Some(0), "{id}: {err}");
+    }
+    let b = barrier_where(&s, "gang", "round 1 completed", |b| {
+        b.status.as_ref().is_some_and(|st| {
+            st.round == Some(1) && st.phase == Some(BarrierPhase::Completed)
+        })
+    })
+    .await;
+    let status = b.status.unwrap();
+    assert_eq!(status.restarts, 1);
+    assert_eq!(status.round_ends, ["p1's command exited 3"]);
+    assert_eq!((status.entered, status.left), (3, 3), "{status:?}");
+    eventually(WITHIN, "a GangRestarted event", || async {
+        event_reasons(&s)
+            .await
+            .contains(&"GangRestarted".to_owned())
+            .then_some(())
+    })
+    .await;
+}
+
+/// Past `maxRestarts` the Barrier fails with `RestartLimit`, and says so.
+#[tokio::test]
+async fn a_restart_gang_barrier_past_its_restarts_fails_with_restart_limit() {
+    let s = setup().await;
+    create_barrier(
+        &s,
+        "gang",
+        json!({ "participants": 2, "onParticipantLoss": "RestartGang", "maxRestarts": 0 }),
+    )
+    .await;
+    barrier_where(&s, "gang", "round 0", |b| {
+        b.status.as_ref().is_some_and(|st| st.round == Some(0))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let p0 = member_script(dir.path(), "p0", "sleep 60 & wait $!");
+    let p1 = member_script(dir.path(), "p1", "sleep 1; exit 3");
+    let p0 = zkgate(&s, &["barrier", "run", "gang", "--id", "p0", "--", "sh", "-c", &p0])
+        .spawn()
+        .unwrap();
+    let p1 = zkgate(&s, &["barrier", "run", "gang", "--id", "p1", "--", "sh", "-c", &p1])
+        .spawn()
+        .unwrap();
+    let (code1, err1) = finished(p1).await;
+    let (code0, err0) = finished(p0).await;
+    assert_eq!(code1, Some(3), "p1: {err1}");
+    assert_eq!(code0, Some(4), "p0: {err0}");
+    let b = barrier_where(&s, "gang", "Failed", |b| phase(b) == Some(BarrierPhase::Failed)).await;
+    let status = b.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("RestartLimit"), "{status:?}");
+    assert_eq!(status.round_ends, ["p1's command exited 3"]);
 }

@@ -463,6 +463,17 @@ impl<'a> BarrierCommand<'a> {
             let ended =
                 child::supervise(child::spawn(command, &[], grace)?, stop, interrupt, grace)
                     .await?;
+            if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
+                // Our pod is going: whatever the command made of the
+                // signal, this member is gone from the round, which ends
+                // for the others (they meet our replacement, if any, in
+                // the next).
+                let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+                self.end_round(session, &gang, k, &why, &entered.node)
+                    .await?;
+                info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
+                return Ok(*code);
+            }
             match ended {
                 Ended::Exited(0) => {
                     if gang
@@ -481,14 +492,10 @@ impl<'a> BarrierCommand<'a> {
                 }
                 Ended::Exited(code) => {
                     let why = format!("{}'s command exited {code}", p.id);
-                    let end = self
+                    match self
                         .end_round(session, &gang, k, &why, &entered.node)
-                        .await?;
-                    if let Some(exit) = stop.asked_to_stop() {
-                        info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
-                        return Ok(code);
-                    }
-                    match end {
+                        .await?
+                    {
                         RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
                             info!(barrier = %gang.path(), round = k, code, "the command failed: the gang meets again");
                         }

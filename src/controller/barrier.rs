@@ -265,7 +265,12 @@ async fn apply_sized(
     let mut outcome = status::barrier(&BarrierObservation {
         spec: &barrier.spec,
         participants: wanted_x,
-        created: barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        // A round after the first waits from its own start: its timeout
+        // counts from when the round before ended.
+        created: match top.round {
+            Some(k) if k > 0 => Timestamp::from_millisecond(node.stat.ctime).ok(),
+            _ => barrier.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        },
         node: &node,
         previous: &previous,
         generation: barrier.metadata.generation,
