@@ -2104,9 +2104,9 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
     )
     .await;
     barrier_where(&s, "gang", "round 0 waiting", |b| {
-        b.status.as_ref().is_some_and(|st| {
-            st.round == Some(0) && st.phase == Some(BarrierPhase::Waiting)
-        })
+        b.status
+            .as_ref()
+            .is_some_and(|st| st.round == Some(0) && st.phase == Some(BarrierPhase::Waiting))
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -2121,7 +2121,9 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
             let script = member_script(dir.path(), id, first);
             zkgate(
                 &s,
-                &["barrier", "run", "gang", "--id", id, "--", "sh", "-c", &script],
+                &[
+                    "barrier", "run", "gang", "--id", id, "--", "sh", "-c", &script,
+                ],
             )
             .spawn()
             .unwrap()
@@ -2132,9 +2134,9 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
         assert_eq!(code, Some(0), "{id}: {err}");
     }
     let b = barrier_where(&s, "gang", "round 1 completed", |b| {
-        b.status.as_ref().is_some_and(|st| {
-            st.round == Some(1) && st.phase == Some(BarrierPhase::Completed)
-        })
+        b.status
+            .as_ref()
+            .is_some_and(|st| st.round == Some(1) && st.phase == Some(BarrierPhase::Completed))
     })
     .await;
     let status = b.status.unwrap();
@@ -2167,18 +2169,83 @@ async fn a_restart_gang_barrier_past_its_restarts_fails_with_restart_limit() {
     let dir = tempfile::tempdir().unwrap();
     let p0 = member_script(dir.path(), "p0", "sleep 60 & wait $!");
     let p1 = member_script(dir.path(), "p1", "sleep 1; exit 3");
-    let p0 = zkgate(&s, &["barrier", "run", "gang", "--id", "p0", "--", "sh", "-c", &p0])
-        .spawn()
-        .unwrap();
-    let p1 = zkgate(&s, &["barrier", "run", "gang", "--id", "p1", "--", "sh", "-c", &p1])
-        .spawn()
-        .unwrap();
+    let p0 = zkgate(
+        &s,
+        &[
+            "barrier", "run", "gang", "--id", "p0", "--", "sh", "-c", &p0,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let p1 = zkgate(
+        &s,
+        &[
+            "barrier", "run", "gang", "--id", "p1", "--", "sh", "-c", &p1,
+        ],
+    )
+    .spawn()
+    .unwrap();
     let (code1, err1) = finished(p1).await;
     let (code0, err0) = finished(p0).await;
     assert_eq!(code1, Some(3), "p1: {err1}");
     assert_eq!(code0, Some(4), "p0: {err0}");
-    let b = barrier_where(&s, "gang", "Failed", |b| phase(b) == Some(BarrierPhase::Failed)).await;
+    let b = barrier_where(&s, "gang", "Failed", |b| {
+        phase(b) == Some(BarrierPhase::Failed)
+    })
+    .await;
     let status = b.status.unwrap();
     assert_eq!(status.reason.as_deref(), Some("RestartLimit"), "{status:?}");
     assert_eq!(status.round_ends, ["p1's command exited 3"]);
+}
+
+/// A RestartGang Barrier's count raised while round 0 runs: the barrier
+/// node takes it at once, so the next round is made with it (review of
+/// the rounds, finding 7: it kept the old count until round 1 began).
+#[tokio::test]
+async fn a_restart_gang_barrier_makes_its_next_round_with_the_count_the_spec_says_now() {
+    use zkgate::zk::GangBarrier;
+    let s = setup().await;
+    create_barrier(
+        &s,
+        "gang",
+        json!({ "participants": 1, "onParticipantLoss": "RestartGang" }),
+    )
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    let gang = GangBarrier::new(&path);
+    let member = session(&s.zk).await;
+    barrier_where(&s, "gang", "round 0", |b| {
+        b.status.as_ref().is_some_and(|st| st.round == Some(0))
+    })
+    .await;
+    gang.round(0)
+        .enter(&member, "p0", &EnterOptions::default(), None)
+        .await
+        .expect("round 0 opens for one");
+    let api: Api<Barrier> = Api::namespaced(s.client.clone(), &s.ns);
+    api.patch(
+        "gang",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "participants": 3 } })),
+    )
+    .await
+    .unwrap();
+    let top = DoubleBarrier::new(&path);
+    eventually(WITHIN, "the barrier node's count raised", || async {
+        let data = top.data_if_there(&member).await.ok()??;
+        (data.participants == 3).then_some(())
+    })
+    .await;
+    gang.end_round(&member, 0, "p0's command exited 1")
+        .await
+        .expect("end round 0");
+    let (data, _) = member
+        .client()
+        .get_data(&gang.round_path(1))
+        .await
+        .expect("round 1 is there");
+    let round_1 = BarrierData::parse(&gang.round_path(1), &data)
+        .unwrap()
+        .unwrap();
+    assert_eq!(round_1.participants, 3);
 }

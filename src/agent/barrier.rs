@@ -407,13 +407,24 @@ impl<'a> BarrierCommand<'a> {
                 ),
             )
         };
+        let deleted = || {
+            p.explain(crate::zk::ZkError::Deleted {
+                path: gang.path().to_owned(),
+            })
+        };
+        // The barrier we found (`run` waited for it): one of another uid
+        // later is a new Barrier of the same name, and ours was deleted.
+        let mut uid = None;
         loop {
             let top = self
                 .barrier
-                .data_when_there(session, self.run.as_deref())
+                .data_if_there(session)
                 .await
                 .map_err(|e| p.explain(e))?
-                .unwrap_or_default();
+                .ok_or_else(deleted)?;
+            if uid.get_or_insert_with(|| top.uid.clone()) != &top.uid {
+                return Err(deleted());
+            }
             if let Some(reason) = &top.failed {
                 return Err(failed(reason));
             }
@@ -448,9 +459,34 @@ impl<'a> BarrierCommand<'a> {
                     }
                 }
             }
+            let mut entered = entered;
+            if let Some(before) = k.checked_sub(1) {
+                // No command of this round while one of the round before
+                // still runs (a member whose pod is stopping, which this
+                // round went on without, may take its grace period).
+                let outcome = tokio::select! {
+                    emptied = gang.await_round_empty(session, before) => emptied.map_err(|e| p.explain(e)),
+                    reason = self.registration(session, &entered).lost() => Err(self.registration_lost(reason, "")),
+                    exit = stop.received() => Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path()))),
+                };
+                if let Err(e) = outcome {
+                    if let Some(exit) = stop.asked_to_stop() {
+                        let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+                        self.end_round(session, &gang, k, &why, &entered.node)
+                            .await?;
+                    }
+                    return Err(e);
+                }
+                // Confirmed afresh: the command's monitor counts from here,
+                // not from the opening, which may be long past.
+                entered.confirmed_at = gang
+                    .confirm(session, &entered.node)
+                    .await
+                    .map_err(|e| p.explain(e))?;
+            }
+            let registration = self.registration(session, &entered);
             let members = gang.members(session, k).await.map_err(|e| p.explain(e))?;
             info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
-            let registration = self.registration(session, &entered);
             let interrupt = async {
                 tokio::select! {
                     reason = registration.lost() => Interruption::Lost(reason),
@@ -472,7 +508,10 @@ impl<'a> BarrierCommand<'a> {
                 self.end_round(session, &gang, k, &why, &entered.node)
                     .await?;
                 info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
-                return Ok(*code);
+                // Not a completion, even if the command made it one: the
+                // pod must not count as succeeded while its gang restarts
+                // without it (the Job replaces a failed one).
+                return Ok(if *code == 0 { exit as i32 } else { *code });
             }
             match ended {
                 Ended::Exited(0) => {

@@ -197,8 +197,20 @@ async fn apply_sized(
             gang.ensure_round(zk, &top, k).await?;
             let round = gang.round_path(k);
             match crate::zk::tree::snapshot(zk, &round).await? {
+                // Ended since the barrier node was read (the barrier node
+                // has moved on): look again, rather than report a round
+                // whose members are on their way out. (The last round of
+                // a failed barrier stays ended: that is its outcome.)
+                Some(node)
+                    if top.failed.is_none()
+                        && BarrierData::parse(&round, &node.data)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|d| d.ended.is_some()) =>
+                {
+                    return Ok(Action::requeue(Duration::from_millis(100)))
+                }
                 Some(node) => (round, node),
-                // Moved on since: look again.
                 None => return Ok(Action::requeue(Duration::ZERO)),
             }
         }
@@ -231,6 +243,15 @@ async fn apply_sized(
         .unwrap_or_default();
     let entered = node.children.iter().filter(|c| c.name != READY).count();
     let wanted_x = size;
+    // In rounds, the barrier node's count is what the next rounds are made
+    // with: it follows the spec first, whatever the current round does (a
+    // round ended in between is made with the new count, or fails its
+    // version check and reads it again).
+    if top.round.is_some() && top.participants != wanted_x && top.failed.is_none() {
+        DoubleBarrier::new(&path)
+            .set_participants(zk, wanted_x)
+            .await?;
+    }
     if current.participants != wanted_x && current.failed.is_none() {
         if opened {
             spec_problem = Some(format!(
@@ -243,12 +264,6 @@ async fn apply_sized(
                 current.participants
             ));
         } else if recipe.set_participants(zk, wanted_x).await? {
-            if top.round.is_some() {
-                // The rounds to come are made with the barrier's count.
-                DoubleBarrier::new(&path)
-                    .set_participants(zk, wanted_x)
-                    .await?;
-            }
             node.data = BarrierData {
                 participants: wanted_x,
                 ..current

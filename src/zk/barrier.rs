@@ -859,11 +859,17 @@ impl DoubleBarrier {
             let count_f = client.check_stat(&self.path);
 
             let (barrier, version, barrier_watch) = match barrier_f.await {
-                Ok((data, stat, watcher)) => (
-                    BarrierData::parse(&self.path, &data)?,
-                    stat.version,
-                    watcher,
-                ),
+                Ok((data, stat, watcher)) => {
+                    let barrier = BarrierData::parse(&self.path, &data)?;
+                    // Its rounds are barriers of their own (our create, if
+                    // sent, is removed on the way out).
+                    if barrier.as_ref().is_some_and(|b| b.round.is_some()) {
+                        return Err(ZkError::InRounds {
+                            path: self.path.clone(),
+                        });
+                    }
+                    (barrier, stat.version, watcher)
+                }
                 Err(zk::Error::NoNode) => {
                     match create_f {
                         // Registered in an earlier round: the barrier went.
@@ -1490,10 +1496,15 @@ impl DoubleBarrier {
             .retry("read", &self.path, || client.get_data(&self.path))
             .await
         {
-            Ok((data, _)) => Ok(BarrierData::parse(&self.path, &data)
-                .ok()
-                .flatten()
-                .is_none_or(|b| b.uid.is_none())),
+            Ok((data, _)) => {
+                let barrier = BarrierData::parse(&self.path, &data).ok().flatten();
+                if barrier.as_ref().is_some_and(|b| b.round.is_some()) {
+                    return Err(ZkError::InRounds {
+                        path: self.path.clone(),
+                    });
+                }
+                Ok(barrier.is_none_or(|b| b.uid.is_none()))
+            }
             Err(ZkError::Zk {
                 source: zk::Error::NoNode,
                 ..

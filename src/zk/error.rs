@@ -138,6 +138,15 @@ pub enum ZkError {
         source: Box<ZkError>,
     },
 
+    /// A barrier in rounds (`onParticipantLoss: RestartGang`) entered or
+    /// left as a plain double barrier: only a participant that enters each
+    /// round and can stop its command when the gang restarts may take part.
+    #[error("barrier {path} meets in rounds (onParticipantLoss: RestartGang): only `zkgate barrier run NAME -- COMMAND` takes part in it (it enters each round, and stops the command when the gang restarts); the init container and sidecar forms cannot")]
+    InRounds {
+        /// The barrier node.
+        path: String,
+    },
+
     /// Our own node disappeared while we waited: someone deleted it.
     #[error("our node {path} was deleted by someone else while waiting")]
     NodeRemoved {
@@ -217,6 +226,7 @@ impl ZkError {
             | ZkError::InvalidPath { .. }
             | ZkError::Tls { .. }
             | ZkError::ParticipantConflict { .. }
+            | ZkError::InRounds { .. }
             | ZkError::Permits { .. } => ErrorKind::Invalid,
             ZkError::Timeout { .. } => ErrorKind::Timeout,
             ZkError::Deleted { .. }

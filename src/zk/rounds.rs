@@ -171,22 +171,31 @@ impl GangBarrier {
                 return Ok(RoundEnd::AlreadyEnded);
             }
             let Some((mut marks, round_version)) = self.read_round(session, k).await? else {
-                // Moved on and removed, or never made: nothing to end.
+                // Never made, or removed: nothing to end.
                 return Ok(RoundEnd::AlreadyEnded);
             };
-            if marks.ended.is_some() {
-                return Ok(RoundEnd::AlreadyEnded);
-            }
             if marks.leaving {
                 return Ok(RoundEnd::Finishing);
             }
-            marks.ended = Some(why.to_owned());
+            // Round k ended, but the barrier node still says k: its data
+            // was rewritten since (its owner repaired it). The end stands;
+            // the barrier node moves on below all the same, or every
+            // member would find round k ended for ever.
+            let why = match &marks.ended {
+                Some(ended) => ended.clone(),
+                None => cap(why),
+            };
+            marks.ended = Some(why.clone());
             let ended = marks.to_bytes();
-            top.ends.push(why.to_owned());
+            top.ends.push(why.clone());
             if top.ends.len() > MAX_ENDS_KEPT {
                 top.ends.remove(0);
             }
-            let next = k + 1;
+            let Some(next) = k.checked_add(1) else {
+                return Ok(RoundEnd::Failed(format!(
+                    "RestartLimit: round {k} is the last there can be"
+                )));
+            };
             let limit = top.max_restarts.filter(|max| next > *max).map(|max| {
                 format!("RestartLimit: round {k} ended ({why}) and the gang has restarted {max} time(s), its limit")
             });
@@ -339,11 +348,19 @@ impl GangBarrier {
                 }) => return Err(ZkError::Deleted { path: round }),
                 Err(e) => return Err(e),
             };
+            let registered = children.iter().filter(|c| *c != READY).count();
             let gone: Vec<&String> = members
                 .iter()
                 .filter(|m| !children.iter().any(|c| c == *m))
                 .collect();
-            if let Some(lost) = gone.first() {
+            // A member gone, or fewer registrations than the round opened
+            // with (one that went before our list was taken).
+            let lost = match gone.first() {
+                Some(lost) => Some(lost.to_string()),
+                None if registered < marks.participants as usize => Some("a member".to_owned()),
+                None => None,
+            };
+            if let Some(lost) = lost {
                 // Read again after the children's change: a member that
                 // completed marked the round leaving before it went.
                 let Some((marks, _)) = self.read_round(session, k).await? else {
@@ -355,14 +372,83 @@ impl GangBarrier {
                 if !marks.leaving {
                     let why = format!("{lost} was lost in round {k}");
                     debug!(barrier = %self.path, round = k, %lost, "a member of the round vanished: ending the round");
-                    self.end_round(session, k, &why).await?;
-                    return Ok(why);
+                    match self.end_round(session, k, &why).await? {
+                        RoundEnd::Restarted { .. } | RoundEnd::LimitReached(_) => return Ok(why),
+                        // Ended by someone else, or finishing since: read
+                        // it again (it says which).
+                        RoundEnd::AlreadyEnded | RoundEnd::Finishing => continue,
+                        RoundEnd::Failed(reason) => {
+                            return Err(ZkError::BarrierFailed {
+                                path: self.path.clone(),
+                                reason,
+                            })
+                        }
+                    }
                 }
                 continue;
             }
             tokio::select! {
                 event = data_watch.changed() => check_session(&event)?,
                 event = children_watch.changed() => check_session(&event)?,
+            }
+        }
+    }
+
+    /// Waits, on watches, until round `k` holds no registration: every
+    /// member of it has stopped its command and withdrawn (or vanished with
+    /// its session, whose zkgate stops its command before the session can
+    /// expire). A member of round `k + 1` waits for this before it runs its
+    /// command, so that no command of round `k` still runs (a member whose
+    /// pod is stopping, say, which the next round went on without).
+    pub async fn await_round_empty(&self, session: &Session, k: u32) -> Result<()> {
+        let client = session.client();
+        let round = self.round_path(k);
+        let mut told = false;
+        loop {
+            let (children, _, watch) = match session
+                .retry("watch", &round, || client.get_and_watch_children(&round))
+                .await
+            {
+                Ok(found) => found,
+                Err(ZkError::Zk {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let left: Vec<&String> = children.iter().filter(|c| *c != READY).collect();
+            if left.is_empty() {
+                session.retire_watch(watch.changed());
+                return Ok(());
+            }
+            if !told {
+                info!(barrier = %self.path, round = k, members = ?left, "waiting for the members of the round before to stop their commands");
+                told = true;
+            }
+            check_session(&watch.changed().await)?;
+        }
+    }
+
+    /// Confirms that our registration `node` is there as the leader has it
+    /// (a sync and a read, sent together): when the request was sent, for
+    /// a [`super::HoldMonitor`]'s deadline. `NodeRemoved` when it is gone.
+    pub async fn confirm(&self, session: &Session, node: &str) -> Result<tokio::time::Instant> {
+        let client = session.client();
+        loop {
+            let at = tokio::time::Instant::now();
+            let sync = client.sync(node);
+            let stat = client.check_stat(node);
+            match (sync.await, stat.await) {
+                (Ok(_), Ok(Some(_))) => return Ok(at),
+                (Ok(_), Ok(None)) => {
+                    return Err(ZkError::NodeRemoved {
+                        path: node.to_owned(),
+                    })
+                }
+                (Err(e), _) | (_, Err(e)) if is_connection_loss(&e) => {
+                    session.await_connected().await?;
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(ZkError::from_client("check", node, e)),
             }
         }
     }
@@ -392,6 +478,19 @@ impl GangBarrier {
             .await?;
         Ok(matches!((ours, ready), (Some(o), Some(r)) if o.czxid < r.czxid))
     }
+}
+
+/// The longest reason kept for a round's end (the barrier node holds the
+/// last [`MAX_ENDS_KEPT`] of them, and the status and events show them).
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// `why`, cut to [`MAX_REASON_BYTES`] at a character boundary.
+fn cap(why: &str) -> String {
+    let mut end = why.len().min(MAX_REASON_BYTES);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    why[..end].to_owned()
 }
 
 /// A session event that ends the wait: the session expired or was closed.

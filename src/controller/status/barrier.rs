@@ -689,4 +689,123 @@ mod tests {
         assert_eq!(out.status.phase, Some(BarrierPhase::Open));
         assert_eq!(out.fail, None);
     }
+
+    #[test]
+    fn a_new_round_starts_its_counts_and_list_afresh_and_says_why_the_gang_restarted() {
+        let s = spec(2, None, OnParticipantLoss::RestartGang);
+        let round = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        // Round 0 open with a and b.
+        let open = observe(
+            &s,
+            &node(
+                round.clone(),
+                vec![
+                    child("a", 1, 2, ""),
+                    child("b", 2, 3, ""),
+                    child(READY, 3, 4, ""),
+                ],
+            ),
+            &BarrierStatus::default(),
+            1_000,
+        );
+        let top0 = BarrierData {
+            participants: 2,
+            round: Some(0),
+            ..Default::default()
+        };
+        let mut open = open;
+        in_rounds(&mut open, &BarrierStatus::default(), &top0, 0, at(1_000));
+        assert_eq!((open.status.round, open.status.restarts), (Some(0), 0));
+        assert_eq!(open.status.phase, Some(BarrierPhase::Open));
+        // b failed: round 1, where only a has registered yet.
+        let top1 = BarrierData {
+            round: Some(1),
+            ends: vec!["b's command exited 3".into()],
+            ..top0
+        };
+        let previous = previous_of_round(open.status.clone(), top1.round);
+        assert_eq!(previous.entered, 0, "round 0's counts do not carry over");
+        assert!(previous.participants.is_empty());
+        let mut next = observe(
+            &s,
+            &node(round, vec![child("a", 10, 11, "")]),
+            &previous,
+            2_000,
+        );
+        in_rounds(&mut next, &previous, &top1, 1, at(2_000));
+        assert_eq!(next.status.phase, Some(BarrierPhase::Waiting));
+        assert_eq!((next.status.round, next.status.restarts), (Some(1), 1));
+        assert_eq!(next.status.entered, 1);
+        assert_eq!(next.status.round_ends, ["b's command exited 3"]);
+        let restarted: Vec<_> = next
+            .notes
+            .iter()
+            .filter(|n| n.reason == "GangRestarted")
+            .collect();
+        assert_eq!(restarted.len(), 1, "{:?}", next.notes);
+        assert!(restarted[0].message.contains("b's command exited 3"));
+        // Looked at again in the same round: no second event.
+        let previous = previous_of_round(next.status.clone(), top1.round);
+        let mut again = observe(
+            &s,
+            &node(
+                BarrierData {
+                    participants: 2,
+                    ..Default::default()
+                },
+                vec![child("a", 10, 11, "")],
+            ),
+            &previous,
+            3_000,
+        );
+        in_rounds(&mut again, &previous, &top1, 1, at(3_000));
+        assert!(again.notes.iter().all(|n| n.reason != "GangRestarted"));
+    }
+
+    #[test]
+    fn a_gang_past_its_restarts_is_failed_whatever_its_round_shows() {
+        let s = spec(2, None, OnParticipantLoss::RestartGang);
+        let mut out = observe(
+            &s,
+            &node(
+                BarrierData {
+                    participants: 2,
+                    ended: Some("b's command exited 3".into()),
+                    ..Default::default()
+                },
+                vec![
+                    child("a", 1, 2, ""),
+                    child("b", 2, 3, ""),
+                    child(READY, 3, 4, ""),
+                ],
+            ),
+            &BarrierStatus::default(),
+            1_000,
+        );
+        let top = BarrierData {
+            participants: 2,
+            round: Some(0),
+            max_restarts: Some(0),
+            ends: vec!["b's command exited 3".into()],
+            failed: Some("RestartLimit: round 0 ended (b's command exited 3)".into()),
+            ..Default::default()
+        };
+        in_rounds(&mut out, &BarrierStatus::default(), &top, 0, at(1_000));
+        assert_eq!(out.status.phase, Some(BarrierPhase::Failed));
+        assert_eq!(out.status.reason.as_deref(), Some("RestartLimit"));
+        let ready = out
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "RestartLimit")
+        );
+        assert!(out.notes.iter().any(|n| n.reason == "Failed"));
+    }
 }

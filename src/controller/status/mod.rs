@@ -204,6 +204,7 @@ mod test_support {
             timeout: timeout.map(Into::into),
             on_participant_loss: loss,
             job_ref: None,
+            max_restarts: None,
         }
     }
 
