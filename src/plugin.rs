@@ -183,8 +183,16 @@ fn ago(then: Timestamp, now: Timestamp) -> String {
 
 fn barrier_line(b: &Barrier) -> String {
     let st = b.status.clone().unwrap_or_default();
+    // A gang that restarts together: which round, and why the last ended.
+    let rounds = match (st.round, st.round_ends.last()) {
+        (Some(k), Some(why)) if k > 0 => {
+            format!(", round {k} ({} restart(s); the last: {why})", st.restarts)
+        }
+        (Some(k), _) => format!(", round {k}"),
+        (None, _) => String::new(),
+    };
     format!(
-        "barrier/{}: {}, {} of {} participants entered{}",
+        "barrier/{}: {}, {} of {} participants entered{}{rounds}",
         b.name_any(),
         st.phase
             .map(|p| format!("{p:?}"))
@@ -620,6 +628,24 @@ mod tests {
             })
             .collect();
         (barrier, pods)
+    }
+
+    #[test]
+    fn a_gang_that_restarted_shows_its_round_and_why_the_last_ended() {
+        let (mut barrier, _) = capped();
+        if let Some(st) = barrier.status.as_mut() {
+            st.round = Some(2);
+            st.restarts = 2;
+            st.round_ends = vec![
+                "p3's command exited 1".into(),
+                "p7 was lost in round 1".into(),
+            ];
+        }
+        let line = barrier_line(&barrier);
+        assert!(
+            line.ends_with(", round 2 (2 restart(s); the last: p7 was lost in round 1)"),
+            "{line}"
+        );
     }
 
     #[test]

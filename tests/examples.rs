@@ -113,7 +113,7 @@ async fn every_example_is_accepted_by_the_api_server() {
         assert!(said.contains("(server dry run)"), "{said}");
         checked += 1;
     }
-    assert_eq!(checked, 8);
+    assert_eq!(checked, 9);
 }
 
 /// Checks a Job whose pods hold `kind` (barrier, lock) from a native
@@ -155,7 +155,9 @@ fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::
 /// to prove it, the restricted security context on injected ones, and
 /// nothing asked of the workload's own containers.
 fn job_is_injected(file: &Path, text: &str, by_hand: bool) {
-    use zkgate::controller::webhook::inject::{inject, HandoutTarget, Injection, TOKEN_VOLUME};
+    use zkgate::controller::webhook::inject::{
+        inject, HandoutTarget, Injection, INSTALL_CONTAINER, TOKEN_VOLUME,
+    };
     let job: k8s_openapi::api::batch::v1::Job = serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
         .filter(|v| v["kind"] == "Job")
@@ -188,9 +190,17 @@ fn job_is_injected(file: &Path, text: &str, by_hand: bool) {
         .iter()
         .flatten()
         .chain(&spec.containers)
+        // Every container that takes part (the wrap form's wrapped one
+        // too), not the wrap form's installer, which only copies the binary.
+        .filter(|c| c.name != INSTALL_CONTAINER)
         .filter(|c| {
             c.name.starts_with("zkgate-")
                 || c.image.as_deref().is_some_and(|i| i.contains("zkgate"))
+                || c.command
+                    .iter()
+                    .flatten()
+                    .next()
+                    .is_some_and(|cmd| cmd.ends_with("/zkgate"))
         })
         .collect();
     assert!(!zkgate_containers.is_empty(), "{}", file.display());

@@ -485,7 +485,17 @@ impl<'a> BarrierCommand<'a> {
                     .map_err(|e| p.explain(e))?;
             }
             let registration = self.registration(session, &entered);
-            let members = gang.members(session, k).await.map_err(|e| p.explain(e))?;
+            let mut members = gang.members(session, k).await.map_err(|e| p.explain(e))?;
+            members.sort();
+            // What the command is told of its round: which it is (a restart
+            // resumes from a checkpoint, say), and its place among the
+            // round's members, by id.
+            let rank = members.iter().position(|m| *m == p.id).unwrap_or_default();
+            let env = [
+                ("ZKGATE_ROUND", k.to_string()),
+                ("ZKGATE_RANK", rank.to_string()),
+                ("ZKGATE_MEMBERS", members.len().to_string()),
+            ];
             info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
             let interrupt = async {
                 tokio::select! {
@@ -497,7 +507,7 @@ impl<'a> BarrierCommand<'a> {
                 }
             };
             let ended =
-                child::supervise(child::spawn(command, &[], grace)?, stop, interrupt, grace)
+                child::supervise(child::spawn(command, &env, grace)?, stop, interrupt, grace)
                     .await?;
             if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
                 // Our pod is going: whatever the command made of the

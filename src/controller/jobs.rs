@@ -14,6 +14,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
+use super::webhook::inject::{MAX_RESTARTS_ANNOTATION, ON_LOSS_ANNOTATION};
 use super::BARRIER_LABEL;
 use crate::api::Barrier;
 
@@ -71,6 +72,17 @@ fn strip(job: &mut Job) {
     });
     if let Some(spec) = job.spec.as_mut() {
         let label = template_label(&spec.template).map(str::to_owned);
+        // What the Barrier made for the Job takes from its pod template.
+        let kept: std::collections::BTreeMap<String, String> = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| [ON_LOSS_ANNOTATION, MAX_RESTARTS_ANNOTATION].contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         *spec = JobSpec {
             parallelism: spec.parallelism,
             completions: spec.completions,
@@ -79,6 +91,7 @@ fn strip(job: &mut Job) {
         if let Some(label) = label {
             spec.template.metadata = Some(ObjectMeta {
                 labels: Some([(BARRIER_LABEL.to_owned(), label)].into()),
+                annotations: (!kept.is_empty()).then_some(kept),
                 ..ObjectMeta::default()
             });
         }

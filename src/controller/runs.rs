@@ -178,11 +178,25 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
     let (Some(namespace), Some(uid)) = (job.namespace(), job.uid()) else {
         return Ok(Seen::Done);
     };
+    // The pod template's annotations say how the gang takes a loss (the
+    // webhook refuses its pods when they are invalid; here such a value is
+    // left at the default).
+    let annotations = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let (on_participant_loss, max_restarts) =
+        crate::controller::webhook::inject::loss_policy(&annotations).unwrap_or_default();
     let mut barrier = Barrier::new(
         name,
         BarrierSpec {
             participants: None,
             job_ref: Some(job.name_any()),
+            on_participant_loss,
+            max_restarts: max_restarts
+                .filter(|_| on_participant_loss == crate::api::OnParticipantLoss::RestartGang),
             ..BarrierSpec::default()
         },
     );

@@ -4,7 +4,14 @@
 //! - `zkgate.io/barrier: NAME` → an init container `zkgate barrier enter
 //!   NAME` (or, with the annotation `zkgate.io/barrier-form: sidecar` on an
 //!   API server with native sidecars, `zkgate barrier sidecar NAME` with
-//!   its startup probe).
+//!   its startup probe; or, with `zkgate.io/barrier-form: wrap`, the
+//!   first container's command (or the one `zkgate.io/wrap-container`
+//!   names) run as `zkgate barrier run NAME -- COMMAND...`, the binary
+//!   copied into the pod by the init container `zkgate-install`).
+//! - `zkgate.io/on-participant-loss: RestartGang` (+ `zkgate.io/max-restarts:
+//!   N`) on a Job's pod template: the Barrier made for the Job restarts its
+//!   gang together (the wrap form, which this implies, is the one that can
+//!   stop the command).
 //! - `zkgate.io/lock: NAME` (+ `zkgate.io/lock-mode: read|write` on a
 //!   ReadWrite LockLease) → an init container `zkgate lock acquire NAME`;
 //!   the fencing token is in `/var/run/zkgate/fencing-token` in every
@@ -39,8 +46,24 @@ use crate::layout::DEFAULT_ROOT;
 
 /// The lock's side on a ReadWrite LockLease: `read` or `write`.
 pub const LOCK_MODE_LABEL: &str = "zkgate.io/lock-mode";
-/// `init` (the default) or `sidecar`: how the barrier's container runs.
+/// `init` (the default), `sidecar` or `wrap`: how the barrier's
+/// participant runs.
 pub const BARRIER_FORM_ANNOTATION: &str = "zkgate.io/barrier-form";
+/// `Wait`, `Fail` or `RestartGang`: the `onParticipantLoss` of the Barrier
+/// made for the pod's Job (RestartGang implies the wrap form).
+pub const ON_LOSS_ANNOTATION: &str = "zkgate.io/on-participant-loss";
+/// With RestartGang: the Barrier's `maxRestarts`.
+pub const MAX_RESTARTS_ANNOTATION: &str = "zkgate.io/max-restarts";
+/// The wrap form: the container whose command runs under `zkgate barrier
+/// run` [default: the first].
+pub const WRAP_CONTAINER_ANNOTATION: &str = "zkgate.io/wrap-container";
+/// The wrap form's init container, which copies the binary into
+/// [`BIN_VOLUME`].
+pub const INSTALL_CONTAINER: &str = "zkgate-install";
+/// The volume the wrap form's binary is copied into.
+pub const BIN_VOLUME: &str = "zkgate-bin";
+/// Where [`BIN_VOLUME`] is mounted.
+pub const BIN_DIR: &str = "/var/run/zkgate-bin";
 /// How long the injected containers wait (e.g. `15m`) [default: no limit].
 pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
 /// The injected container that waits for the Barrier.
@@ -109,9 +132,27 @@ pub enum Refusal {
     /// `zkgate.io/lock-mode` without `zkgate.io/lock`.
     #[error("label {LOCK_MODE_LABEL} is set but {LOCK_LABEL} is not")]
     ModeWithoutLock,
-    /// `zkgate.io/barrier-form` is neither `init` nor `sidecar`.
-    #[error("annotation {BARRIER_FORM_ANNOTATION}={0:?} must be init or sidecar")]
+    /// `zkgate.io/barrier-form` is neither `init`, `sidecar` nor `wrap`.
+    #[error("annotation {BARRIER_FORM_ANNOTATION}={0:?} must be init, sidecar or wrap")]
     InvalidForm(String),
+    /// `zkgate.io/on-participant-loss` is not a policy.
+    #[error("annotation {ON_LOSS_ANNOTATION}={0:?} must be Wait, Fail or RestartGang")]
+    InvalidLossPolicy(String),
+    /// `zkgate.io/max-restarts` is not a count.
+    #[error("annotation {MAX_RESTARTS_ANNOTATION}={0:?} must be a whole number from 0 to 100")]
+    InvalidMaxRestarts(String),
+    /// RestartGang with a form that cannot stop the command.
+    #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang needs the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, the default with it): an init container or a sidecar cannot stop the command when the gang restarts")]
+    RestartNeedsWrap,
+    /// The wrap form and a lock on one pod.
+    #[error("the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, or {ON_LOSS_ANNOTATION}: RestartGang) cannot be combined with the label {LOCK_LABEL}: the lock's init container would hold the lock while the pod waits for its gang; take the lock in the command (zkgate lock run)")]
+    WrapWithLock,
+    /// The wrap form names a container the pod does not have.
+    #[error("annotation {WRAP_CONTAINER_ANNOTATION}={0:?} names no container of the pod")]
+    NoSuchContainer(String),
+    /// The wrap form on a container without an explicit command.
+    #[error("the wrap form runs container {0:?}'s command under `zkgate barrier run`, but it has no explicit `command` (an image's entrypoint cannot be read at admission): give the container its command")]
+    NoCommand(String),
     /// The sidecar form on an API server without native sidecars.
     #[error("annotation {BARRIER_FORM_ANNOTATION}=sidecar needs native sidecars (Kubernetes 1.29 or later); this API server has none: use the init form")]
     NoNativeSidecars,
@@ -133,17 +174,55 @@ pub enum Refusal {
     InvalidCredentials(String),
 }
 
+/// How a pod's participant takes part in its Barrier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// An init container `zkgate barrier enter` (the default).
+    Init,
+    /// A native sidecar `zkgate barrier sidecar` with a startup probe.
+    Sidecar,
+    /// A container's own command under `zkgate barrier run` (the binary
+    /// copied into the pod by an init container): the form a gang that
+    /// restarts together needs.
+    Wrap,
+}
+
+/// The `onParticipantLoss` (and `maxRestarts`) a pod's annotations ask of
+/// the Barrier made for its Job: checked here, read there
+/// ([`crate::controller::runs`]).
+pub fn loss_policy(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<(crate::api::OnParticipantLoss, Option<u32>), Refusal> {
+    use crate::api::OnParticipantLoss;
+    let policy = match annotations.get(ON_LOSS_ANNOTATION).map(String::as_str) {
+        None | Some("Wait") => OnParticipantLoss::Wait,
+        Some("Fail") => OnParticipantLoss::Fail,
+        Some("RestartGang") => OnParticipantLoss::RestartGang,
+        Some(other) => return Err(Refusal::InvalidLossPolicy(other.to_owned())),
+    };
+    let max = match annotations.get(MAX_RESTARTS_ANNOTATION) {
+        None => None,
+        Some(n) => match n.parse::<u32>() {
+            Ok(n) if n <= 100 => Some(n),
+            _ => return Err(Refusal::InvalidMaxRestarts(n.clone())),
+        },
+    };
+    Ok((policy, max))
+}
+
 /// What a pod's labels ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Wanted {
-    /// The Barrier to wait for, and whether as a native sidecar.
-    pub barrier: Option<(String, bool)>,
+    /// The Barrier to wait for, and in which form.
+    pub barrier: Option<(String, Form)>,
     /// The LockLease to take, and the side (`read`/`write`) if given.
     pub lock: Option<(String, Option<String>)>,
     /// How long to wait, as given.
     pub timeout: Option<String>,
     /// The run the pod belongs to: the uid of the Job that controls it.
     pub run: Option<String>,
+    /// The wrap form: the container to wrap, when not the first.
+    pub wrap_container: Option<String>,
 }
 
 /// Reads what `pod`'s labels and annotations ask for, checking every value
@@ -163,9 +242,14 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         })?;
         Ok(Some(value.clone()))
     };
-    let sidecar = match annotations.get(BARRIER_FORM_ANNOTATION).map(String::as_str) {
-        None | Some("init") => false,
-        Some("sidecar") if native_sidecars => true,
+    let (policy, _) = loss_policy(&annotations)?;
+    let restarts = policy == crate::api::OnParticipantLoss::RestartGang;
+    let form = match annotations.get(BARRIER_FORM_ANNOTATION).map(String::as_str) {
+        None if restarts => Form::Wrap,
+        Some("wrap") => Form::Wrap,
+        Some("init" | "sidecar") if restarts => return Err(Refusal::RestartNeedsWrap),
+        None | Some("init") => Form::Init,
+        Some("sidecar") if native_sidecars => Form::Sidecar,
         Some("sidecar") => return Err(Refusal::NoNativeSidecars),
         Some(other) => return Err(Refusal::InvalidForm(other.to_owned())),
     };
@@ -185,11 +269,16 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
             reason: reason.to_string(),
         })?;
     }
+    let barrier = name(BARRIER_LABEL)?;
+    if barrier.is_some() && form == Form::Wrap && lock.is_some() {
+        return Err(Refusal::WrapWithLock);
+    }
     Ok(Wanted {
-        barrier: name(BARRIER_LABEL)?.map(|b| (b, sidecar)),
+        barrier: barrier.map(|b| (b, form)),
         lock: lock.map(|l| (l, mode)),
         timeout,
         run: job_of(pod).map(|job| job.uid.clone()),
+        wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
     })
 }
 
@@ -305,10 +394,13 @@ fn add_containers(
         }),
         ..Default::default()
     });
+    if let Some((barrier, Form::Wrap)) = &wanted.barrier {
+        wrap(spec, injection, barrier, wanted)?;
+    }
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
-    if let Some((barrier, sidecar)) = &wanted.barrier {
+    if let Some((barrier, form @ (Form::Init | Form::Sidecar))) = &wanted.barrier {
         let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
-        if *sidecar {
+        if *form == Form::Sidecar {
             c.args = Some(args(&[
                 "barrier",
                 "sidecar",
@@ -336,11 +428,7 @@ fn add_containers(
             c.args = Some(args(&["barrier", "enter", barrier]));
         }
         if let Some(run) = &wanted.run {
-            c.env.get_or_insert_with(Vec::new).push(EnvVar {
-                name: "ZKGATE_RUN".to_owned(),
-                value: Some(run.clone()),
-                value_from: None,
-            });
+            c.env.get_or_insert_with(Vec::new).push(run_env(run));
         }
         inits.push(c);
     }
@@ -370,6 +458,92 @@ fn add_containers(
             });
         }
     }
+    Ok(())
+}
+
+/// `ZKGATE_RUN`: the run a participant belongs to.
+fn run_env(run: &str) -> EnvVar {
+    EnvVar {
+        name: "ZKGATE_RUN".to_owned(),
+        value: Some(run.to_owned()),
+        value_from: None,
+    }
+}
+
+/// The wrap form: an init container copies the binary into [`BIN_VOLUME`],
+/// and the wrapped container's command runs as `zkgate barrier run NAME --
+/// COMMAND ARGS...`, with the environment a participant reads.
+fn wrap(
+    spec: &mut PodSpec,
+    injection: &Injection,
+    barrier: &str,
+    wanted: &Wanted,
+) -> Result<(), Refusal> {
+    let index = match &wanted.wrap_container {
+        Some(name) => spec
+            .containers
+            .iter()
+            .position(|c| c.name == *name)
+            .ok_or_else(|| Refusal::NoSuchContainer(name.clone()))?,
+        None => 0,
+    };
+    let Some(target) = spec.containers.get_mut(index) else {
+        return Ok(());
+    };
+    let Some(command) = target.command.clone().filter(|c| !c.is_empty()) else {
+        return Err(Refusal::NoCommand(target.name.clone()));
+    };
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == BIN_VOLUME) {
+        return Err(Refusal::VolumeTaken(BIN_VOLUME));
+    }
+    volumes.push(Volume {
+        name: BIN_VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: None,
+            size_limit: Some(Quantity("128Mi".to_owned())),
+        }),
+        ..Default::default()
+    });
+    let binary = format!("{BIN_DIR}/zkgate");
+    let mut wrapped = vec![
+        binary,
+        "barrier".to_owned(),
+        "run".to_owned(),
+        barrier.to_owned(),
+        "--".to_owned(),
+    ];
+    wrapped.extend(command);
+    wrapped.extend(target.args.take().unwrap_or_default());
+    target.command = Some(wrapped);
+    // What the injected containers are given, for this one's zkgate.
+    let participant = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
+    let env = target.env.get_or_insert_with(Vec::new);
+    env.retain(|e| !e.name.starts_with("ZKGATE_"));
+    env.extend(participant.env.unwrap_or_default());
+    if let Some(run) = &wanted.run {
+        env.push(run_env(run));
+    }
+    target
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: BIN_VOLUME.to_owned(),
+            mount_path: BIN_DIR.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    let mut install = container(injection, INSTALL_CONTAINER, None);
+    install.env = None;
+    install.args = Some(args(&["install", BIN_DIR]));
+    install.volume_mounts = Some(vec![VolumeMount {
+        name: BIN_VOLUME.to_owned(),
+        mount_path: BIN_DIR.to_owned(),
+        ..Default::default()
+    }]);
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .insert(0, install);
     Ok(())
 }
 
@@ -421,7 +595,7 @@ fn give_handout(
         .iter_mut()
         .flatten()
         .chain(spec.containers.iter_mut())
-        .filter(|c| runs_zkgate(c, &injection.image))
+        .filter(|c| runs_zkgate(c, &injection.image) && c.name != INSTALL_CONTAINER)
     {
         let env = c.env.get_or_insert_with(Vec::new);
         env.retain(|e| !e.name.starts_with("ZKGATE_CREDENTIALS_"));
@@ -773,5 +947,137 @@ mod tests {
         );
         let message = Refusal::InvalidLockMode("shared".into()).to_string();
         assert!(message.contains("zkgate.io/lock-mode") && message.contains("read or write"));
+    }
+
+    fn commanded(annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "generateName": "train-",
+                "labels": { "zkgate.io/barrier": "train" },
+                "annotations": annotations,
+            },
+            "spec": { "containers": [
+                { "name": "worker", "image": "busybox", "command": ["sh", "-c"], "args": ["train.sh"],
+                  "env": [{ "name": "EPOCHS", "value": "3" }] },
+                { "name": "logs", "image": "busybox", "command": ["tail"] },
+            ] }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn restart_gang_wraps_the_first_containers_command_with_the_binary_copied_in() {
+        let i = injection();
+        let pod = commanded(serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang" }));
+        let out = inject(&pod, &i).unwrap().unwrap();
+        // Admitted again (a retry): left as it is, nothing wrapped twice.
+        assert_eq!(inject(&out, &i).unwrap(), None);
+        let spec = out.spec.unwrap();
+        let inits = spec.init_containers.unwrap();
+        assert_eq!(inits.len(), 1, "only the install container: {inits:?}");
+        assert_eq!(inits[0].name, INSTALL_CONTAINER);
+        assert_eq!(
+            inits[0].args.as_deref(),
+            Some(&args(&["install", BIN_DIR])[..])
+        );
+        let worker = &spec.containers[0];
+        assert_eq!(
+            worker.command.as_deref(),
+            Some(
+                &args(&[
+                    "/var/run/zkgate-bin/zkgate",
+                    "barrier",
+                    "run",
+                    "train",
+                    "--",
+                    "sh",
+                    "-c",
+                    "train.sh"
+                ])[..]
+            )
+        );
+        assert_eq!(worker.args, None);
+        assert_eq!(
+            env(worker, "EPOCHS").and_then(|e| e.value).as_deref(),
+            Some("3")
+        );
+        assert!(env(worker, "ZKGATE_ZOOKEEPER").is_some());
+        assert!(env(worker, "ZKGATE_POD_UID").is_some());
+        assert!(
+            env(worker, "ZKGATE_CREDENTIALS_URL").is_some(),
+            "the wrapped container gets its credentials"
+        );
+        assert!(worker
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == BIN_VOLUME && m.read_only == Some(true)));
+        assert!(env(&inits[0], "ZKGATE_CREDENTIALS_URL").is_none());
+        // The second container is left as it was.
+        assert_eq!(
+            spec.containers[1].command.as_deref(),
+            Some(&args(&["tail"])[..])
+        );
+    }
+
+    #[test]
+    fn the_wrap_form_refuses_what_it_cannot_wrap_with_the_reason() {
+        let i = injection();
+        let refused = |annotations| inject(&commanded(annotations), &i).unwrap_err();
+        assert_eq!(
+            refused(
+                serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang", "zkgate.io/barrier-form": "init" })
+            ),
+            Refusal::RestartNeedsWrap
+        );
+        assert_eq!(
+            refused(serde_json::json!({ "zkgate.io/on-participant-loss": "Restart" })),
+            Refusal::InvalidLossPolicy("Restart".into())
+        );
+        assert_eq!(
+            refused(
+                serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang", "zkgate.io/max-restarts": "-1" })
+            ),
+            Refusal::InvalidMaxRestarts("-1".into())
+        );
+        assert_eq!(
+            refused(
+                serde_json::json!({ "zkgate.io/barrier-form": "wrap", "zkgate.io/wrap-container": "nope" })
+            ),
+            Refusal::NoSuchContainer("nope".into())
+        );
+        // A container without a command: the image's entrypoint is unknown.
+        let bare = pod(
+            serde_json::json!({ "zkgate.io/barrier": "train" }),
+            serde_json::json!({ "zkgate.io/barrier-form": "wrap" }),
+        );
+        let refusal = inject(&bare, &i).unwrap_err();
+        assert_eq!(refusal, Refusal::NoCommand("worker".into()));
+        assert!(refusal.to_string().contains("no explicit `command`"));
+        // With a lock too: the lock's init container would hold it while
+        // the pod waits for its gang.
+        let mut locked = commanded(serde_json::json!({ "zkgate.io/barrier-form": "wrap" }));
+        locked
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("zkgate.io/lock".into(), "db".into());
+        assert_eq!(inject(&locked, &i).unwrap_err(), Refusal::WrapWithLock);
+        // The named container is the one wrapped.
+        let out = inject(
+            &commanded(serde_json::json!({ "zkgate.io/barrier-form": "wrap", "zkgate.io/wrap-container": "logs" })),
+            &i,
+        )
+        .unwrap()
+        .unwrap();
+        let spec = out.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].command.as_deref(),
+            Some(&args(&["sh", "-c"])[..])
+        );
+        assert_eq!(
+            spec.containers[1].command.as_ref().map(|c| c[0].as_str()),
+            Some("/var/run/zkgate-bin/zkgate")
+        );
     }
 }
