@@ -195,6 +195,7 @@ async fn apply_sized(
         Some(k) => {
             let gang = GangBarrier::new(&path);
             gang.ensure_round(zk, &top, k).await?;
+            prepare_rounds(zk, &gang, &top, k, size).await?;
             let round = gang.round_path(k);
             match crate::zk::tree::snapshot(zk, &round).await? {
                 // Ended since the barrier node was read (the barrier node
@@ -309,6 +310,55 @@ async fn apply_sized(
         .barrier_seen(namespace, &name, &outcome.status, &node);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+}
+
+/// A barrier in rounds, at round `k`: the next round's node made ahead
+/// (with the barrier node's ACL, which the members cannot copy: see
+/// [`GangBarrier::end_round`]) and its count kept at `size`; the nodes of
+/// rounds before `k - 1` removed (the round before may still hold members
+/// stopping their commands, which the current round waits out).
+async fn prepare_rounds(
+    zk: &crate::zk::Session,
+    gang: &GangBarrier,
+    top: &BarrierData,
+    k: u32,
+    size: u32,
+) -> Result<(), Error> {
+    let next = k.checked_add(1);
+    let allowed = top
+        .max_restarts
+        .is_none_or(|max| next.is_some_and(|n| n <= max));
+    if let (Some(next), None, true) = (next, &top.failed, allowed) {
+        let data = BarrierData {
+            participants: size,
+            ..top.clone()
+        };
+        if !gang.ensure_round(zk, &data, next).await? {
+            // Made before with another count (the spec changed since).
+            DoubleBarrier::new(gang.round_path(next))
+                .set_participants(zk, size)
+                .await?;
+        }
+    }
+    let client = zk.client();
+    let children = match client.list_children(gang.path()).await {
+        Ok(children) => children,
+        Err(e) => {
+            return Err(crate::zk::ZkError::Zk {
+                op: "list",
+                path: gang.path().to_owned(),
+                source: e,
+            }
+            .into())
+        }
+    };
+    let rounds = children
+        .iter()
+        .filter_map(|c| c.strip_prefix("round-")?.parse::<u32>().ok());
+    for old in rounds.filter(|j| j.saturating_add(1) < k) {
+        crate::zk::tree::delete_tree(zk, &gang.round_path(old)).await?;
+    }
+    Ok(())
 }
 
 /// Removes the registrations among `registrations` (persistent children of

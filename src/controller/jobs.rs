@@ -86,6 +86,8 @@ fn strip(job: &mut Job) {
         *spec = JobSpec {
             parallelism: spec.parallelism,
             completions: spec.completions,
+            // A RestartGang Barrier's restarts default to it.
+            backoff_limit: spec.backoff_limit,
             ..JobSpec::default()
         };
         if let Some(label) = label {

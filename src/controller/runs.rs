@@ -195,8 +195,18 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
             participants: None,
             job_ref: Some(job.name_any()),
             on_participant_loss,
-            max_restarts: max_restarts
-                .filter(|_| on_participant_loss == crate::api::OnParticipantLoss::RestartGang),
+            // Bounded by default: the wrapped command fails inside its
+            // container, which the Job's own backoffLimit never sees.
+            max_restarts: (on_participant_loss == crate::api::OnParticipantLoss::RestartGang).then(
+                || {
+                    max_restarts.unwrap_or_else(|| {
+                        job.spec
+                            .as_ref()
+                            .and_then(|s| s.backoff_limit)
+                            .map_or(6, |b| b.clamp(0, 100) as u32)
+                    })
+                },
+            ),
             ..BarrierSpec::default()
         },
     );

@@ -91,9 +91,10 @@ impl GangBarrier {
         }
     }
 
-    /// Makes round `k`'s node if it is missing (its barrier node's owner
-    /// does, after making the barrier node with `round: Some(k)`), with the
-    /// barrier node's ACL. True if it made it.
+    /// Makes round `k`'s node if it is missing, with the barrier node's ACL
+    /// (which only a client with ADMIN on it reads in full: its owner). The
+    /// owner makes the current round's node and the next one's, so that a
+    /// round's end finds its successor there. True if it made it.
     pub async fn ensure_round(&self, session: &Session, top: &BarrierData, k: u32) -> Result<bool> {
         let client = session.client();
         let round = self.round_path(k);
@@ -214,20 +215,29 @@ impl GangBarrier {
                 }
                 None => {
                     top.round = Some(next);
+                    writer
+                        .add_set_data(&self.path, &top.to_bytes(), Some(top_version))
+                        .map_err(|e| ZkError::from_client("end round", &self.path, e))?;
+                    // The next round's node: its owner makes it a round
+                    // ahead ([`GangBarrier::ensure_round`]). Made here only
+                    // when it is missing and the barrier node is open to
+                    // all: ZooKeeper hides the digests of an ACL from those
+                    // without ADMIN, so a participant cannot copy it, and a
+                    // node made with the participant's own would shut the
+                    // owner out. Without it, the members wait for it.
+                    let missing = session
+                        .retry("check", &next_round, || client.check_stat(&next_round))
+                        .await?
+                        .is_none();
                     (acl, _) = session
                         .retry("read ACL", &self.path, || client.get_acl(&self.path))
                         .await?;
-                    let options = zk::CreateMode::Persistent.with_acls((&acl[..]).into());
-                    writer
-                        .add_set_data(&self.path, &top.to_bytes(), Some(top_version))
-                        .and_then(|()| {
-                            writer.add_create(
-                                &next_round,
-                                &Self::round_data(&top).to_bytes(),
-                                &options,
-                            )
-                        })
-                        .map_err(|e| ZkError::from_client("end round", &self.path, e))?;
+                    if missing && acl.iter().all(|a| a.scheme() == "world") {
+                        let options = zk::CreateMode::Persistent.with_acls((&acl[..]).into());
+                        writer
+                            .add_create(&next_round, &Self::round_data(&top).to_bytes(), &options)
+                            .map_err(|e| ZkError::from_client("end round", &next_round, e))?;
+                    }
                 }
             }
             match writer.commit().await {
@@ -317,17 +327,12 @@ impl GangBarrier {
         let client = session.client();
         let round = self.round_path(k);
         loop {
-            let (data, _, data_watch) = match session
-                .retry("watch", &round, || client.get_and_watch_data(&round))
-                .await
-            {
-                Ok(found) => found,
-                Err(ZkError::Zk {
-                    source: zk::Error::NoNode,
-                    ..
-                }) => return Err(ZkError::Deleted { path: round }),
-                Err(e) => return Err(e),
-            };
+            let (data, _, data_watch) = or_deleted(
+                session
+                    .retry("watch", &round, || client.get_and_watch_data(&round))
+                    .await,
+                &round,
+            )?;
             let marks = parse(&round, &data)?;
             if let Some(why) = marks.ended {
                 session.retire_watch(data_watch.changed());
@@ -337,17 +342,12 @@ impl GangBarrier {
                 session.retire_watch(data_watch.changed());
                 return std::future::pending().await;
             }
-            let (children, _, children_watch) = match session
-                .retry("watch", &round, || client.get_and_watch_children(&round))
-                .await
-            {
-                Ok(found) => found,
-                Err(ZkError::Zk {
-                    source: zk::Error::NoNode,
-                    ..
-                }) => return Err(ZkError::Deleted { path: round }),
-                Err(e) => return Err(e),
-            };
+            let (children, _, children_watch) = or_deleted(
+                session
+                    .retry("watch", &round, || client.get_and_watch_children(&round))
+                    .await,
+                &round,
+            )?;
             let registered = children.iter().filter(|c| *c != READY).count();
             let gone: Vec<&String> = members
                 .iter()
@@ -491,6 +491,19 @@ fn cap(why: &str) -> String {
         end -= 1;
     }
     why[..end].to_owned()
+}
+
+/// `found`, with a missing round node said as the barrier deleted.
+fn or_deleted<T>(found: Result<T>, round: &str) -> Result<T> {
+    match found {
+        Err(ZkError::Zk {
+            source: zk::Error::NoNode,
+            ..
+        }) => Err(ZkError::Deleted {
+            path: round.to_owned(),
+        }),
+        other => other,
+    }
 }
 
 /// A session event that ends the wait: the session expired or was closed.

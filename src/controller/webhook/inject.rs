@@ -150,6 +150,12 @@ pub enum Refusal {
     /// The wrap form names a container the pod does not have.
     #[error("annotation {WRAP_CONTAINER_ANNOTATION}={0:?} names no container of the pod")]
     NoSuchContainer(String),
+    /// `zkgate.io/max-restarts` without RestartGang.
+    #[error("annotation {MAX_RESTARTS_ANNOTATION} is only for {ON_LOSS_ANNOTATION}: RestartGang")]
+    RestartsWithoutRestartGang,
+    /// The wrap form on a container with a liveness or startup probe.
+    #[error("the wrap form runs container {0:?}'s command only once its gang has met (and again after each restart), so its liveness or startup probe would fail while it waits and the kubelet would kill it: remove the probe, or use a readiness probe")]
+    ProbeWhileWaiting(String),
     /// The wrap form on a container without an explicit command.
     #[error("the wrap form runs container {0:?}'s command under `zkgate barrier run`, but it has no explicit `command` (an image's entrypoint cannot be read at admission): give the container its command")]
     NoCommand(String),
@@ -207,6 +213,9 @@ pub fn loss_policy(
             _ => return Err(Refusal::InvalidMaxRestarts(n.clone())),
         },
     };
+    if max.is_some() && policy != OnParticipantLoss::RestartGang {
+        return Err(Refusal::RestartsWithoutRestartGang);
+    }
     Ok((policy, max))
 }
 
@@ -382,18 +391,7 @@ fn add_containers(
     injection: &Injection,
     wanted: &Wanted,
 ) -> Result<(), Refusal> {
-    let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    if volumes.iter().any(|v| v.name == RUN_VOLUME) {
-        return Err(Refusal::VolumeTaken(RUN_VOLUME));
-    }
-    volumes.push(Volume {
-        name: RUN_VOLUME.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            medium: Some("Memory".to_owned()),
-            size_limit: Some(Quantity("1Mi".to_owned())),
-        }),
-        ..Default::default()
-    });
+    add_empty_dir(&mut spec.volumes, RUN_VOLUME, Some("Memory"), "1Mi")?;
     if let Some((barrier, Form::Wrap)) = &wanted.barrier {
         wrap(spec, injection, barrier, wanted)?;
     }
@@ -461,6 +459,29 @@ fn add_containers(
     Ok(())
 }
 
+/// Adds the emptyDir volume `name` to a pod's `volumes`, refusing a pod
+/// that has one of that name already.
+fn add_empty_dir(
+    volumes: &mut Option<Vec<Volume>>,
+    name: &'static str,
+    medium: Option<&str>,
+    size: &str,
+) -> Result<(), Refusal> {
+    let volumes = volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == name) {
+        return Err(Refusal::VolumeTaken(name));
+    }
+    volumes.push(Volume {
+        name: name.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: medium.map(str::to_owned),
+            size_limit: Some(Quantity(size.to_owned())),
+        }),
+        ..Default::default()
+    });
+    Ok(())
+}
+
 /// `ZKGATE_RUN`: the run a participant belongs to.
 fn run_env(run: &str) -> EnvVar {
     EnvVar {
@@ -493,18 +514,11 @@ fn wrap(
     let Some(command) = target.command.clone().filter(|c| !c.is_empty()) else {
         return Err(Refusal::NoCommand(target.name.clone()));
     };
-    let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    if volumes.iter().any(|v| v.name == BIN_VOLUME) {
-        return Err(Refusal::VolumeTaken(BIN_VOLUME));
+    if target.liveness_probe.is_some() || target.startup_probe.is_some() {
+        return Err(Refusal::ProbeWhileWaiting(target.name.clone()));
     }
-    volumes.push(Volume {
-        name: BIN_VOLUME.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            medium: None,
-            size_limit: Some(Quantity("128Mi".to_owned())),
-        }),
-        ..Default::default()
-    });
+    // On disk (the binary is a few MB; memory would count against the pod).
+    add_empty_dir(&mut spec.volumes, BIN_VOLUME, None, "128Mi")?;
     let binary = format!("{BIN_DIR}/zkgate");
     let mut wrapped = vec![
         binary,
@@ -521,6 +535,15 @@ fn wrap(
     let env = target.env.get_or_insert_with(Vec::new);
     env.retain(|e| !e.name.starts_with("ZKGATE_"));
     env.extend(participant.env.unwrap_or_default());
+    // Explicit even at its default: an `envFrom` of the pod's own must not
+    // point zkgate elsewhere (explicit `env` wins over `envFrom`).
+    if !env.iter().any(|e| e.name == "ZKGATE_ROOT") {
+        env.push(EnvVar {
+            name: "ZKGATE_ROOT".to_owned(),
+            value: Some(injection.root.clone()),
+            value_from: None,
+        });
+    }
     if let Some(run) = &wanted.run {
         env.push(run_env(run));
     }
@@ -1004,6 +1027,10 @@ mod tests {
         assert!(env(worker, "ZKGATE_ZOOKEEPER").is_some());
         assert!(env(worker, "ZKGATE_POD_UID").is_some());
         assert!(
+            env(worker, "ZKGATE_ROOT").is_some(),
+            "set even at its default"
+        );
+        assert!(
             env(worker, "ZKGATE_CREDENTIALS_URL").is_some(),
             "the wrapped container gets its credentials"
         );
@@ -1045,6 +1072,19 @@ mod tests {
                 serde_json::json!({ "zkgate.io/barrier-form": "wrap", "zkgate.io/wrap-container": "nope" })
             ),
             Refusal::NoSuchContainer("nope".into())
+        );
+        assert_eq!(
+            refused(serde_json::json!({ "zkgate.io/max-restarts": "2" })),
+            Refusal::RestartsWithoutRestartGang
+        );
+        let mut probed =
+            commanded(serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang" }));
+        if let Some(spec) = probed.spec.as_mut() {
+            spec.containers[0].liveness_probe = Some(Probe::default());
+        }
+        assert_eq!(
+            inject(&probed, &i).unwrap_err(),
+            Refusal::ProbeWhileWaiting("worker".into())
         );
         // A container without a command: the image's entrypoint is unknown.
         let bare = pod(
