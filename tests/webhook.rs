@@ -1178,6 +1178,58 @@ async fn over_tls_the_injected_container_gets_working_zookeeper_certificates() {
 /// a ServiceAccount of that namespace: no token, a made-up one, one made
 /// for the API server, or another namespace's are refused; the namespace's
 /// own gets the credential that opens its nodes, and no Secret holds it.
+/// Issue 27, item 2: the Barrier made for a Job whose pod template asks for
+/// RestartGang has it, with the template's `max-restarts`, or else the
+/// Job's `backoffLimit` (a wrapped command fails inside its container,
+/// where the Job's own limit never sees it).
+#[tokio::test]
+async fn a_jobs_restart_gang_annotations_make_its_barrier_restart_bounded() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let _controller = h.controller(&zk).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    for (name, annotations, backoff, wanted) in [
+        (
+            "given",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang", "zkgate.io/max-restarts": "2" }),
+            4,
+            Some(2),
+        ),
+        (
+            "defaulted",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang" }),
+            4,
+            Some(4),
+        ),
+        ("plain", json!({}), 4, None),
+    ] {
+        let job: Job = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "parallelism": 2,
+                "backoffLimit": backoff,
+                "template": {
+                    "metadata": { "labels": { "zkgate.io/barrier": name }, "annotations": annotations },
+                    "spec": { "restartPolicy": "Never", "containers": [{ "name": "worker", "image": "busybox", "command": ["true"] }] }
+                }
+            }
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+        let barrier = eventually(WITHIN, "the Job's Barrier", || async {
+            barriers.get_opt(name).await.ok()?
+        })
+        .await;
+        assert_eq!(barrier.spec.max_restarts, wanted, "{name}");
+        assert_eq!(
+            barrier.spec.on_participant_loss == zkgate::api::OnParticipantLoss::RestartGang,
+            wanted.is_some(),
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_handout_gives_a_pod_its_own_namespaces_credential_and_nothing_else() {
     use support::handout::token;
