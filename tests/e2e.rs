@@ -1316,9 +1316,13 @@ async fn the_semaphore_example_runs_at_most_two_pods_at_once() {
 async fn a_restart_gang_job_restarts_together_when_a_member_fails_and_completes() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    // Each run prints its round and when it started and stopped (us).
+    // Each run prints its round and when it started and stopped (us). The
+    // trap ignores TERM first, so that its own `now-us` (which inherits
+    // that) is not stopped with the rest of the command's tree: zkgate
+    // sends SIGTERM to every process of it. (`\"` is YAML's: the
+    // example's command is a double-quoted string.)
     let script = "echo run-start-$ZKGATE_ROUND $(now-us); \
-        trap 'echo run-stop-$ZKGATE_ROUND $(now-us); exit 143' TERM; \
+        trap 'trap \\\"\\\" TERM; echo run-stop-$ZKGATE_ROUND $(now-us); exit 143' TERM; \
         if [ $ZKGATE_ROUND = 0 ] && [ $ZKGATE_RANK = 0 ]; then sleep 2; echo run-stop-0 $(now-us); exit 3; fi; \
         if [ $ZKGATE_ROUND = 0 ]; then sleep 60 & wait $!; fi; \
         sleep 1; echo run-stop-$ZKGATE_ROUND $(now-us)";

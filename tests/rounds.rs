@@ -136,7 +136,7 @@ fn script(dir: &Path, id: &str, nth: &[&str]) -> String {
     format!(
         "n=$(grep -c start {log} 2>/dev/null); n=${{n:-0}}; \
          echo \"start $(date +%s%N)\" >> {log}; \
-         trap 'echo \"stop $(date +%s%N)\" >> {log}; exit 143' TERM; \
+         trap 'trap \"\" TERM; echo \"stop $(date +%s%N)\" >> {log}; exit 143' TERM; \
          ( case $n in {cases} esac ); \
          code=$?; echo \"end $(date +%s%N)\" >> {log}; exit $code"
     )
@@ -151,7 +151,11 @@ fn runs(dir: &Path, id: &str) -> Vec<(u128, Option<u128>)> {
         let (Some(what), Some(at)) = (words.next(), words.next()) else {
             continue;
         };
-        let at: u128 = at.parse().unwrap_or_default();
+        // A time its `date` did not print (stopped with the tree) is no
+        // time: that run's end is unknown, as for one SIGKILLed.
+        let Ok(at) = at.parse::<u128>() else {
+            continue;
+        };
         match what {
             "start" => out.push((at, None)),
             _ => {
