@@ -4,8 +4,9 @@
 //! the locally built image, the controller in its own pods with the chart's
 //! ServiceAccount, and the examples' Jobs run as a user runs them.
 //!
-//! Every test here is `#[ignore]`d, so that without a cluster they show as
-//! skipped, never as passed. `scripts/test` brings the cluster up where this
+//! Every test that needs the cluster is `#[ignore]`d, so that without one
+//! they show as skipped, never as passed (the one that is not checks the
+//! clock the others read in the pods). `scripts/test` brings the cluster up where this
 //! machine can run it (`scripts/cluster available`), sets
 //! `ZKGATE_TEST_CLUSTER` to its directory and runs them with
 //! `--run-ignored all`; run by hand without `ZKGATE_TEST_CLUSTER` they fail.
@@ -382,6 +383,41 @@ impl Drop for NamespaceGuard {
                 let _ = namespaces.delete(&name, &DeleteParams::default()).await;
             });
         }
+    }
+}
+
+/// The workload image's `now-us` (`scripts/now-us`, run by the same
+/// static busybox the image carries) is this machine's clock in
+/// microseconds: the tests compare it with ZooKeeper's ctimes and with
+/// each other. (It printed seconds and *nanoseconds* where the kernel
+/// keeps time in nanoseconds, `STA_NANO`, as this machine's does: 1000
+/// times too late, and fewer digits when the nanoseconds were below 10^8.)
+#[test]
+fn the_workloads_clock_is_this_machines_in_microseconds() {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/now-us");
+    for _ in 0..20 {
+        let before = now();
+        let out = Command::new("/bin/busybox")
+            .arg("sh")
+            .arg(&script)
+            .output()
+            .expect("busybox sh scripts/now-us");
+        let after = now();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let us: i64 = text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("now-us printed {text:?}"));
+        assert!(
+            before <= us && us <= after,
+            "now-us printed {us}, outside [{before}, {after}]"
+        );
     }
 }
 
