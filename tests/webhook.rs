@@ -1390,3 +1390,82 @@ async fn with_the_api_server_down_the_certificate_keeper_backs_off() {
     .await;
     drop(api);
 }
+
+/// A pod's form must take part in the rounds its Barrier has, or not:
+/// a Barrier that restarts its gang (`RestartGang`) refuses, at admission,
+/// a pod whose injected participant would be the init container (it
+/// would be refused by the barrier at run time, exit 2, after its pod was
+/// scheduled); a pod that asks for `RestartGang` is refused by a Barrier
+/// made without it (it would never restart), each with the reason. The
+/// wrap form is admitted to both.
+#[tokio::test]
+async fn a_pods_form_must_agree_with_its_barriers_rounds() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    for (name, policy) in [("rounds", "RestartGang"), ("plain", "Wait")] {
+        let barrier: Barrier = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+            "metadata": { "name": name },
+            "spec": { "participants": 2, "onParticipantLoss": policy }
+        }))
+        .unwrap();
+        barriers
+            .create(&PostParams::default(), &barrier)
+            .await
+            .unwrap();
+    }
+    let pod = |name: &str, barrier: &str, annotations: serde_json::Value| {
+        let mut pod = pod_of(name, json!({ "zkgate.io/barrier": barrier }));
+        pod["metadata"]["annotations"] = annotations;
+        pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", "true"]);
+        pod
+    };
+    let refused = |e: kube::Error| e.to_string();
+    let init = refused(
+        h.create_pod(pod("init", "rounds", json!({})))
+            .await
+            .expect_err("the init form on a Barrier in rounds"),
+    );
+    assert!(
+        init.contains("rounds") && init.contains("RestartGang") && init.contains("wrap"),
+        "{init}"
+    );
+    let asks = refused(
+        h.create_pod(pod(
+            "asks",
+            "plain",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang" }),
+        ))
+        .await
+        .expect_err("RestartGang asked of a Barrier made without it"),
+    );
+    assert!(
+        asks.contains("plain") && asks.contains("RestartGang") && asks.contains("Wait"),
+        "{asks}"
+    );
+    for (name, barrier, annotations) in [
+        (
+            "wrapped",
+            "rounds",
+            json!({ "zkgate.io/barrier-form": "wrap" }),
+        ),
+        (
+            "restarting",
+            "rounds",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang" }),
+        ),
+        (
+            "wrapped-plain",
+            "plain",
+            json!({ "zkgate.io/barrier-form": "wrap" }),
+        ),
+    ] {
+        h.create_pod(pod(name, barrier, annotations))
+            .await
+            .unwrap_or_else(|e| panic!("{name} refused: {e}"));
+    }
+    drop(controller);
+    h.done().await;
+}

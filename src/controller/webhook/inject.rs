@@ -178,6 +178,17 @@ pub enum Refusal {
     /// `zkgate.io/credentials` is set to something other than `"true"`.
     #[error("label {CREDENTIALS_LABEL}={0:?} must be \"true\" (or left out)")]
     InvalidCredentials(String),
+    /// The init form on a Barrier that restarts its gang.
+    #[error("Barrier {0} restarts its gang (onParticipantLoss: RestartGang), and only `zkgate barrier run` takes part in its rounds: give the pod the wrap form (annotation {BARRIER_FORM_ANNOTATION}: wrap, or {ON_LOSS_ANNOTATION}: RestartGang; the container's explicit command then runs under `barrier run`)")]
+    NotInRounds(String),
+    /// RestartGang asked of a Barrier made without it.
+    #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang asks for rounds, but Barrier {barrier} was made with onParticipantLoss: {policy:?}, and a Barrier's policy is fixed when it is made: make the Barrier with RestartGang (delete it and create it again), or drop the annotation")]
+    NoRounds {
+        /// The Barrier.
+        barrier: String,
+        /// Its policy.
+        policy: crate::api::OnParticipantLoss,
+    },
 }
 
 /// How a pod's participant takes part in its Barrier.
@@ -289,6 +300,30 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         run: job_of(pod).map(|job| job.uid.clone()),
         wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
     })
+}
+
+/// Whether a participant of `form`, whose pod asks for `asked`, can take
+/// part in the Barrier `barrier` made with `made` (fixed when it was
+/// made): a Barrier in rounds takes only the wrap form (`barrier enter`
+/// and `barrier sidecar` are refused there at run time), and a pod asking
+/// for rounds would never restart on a Barrier without them.
+pub fn agrees_with_barrier(
+    barrier: &str,
+    made: crate::api::OnParticipantLoss,
+    asked: crate::api::OnParticipantLoss,
+    form: Form,
+) -> Result<(), Refusal> {
+    use crate::api::OnParticipantLoss::RestartGang;
+    if made == RestartGang && form != Form::Wrap {
+        return Err(Refusal::NotInRounds(barrier.to_owned()));
+    }
+    if asked == RestartGang && made != RestartGang {
+        return Err(Refusal::NoRounds {
+            barrier: barrier.to_owned(),
+            policy: made,
+        });
+    }
+    Ok(())
 }
 
 /// The Job that controls `pod` (its run), if any.

@@ -634,7 +634,10 @@ impl Webhook {
         // Every labelled pod, whether anything is injected or not (a pod
         // that carries zkgate of its own gets nothing added, and would
         // otherwise wait for what nobody makes).
-        if let Err(refusal) = self.check_resources(pod, &namespace).await {
+        if let Err(refusal) = self
+            .check_resources(pod, &namespace, &self.injection())
+            .await
+        {
             info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
             self.metrics.admitted("refused");
             return response.deny(refusal);
@@ -673,8 +676,15 @@ impl Webhook {
     /// of that name, and a Barrier of that name or a Job of the pod's that
     /// will have one (the controller makes a labelled Job's Barrier). A pod
     /// that would wait for something nobody makes is refused with the
-    /// reason, rather than left waiting without one.
-    async fn check_resources(&self, pod: &Pod, namespace: &str) -> Result<(), String> {
+    /// reason, rather than left waiting without one. When zkgate gives the
+    /// pod its participant (it carries none of its own), its form must
+    /// agree with the Barrier's rounds ([`inject::agrees_with_barrier`]).
+    async fn check_resources(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        injection: &Injection,
+    ) -> Result<(), String> {
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let unreadable = |what: &str, e: kube::Error| {
             format!("zkgate could not check the {what} the pod's label names: {e}")
@@ -711,11 +721,33 @@ impl Webhook {
                     .iter()
                     .flatten()
                     .find(|o| Some(o.uid.as_str()) == super::runs::run_of(&found));
+                let agrees = || -> Result<(), String> {
+                    if inject::carries_zkgate(pod, &injection.image) {
+                        return Ok(());
+                    }
+                    // Checked by `inject` before: a pod it refused is not here.
+                    let Ok(wanted) = inject::wanted(pod, injection.native_sidecars) else {
+                        return Ok(());
+                    };
+                    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+                    let (Some((_, form)), Ok((asked, _))) =
+                        (wanted.barrier, inject::loss_policy(&annotations))
+                    else {
+                        return Ok(());
+                    };
+                    inject::agrees_with_barrier(
+                        barrier,
+                        found.spec.on_participant_loss,
+                        asked,
+                        form,
+                    )
+                    .map_err(|refusal| refusal.to_string())
+                };
                 let (Some(holder), Some(ours)) = (holder, ours) else {
-                    return Ok(());
+                    return agrees();
                 };
                 if holder.uid == ours.uid {
-                    return Ok(());
+                    return agrees();
                 }
                 let live = jobs
                     .get_opt(&holder.name)
