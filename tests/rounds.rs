@@ -569,3 +569,37 @@ async fn round_over_leaves_a_finishing_round_alone_and_counts_what_it_did_not_li
     assert_eq!(why, "a member was lost in round 0");
     assert_eq!(top(&admin, &gang).await.round, Some(1));
 }
+
+/// The members a command is told of (`ZKGATE_RANK`, `ZKGATE_MEMBERS`) are
+/// the registrations round 0's opening counted: one made after `ready` (a
+/// member that restarted, which will end the round) is not among them, so
+/// every member running the command is told the same ranks.
+#[tokio::test]
+async fn a_registration_made_after_the_opening_is_not_a_member() {
+    let plain = zkgate::zk::EnterOptions::default();
+    let (connect, _admin, gang) = gang(2, None).await;
+    let round = gang.round(0);
+    let (a, b, late) = (
+        session(&connect).await,
+        session(&connect).await,
+        session(&connect).await,
+    );
+    let (ra, rb) = tokio::join!(
+        round.enter(&a, "b-first", &plain, None),
+        round.enter(&b, "c-second", &plain, None),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    // A late arrival, sorted before both: it would shift their ranks.
+    round
+        .enter(&late, "a-late", &plain, None)
+        .await
+        .expect("a late arrival passes the open round");
+    assert!(!gang
+        .counted(&late, 0, &format!("{}/a-late", gang.round_path(0)))
+        .await
+        .unwrap());
+    let mut members = gang.members(&a, 0).await.unwrap();
+    members.sort();
+    assert_eq!(members, ["b-first", "c-second"]);
+}

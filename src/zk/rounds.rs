@@ -453,14 +453,47 @@ impl GangBarrier {
         }
     }
 
-    /// The members of open round `k` (its registrations, `ready` aside).
+    /// The members of open round `k`: the registrations its opening
+    /// counted. A registration made after `ready` (a member that restarted,
+    /// which ends the round) is left out, so that every member running the
+    /// command is told the same ranks. (Only when the round holds more
+    /// registrations than its count are their creations compared with
+    /// `ready`'s: a read each.)
     pub async fn members(&self, session: &Session, k: u32) -> Result<Vec<String>> {
         let client = session.client();
         let round = self.round_path(k);
         let children = session
             .retry("list", &round, || client.list_children(&round))
             .await?;
-        Ok(children.into_iter().filter(|c| c != READY).collect())
+        let registrations: Vec<String> = children.into_iter().filter(|c| c != READY).collect();
+        let count = or_deleted(self.round(k).data_if_there(session).await, &round)?
+            .map_or(0, |d| d.participants);
+        if registrations.len() <= count as usize {
+            return Ok(registrations);
+        }
+        let ready = path::join(&round, READY);
+        let Some(opened) = session
+            .retry("check", &ready, || client.check_stat(&ready))
+            .await?
+        else {
+            // Not open (or over): nobody was counted yet.
+            return Ok(registrations);
+        };
+        let made = futures::future::try_join_all(registrations.iter().map(|r| {
+            let node = path::join(&round, r);
+            async move {
+                session
+                    .retry("check", &node, || client.check_stat(&node))
+                    .await
+            }
+        }))
+        .await?;
+        Ok(registrations
+            .into_iter()
+            .zip(made)
+            .filter(|(_, stat)| stat.is_some_and(|s| s.czxid < opened.czxid))
+            .map(|(r, _)| r)
+            .collect())
     }
 
     /// Whether our registration `node` in round `k` was counted by its
