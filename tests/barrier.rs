@@ -430,3 +430,57 @@ async fn a_fail_never_reads_as_an_opening_even_with_both_notifications_at_once()
         );
     }
 }
+
+/// A barrier its owner holds (`held`: issue 28, roles that start in
+/// order) does not open though its count is reached; the owner's write
+/// that lifts the hold lets the waiters open it, and they pass.
+#[tokio::test]
+async fn a_held_barrier_opens_only_when_its_owner_lifts_the_hold() {
+    let connect = isolated_connect();
+    let owner = session(&connect).await;
+    let held = BarrierData {
+        participants: 2,
+        held: Some("waiting for Barrier workers to be Ready".into()),
+        ..BarrierData::default()
+    };
+    DoubleBarrier::new(BARRIER)
+        .create(&owner, &held)
+        .await
+        .unwrap();
+    let enter = |id: &'static str| {
+        let connect = connect.clone();
+        tokio::spawn(async move {
+            let s = session(&connect).await;
+            DoubleBarrier::new(BARRIER)
+                .enter(&s, id, &options(2), within(30))
+                .await
+                .expect("enter");
+            s
+        })
+    };
+    let waiting = [enter("launcher-0"), enter("launcher-1")];
+    eventually(Duration::from_secs(10), "2 registrations", || async {
+        (children(&owner, BARRIER).await.len() == 2).then_some(())
+    })
+    .await;
+    // The count is reached: give the waiters a chance to be wrong.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "someone passed a held barrier"
+    );
+    assert!(!children(&owner, BARRIER).await.contains(&"ready".into()));
+    let lifted = BarrierData { held: None, ..held };
+    owner
+        .client()
+        .set_data(BARRIER, &lifted.to_bytes(), None)
+        .await
+        .unwrap();
+    for w in waiting {
+        tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("the waiters pass once the hold is lifted")
+            .unwrap();
+    }
+    assert!(children(&owner, BARRIER).await.contains(&"ready".into()));
+}

@@ -2249,3 +2249,175 @@ async fn a_restart_gang_barrier_makes_its_next_round_with_the_count_the_spec_say
         .unwrap();
     assert_eq!(round_1.participants, 3);
 }
+
+/// Enters barrier `name` as `id` for pod `id` (library session), in the
+/// background: the task ends when the barrier lets it through.
+async fn entering(
+    s: &Setup,
+    name: &str,
+    id: &str,
+) -> (Arc<Session>, tokio::task::JoinHandle<Result<(), String>>) {
+    let participant = Arc::new(session(&s.zk).await);
+    let (p, path, id) = (
+        participant.clone(),
+        barrier_path(&s.ns, name),
+        id.to_owned(),
+    );
+    let task = tokio::spawn(async move {
+        let options = EnterOptions {
+            data: ParticipantData {
+                pod: Some(id.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        DoubleBarrier::new(&path)
+            .enter(&p, &id, &options, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    (participant, task)
+}
+
+/// The message of a Barrier's status.
+fn message(b: &Barrier) -> String {
+    b.status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+/// Issue 28: a launcher Barrier `after` its workers (until `Ready`, the
+/// default) is held in ZooKeeper though its own participant entered: not
+/// while the workers wait, not while they are open with pods not Ready
+/// (the status names them), and opens once every worker's pod runs Ready;
+/// its participant then passes.
+#[tokio::test]
+async fn a_barrier_after_another_opens_only_once_that_ones_pods_are_ready() {
+    let s = setup().await;
+    create_barrier(&s, "workers", json!({ "participants": 2 })).await;
+    create_barrier(
+        &s,
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await;
+    let (_l, launcher) = entering(&s, "launcher", "launcher-0").await;
+    let held = barrier_where(&s, "launcher", "the launcher held", |b| {
+        b.status.as_ref().is_some_and(|st| st.entered == 1)
+            && message(b).contains("held: waiting for Barrier workers to open")
+    })
+    .await;
+    assert_eq!(phase(&held), Some(BarrierPhase::Waiting));
+    let observer = session(&s.zk).await;
+    let path = barrier_path(&s.ns, "launcher");
+    let (data, _) = observer.client().get_data(&path).await.unwrap();
+    let data = BarrierData::parse(&path, &data).unwrap().unwrap();
+    assert!(data.held.is_some(), "{data:?}");
+
+    let (_w0, w0) = entering(&s, "workers", "w-0").await;
+    let (_w1, w1) = entering(&s, "workers", "w-1").await;
+    w0.await.unwrap().expect("w-0 passes");
+    w1.await.unwrap().expect("w-1 passes");
+    barrier_where(&s, "launcher", "the launcher waiting for both pods", |b| {
+        message(b).contains("waiting for the pods of Barrier workers to be Ready: w-0, w-1 not yet")
+    })
+    .await;
+
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let ready = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            create_pod(&pods, json!({ "name": name })).await;
+            let status = json!({ "status": {
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True" }]
+            }});
+            pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .expect("the pod's status");
+        }
+    };
+    ready("w-0").await;
+    barrier_where(&s, "launcher", "the launcher waiting for w-1", |b| {
+        message(b).contains("Ready: w-1 not yet")
+    })
+    .await;
+    assert!(
+        !launcher.is_finished(),
+        "the launcher passed before w-1 was Ready"
+    );
+    ready("w-1").await;
+    barrier_where(&s, "launcher", "the launcher open", |b| {
+        phase(b) == Some(BarrierPhase::Open)
+    })
+    .await;
+    tokio::time::timeout(WITHIN, launcher)
+        .await
+        .expect("the launcher passes")
+        .unwrap()
+        .expect("the launcher passes");
+}
+
+/// Issue 28: a Barrier after one not made yet waits for it (and says so);
+/// after one that fails, it fails (`AfterFailed`, naming it) and its
+/// waiter is told; two Barriers after each other fail, naming the cycle.
+#[tokio::test]
+async fn a_barrier_after_a_missing_failed_or_circular_one_waits_or_fails_with_the_reason() {
+    let s = setup().await;
+    create_barrier(
+        &s,
+        "late",
+        json!({ "participants": 1, "after": [{ "barrier": "first", "until": "Entered" }] }),
+    )
+    .await;
+    barrier_where(&s, "late", "waiting for first to be made", |b| {
+        message(b).contains("held: waiting for Barrier first to be made")
+    })
+    .await;
+    create_barrier(&s, "first", json!({ "participants": 1, "timeout": "1s" })).await;
+    let (_p, waiter) = entering(&s, "late", "late-0").await;
+    let failed = barrier_where(&s, "late", "late failed", |b| {
+        phase(b) == Some(BarrierPhase::Failed)
+    })
+    .await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("AfterFailed"));
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Barrier first failed (TimedOut)"),
+        "{status:?}"
+    );
+    let told = tokio::time::timeout(WITHIN, waiter)
+        .await
+        .expect("the waiter is told")
+        .unwrap();
+    assert!(
+        told.is_err_and(|e| e.contains("AfterFailed")),
+        "the waiter passed a failed barrier"
+    );
+
+    create_barrier(
+        &s,
+        "c",
+        json!({ "participants": 1, "after": [{ "barrier": "d" }] }),
+    )
+    .await;
+    create_barrier(
+        &s,
+        "d",
+        json!({ "participants": 1, "after": [{ "barrier": "c", "until": "Open" }] }),
+    )
+    .await;
+    for (name, cycle) in [("c", "c → d → c"), ("d", "d → c → d")] {
+        let b = barrier_where(&s, name, "failed on the cycle", |b| {
+            phase(b) == Some(BarrierPhase::Failed)
+        })
+        .await;
+        assert!(message(&b).contains(cycle), "{name}: {}", message(&b));
+    }
+}

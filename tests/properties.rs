@@ -263,6 +263,8 @@ proptest! {
                 znode: "/b",
                 now: Timestamp::from_second(i as i64 + 1).unwrap(),
                 spec_problem: None,
+                held: None,
+                after_failed: None,
             });
             let st = out.status;
             let mut ids: Vec<_> = st.participants.iter().map(|p| p.id.as_str()).collect();

@@ -84,6 +84,45 @@ pub struct BarrierSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 100))]
     pub max_restarts: Option<u32>,
+    /// Other Barriers of the namespace this one starts after: it opens only
+    /// once its own participants have entered **and** each of these holds
+    /// (an MPI launcher after its workers are Ready; workers after their
+    /// leader). A named Barrier not made yet is waited for; one that fails
+    /// fails this one (`AfterFailed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub after: Vec<After>,
+}
+
+/// A Barrier another one starts after, and how far it must be.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct After {
+    /// The Barrier's name (same namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub barrier: String,
+    /// How far: `Entered` (all its participants entered), `Open` (it
+    /// opened), `Ready` (it opened and every participant's pod is Ready:
+    /// the default) or `Completed` (everyone left it).
+    #[serde(default)]
+    pub until: Until,
+}
+
+/// How far a Barrier named in `after` must be.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize, JsonSchema,
+)]
+pub enum Until {
+    /// All its participants have entered (it may still be held).
+    Entered,
+    /// It opened.
+    Open,
+    /// It opened, and every participant's pod has its `Ready` condition
+    /// true (a readiness probe says the role is up).
+    #[default]
+    Ready,
+    /// Everyone who entered has left.
+    Completed,
 }
 
 /// What a lost participant does to the barrier.

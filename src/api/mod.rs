@@ -5,7 +5,8 @@ mod barrier;
 mod locklease;
 
 pub use barrier::{
-    Barrier, BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus,
+    After, Barrier, BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus,
+    Until,
 };
 pub use locklease::{
     HoldMode, HolderStatus, LockLease, LockLeaseSpec, LockLeaseStatus, LockMode, LockNodeData,

@@ -8,6 +8,7 @@ use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
+use super::after::{self, Verdict};
 use super::context::{Context, StatusMemory};
 use super::credentials::NamespaceAcls;
 use super::error::Error;
@@ -15,7 +16,7 @@ use super::pods::PodFate;
 use super::reconciler::{next_look, own_node, publish, Reconciled, POD_RECHECK};
 use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
-use crate::api::{Barrier, OnParticipantLoss};
+use crate::api::{Barrier, BarrierPhase, OnParticipantLoss};
 use crate::zk::tree::ChildNode;
 use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, READY};
 
@@ -84,6 +85,8 @@ impl Reconciled for Barrier {
         super::reconciler::delete_subtree(barrier, ctx, &path).await?;
         ctx.metrics.barrier_gone(namespace, &name);
         ctx.jobs.follow(namespace, &name, None);
+        ctx.after.set(namespace, &name, &[]);
+        ctx.after.touch(namespace, &name);
         if let Some(uid) = barrier.uid() {
             ctx.barrier_status.forget(&uid);
         }
@@ -140,6 +143,37 @@ async fn apply_sized(
     let path = ctx.layout.barrier(namespace, &name)?;
     let zk = &*ctx.zk;
     let restarts = barrier.spec.on_participant_loss == OnParticipantLoss::RestartGang;
+    // Roles in order: held until the Barriers it starts after are far
+    // enough along (looked at until it opens; not in rounds yet).
+    let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
+    let settled = matches!(
+        previous.phase,
+        Some(
+            BarrierPhase::Open
+                | BarrierPhase::Leaving
+                | BarrierPhase::Completed
+                | BarrierPhase::Failed
+        )
+    );
+    let verdict = if settled || restarts {
+        Verdict::Lifted
+    } else {
+        after::verdict(barrier, namespace, &ctx.client, &ctx.pods).await?
+    };
+    let held = match &verdict {
+        Verdict::Lifted => None,
+        Verdict::Held(why) | Verdict::Failed(why) => Some(why.clone()),
+    };
+    let waits_on: Vec<String> = match held {
+        Some(_) => barrier
+            .spec
+            .after
+            .iter()
+            .map(|a| a.barrier.clone())
+            .collect(),
+        None => Vec::new(),
+    };
+    ctx.after.set(namespace, &name, &waits_on);
     let wanted = BarrierData {
         participants: size,
         uid: Some(uid.clone()),
@@ -150,6 +184,7 @@ async fn apply_sized(
         // A gang that restarts together meets in rounds, from round 0.
         round: restarts.then_some(0),
         max_restarts: barrier.spec.max_restarts.filter(|_| restarts),
+        held: held.clone(),
         ..BarrierData::default()
     };
 
@@ -182,6 +217,12 @@ async fn apply_sized(
         }
     }
     let mut spec_problem = size_problem;
+    if restarts && !barrier.spec.after.is_empty() {
+        spec_problem = Some(
+            "after is not supported with onParticipantLoss: RestartGang yet; it has no effect"
+                .to_owned(),
+        );
+    }
     if top.round.is_some() != restarts {
         spec_problem = Some(format!(
             "onParticipantLoss is fixed when the barrier is made, and this one was made {} rounds; the change has no effect",
@@ -267,7 +308,7 @@ async fn apply_sized(
         } else if recipe.set_participants(zk, wanted_x).await? {
             node.data = BarrierData {
                 participants: wanted_x,
-                ..current
+                ..current.clone()
             }
             .to_bytes();
         } else {
@@ -276,7 +317,26 @@ async fn apply_sized(
         }
     }
 
-    let previous = ctx.barrier_status.previous(&uid, barrier.status.as_ref());
+    // The hold follows the verdict until the barrier opens.
+    if current.held != held && current.failed.is_none() && !opened {
+        if recipe.set_held(zk, held.as_deref()).await? {
+            node.data = BarrierData {
+                held: held.clone(),
+                ..BarrierData::parse(&live, &node.data)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default()
+            }
+            .to_bytes();
+        } else {
+            // It opened since our snapshot.
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+    }
+    let after_failed = match &verdict {
+        Verdict::Failed(why) => Some(why.as_str()),
+        _ => None,
+    };
     let previous = status::previous_of_round(previous, top.round);
     let mut outcome = status::barrier(&BarrierObservation {
         spec: &barrier.spec,
@@ -293,6 +353,8 @@ async fn apply_sized(
         znode: &path,
         now: Timestamp::now(),
         spec_problem: spec_problem.as_deref(),
+        held: held.as_deref().filter(|_| after_failed.is_none()),
+        after_failed,
     });
     if let Some(k) = top.round {
         status::in_rounds(&mut outcome, &previous, &top, k, Timestamp::now());
@@ -308,8 +370,11 @@ async fn apply_sized(
     publish(barrier, namespace, &outcome.status, &outcome.notes, ctx).await?;
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
+    // Those that start after this one look again.
+    ctx.after.touch(namespace, &name);
     let recheck = persistent.then_some(POD_RECHECK);
-    Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+    let held_look = matches!(verdict, Verdict::Held(_)).then_some(after::RECHECK);
+    Ok(next_look(ctx, namespace, [outcome.requeue, recheck, held_look]).await)
 }
 
 /// A barrier in rounds, at round `k`: the next round's node made ahead

@@ -43,6 +43,8 @@ pub struct Context {
     pub jobs: super::jobs::Jobs,
     /// This replica's node in the leader lock's queue (the one holding it).
     pub leader_node: String,
+    /// Which Barriers wait on which (`spec.after`).
+    pub after: super::after::Waits,
 }
 
 /// The last status the controller applied, per resource uid: its memory of

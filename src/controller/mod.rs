@@ -9,6 +9,7 @@
 //! soon as the server expires the old session. Standby replicas wait in the
 //! lock's queue (herd-free), and no Lease RBAC is needed.
 
+mod after;
 mod backoff;
 mod barrier;
 mod context;
@@ -379,7 +380,10 @@ async fn lead(
         .default_backoff()
         .reflect(namespace_writer)
     });
+    // A Barrier's reconcile asks for a look at those waiting on it.
+    let (after_tx, after_rx) = unbounded_channel();
     let ctx = Arc::new(Context {
+        after: after::Waits::new(after_tx),
         client: client.clone(),
         zk: session.clone(),
         layout: options.layout.clone(),
@@ -453,7 +457,7 @@ async fn lead(
         barrier_pods,
         BARRIER_LABEL,
         (barrier_rx, all_barriers_rx),
-        job_followers,
+        futures::stream::select(job_followers, UnboundedReceiverStream::new(after_rx)),
         &stop,
         ctx.clone(),
     );

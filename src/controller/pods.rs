@@ -87,8 +87,30 @@ pub fn strip(pod: &mut Pod) {
     pod.spec = None;
     pod.status = pod.status.take().map(|s| PodStatus {
         phase: s.phase,
+        // Whether it is Ready (a Barrier may start after its pods are).
+        conditions: s.conditions.map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| k8s_openapi::api::core::v1::PodCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..Default::default()
+                })
+                .collect()
+        }),
         ..Default::default()
     });
+}
+
+/// Whether `pod` runs with its `Ready` condition true.
+fn ready(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// A watch of the pods labelled `label`, stripped, feeding `store`: the
@@ -124,6 +146,42 @@ impl Pods {
     fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
         let key = ObjectRef::new(name).within(namespace);
         self.caches.iter().find_map(|cache| cache.get(&key))
+    }
+
+    /// Those of the pods `names` (in `namespace`) that do not run Ready
+    /// (gone ones among them), from the cache, else by a GET (at most
+    /// [`MAX_GETS`]; past them the rest count as not Ready until the next
+    /// look).
+    pub async fn not_ready(
+        &self,
+        namespace: &str,
+        names: &[String],
+    ) -> Result<Vec<String>, kube::Error> {
+        let mut not_ready = Vec::new();
+        let mut uncached = Vec::new();
+        for name in names {
+            match self.cached(namespace, name) {
+                Some(pod) if ready(&pod) => {}
+                Some(_) => not_ready.push(name.clone()),
+                None if uncached.len() < MAX_GETS => uncached.push(name.clone()),
+                None => not_ready.push(name.clone()),
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let fetched: Vec<Option<String>> = futures::stream::iter(uncached)
+            .map(|name| {
+                let pods = pods.clone();
+                async move {
+                    let ok = pods.get_opt(&name).await?.is_some_and(|p| ready(&p));
+                    Ok::<_, kube::Error>((!ok).then_some(name))
+                }
+            })
+            .buffer_unordered(GETS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        not_ready.extend(fetched.into_iter().flatten());
+        not_ready.sort();
+        Ok(not_ready)
     }
 
     /// The fates of the pods behind `nodes` (persistent registrations in

@@ -62,6 +62,14 @@ pub struct BarrierData {
     /// can no longer restart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leaving: bool,
+    /// Set by the owner while the barrier must not open even with its
+    /// count reached (zkgate's controller: it starts after other barriers,
+    /// `spec.after`): why. Participants keep waiting, and saying why; the
+    /// owner's write that lifts it wakes them, and the arrival that sees
+    /// the count then opens. A participant that knows no holds (Curator,
+    /// kazoo, zkgate before 0.2) opens regardless.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 impl BarrierData {
@@ -1036,7 +1044,11 @@ impl DoubleBarrier {
             // earlier in this round; made since, it is counted here, and
             // opening then finds it there (which is the outcome anyway).
             let count = barrier_stat.num_children.max(0) as usize;
-            if count >= participants as usize {
+            // Held by its owner: not opened, whatever the count (the
+            // opening's version check makes a hold set since our read
+            // refuse it too).
+            let held = barrier.as_ref().and_then(|b| b.held.clone());
+            if count >= participants as usize && held.is_none() {
                 // Ours is the arrival that completes the count, as far as
                 // this round's view goes: open only if the barrier node is
                 // still as we read it (not failed, x not raised since).
@@ -1054,15 +1066,23 @@ impl DoubleBarrier {
                     Opening::Changed => continue,
                 }
             }
-            if last_count != Some(count)
+            let seen = Some((count, held));
+            if last_count != seen
                 || options
                     .progress_every
                     .is_some_and(|every| last_progress.elapsed() >= every)
             {
                 // The sentence the Barrier's status carries (its Ready
                 // condition), so a log and `kubectl describe` read alike.
-                info!(barrier = %self.path, entered = count, of = participants, "{count} of {participants} participants entered");
-                last_count = Some(count);
+                match seen.as_ref().and_then(|(_, held)| held.as_deref()) {
+                    Some(why) => {
+                        info!(barrier = %self.path, entered = count, of = participants, held = %why, "{count} of {participants} participants entered; held: {why}")
+                    }
+                    None => {
+                        info!(barrier = %self.path, entered = count, of = participants, "{count} of {participants} participants entered")
+                    }
+                }
+                last_count = seen;
                 last_progress = Instant::now();
             }
             let progress = async {
@@ -1544,6 +1564,15 @@ impl DoubleBarrier {
     /// cannot open the barrier on the old count (see the module docs).
     pub async fn set_participants(&self, session: &Session, participants: u32) -> Result<bool> {
         self.update_unopened(session, |data| data.participants = participants)
+            .await
+    }
+
+    /// Holds the barrier (`Some(why)`: its participants do not open it,
+    /// whatever their count) or lifts its hold (`None`: the write wakes
+    /// them, and the arrival that sees the count opens it), unless it has
+    /// opened. Returns whether the barrier is unopened with that hold.
+    pub async fn set_held(&self, session: &Session, held: Option<&str>) -> Result<bool> {
+        self.update_unopened(session, |data| data.held = held.map(str::to_owned))
             .await
     }
 

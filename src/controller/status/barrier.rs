@@ -46,6 +46,11 @@ pub struct BarrierObservation<'a> {
     pub now: Timestamp,
     /// What in the spec could not be applied, if anything.
     pub spec_problem: Option<&'a str>,
+    /// Why it is held (`spec.after`), if it is.
+    pub held: Option<&'a str>,
+    /// Why it must fail because of its `after` (a named Barrier failed, or
+    /// a cycle), if it must.
+    pub after_failed: Option<&'a str>,
 }
 
 impl Capped for BarrierStatus {
@@ -183,6 +188,13 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
                 format!("{left} of {entered} participants have left"),
             )
         }
+    } else if let Some(why) = obs.after_failed {
+        fail = Some("AfterFailed".to_owned());
+        (
+            BarrierPhase::Failed,
+            Some("AfterFailed".to_owned()),
+            format!("it starts after another Barrier, and cannot: {why}"),
+        )
     } else if !lost.is_empty() && obs.spec.on_participant_loss == OnParticipantLoss::Fail {
         fail = Some("ParticipantLost".to_owned());
         (
@@ -222,14 +234,18 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
                         deadline.duration_since(obs.now).as_millis().max(0) as u64 + 50,
                     ));
                 }
+                let entered = format!(
+                    "{} of {} participants entered",
+                    members.len(),
+                    obs.participants
+                );
                 (
                     BarrierPhase::Waiting,
                     None,
-                    format!(
-                        "{} of {} participants entered",
-                        members.len(),
-                        obs.participants
-                    ),
+                    match obs.held {
+                        Some(why) => format!("{entered}; held: {why}"),
+                        None => entered,
+                    },
                 )
             }
         }
@@ -460,6 +476,8 @@ mod tests {
             znode: "/b",
             now: at(now),
             spec_problem: None,
+            held: None,
+            after_failed: None,
         })
     }
 
@@ -640,6 +658,8 @@ mod tests {
             znode: "/b",
             now: at(5),
             spec_problem: Some(problem),
+            held: None,
+            after_failed: None,
         };
         let empty = BarrierStatus::default();
         let first = barrier(&obs(&empty));

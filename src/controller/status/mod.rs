@@ -205,6 +205,7 @@ mod test_support {
             on_participant_loss: loss,
             job_ref: None,
             max_restarts: None,
+            after: Vec::new(),
         }
     }
 
@@ -286,6 +287,8 @@ mod tests {
             znode: "/b",
             now: Timestamp::now(),
             spec_problem: None,
+            held: None,
+            after_failed: None,
         });
         let kept: Vec<_> = outcome
             .status

@@ -1,0 +1,328 @@
+//! Roles that start in order (`spec.after`): a Barrier that opens only
+//! once other Barriers of its namespace are far enough along.
+//!
+//! The controller holds such a barrier in ZooKeeper (`held` in its node's
+//! data: its participants enter and wait, and none opens it, whatever the
+//! count) until every named Barrier is `Entered`, `Open`, `Ready` (open,
+//! and every participant's pod Ready) or `Completed`; then it lifts the
+//! hold and the participants open it themselves, at once. A named Barrier
+//! that fails fails this one; one not made yet is waited for; a cycle of
+//! `after`s fails every Barrier on it.
+//!
+//! What wakes a held Barrier: the reconcile of a Barrier it names (that
+//! one's status changed, its nodes changed, or a labelled pod of it
+//! changed) asks for a look at the Barriers waiting on it ([`Waits`]);
+//! pods written by hand (unlabelled) are looked at every [`RECHECK`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::error::Error;
+use super::pods::Pods;
+use crate::api::{After, Barrier, BarrierPhase, Until};
+
+/// How often a held Barrier looks again without being asked (its named
+/// Barriers' pods may be unlabelled, so their readiness triggers nothing).
+pub const RECHECK: Duration = Duration::from_secs(5);
+
+/// The longest chain of `after`s followed when looking for a cycle.
+const MAX_DEPTH: usize = 32;
+
+/// Where a Barrier with `after` stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every named Barrier is far enough along: it may open.
+    Lifted,
+    /// Held, and why (the first condition that does not hold).
+    Held(String),
+    /// A named Barrier failed, or the `after`s make a cycle: why.
+    Failed(String),
+}
+
+/// What a named Barrier must be for `after` to hold, given the Barrier
+/// (`None`: not made yet) and, for `Ready`, the pods of its participants
+/// that are not Ready.
+pub fn judge(after: &After, found: Option<&Barrier>, not_ready: &[String]) -> Verdict {
+    let name = &after.barrier;
+    let Some(found) = found else {
+        return Verdict::Held(format!("waiting for Barrier {name} to be made"));
+    };
+    let status = found.status.clone().unwrap_or_default();
+    let phase = status.phase.unwrap_or(BarrierPhase::Waiting);
+    if phase == BarrierPhase::Failed {
+        return Verdict::Failed(format!(
+            "Barrier {name} failed ({})",
+            status
+                .reason
+                .clone()
+                .or(status.message.clone())
+                .unwrap_or_default()
+        ));
+    }
+    let opened = matches!(
+        phase,
+        BarrierPhase::Open | BarrierPhase::Leaving | BarrierPhase::Completed
+    );
+    let required = status.required.unwrap_or(0);
+    let why = match after.until {
+        Until::Entered if opened || (required > 0 && status.entered >= required) => {
+            return Verdict::Lifted
+        }
+        Until::Entered => format!(
+            "waiting for Barrier {name}: {} of {required} participants entered",
+            status.entered
+        ),
+        Until::Open if opened => return Verdict::Lifted,
+        Until::Open => format!("waiting for Barrier {name} to open ({})", describe(&status)),
+        Until::Ready if phase == BarrierPhase::Completed => return Verdict::Lifted,
+        Until::Ready if opened && not_ready.is_empty() => return Verdict::Lifted,
+        Until::Ready if opened => format!(
+            "waiting for the pods of Barrier {name} to be Ready: {} not yet",
+            list(not_ready)
+        ),
+        Until::Ready => format!(
+            "waiting for Barrier {name} to open, then its pods to be Ready ({})",
+            describe(&status)
+        ),
+        Until::Completed if phase == BarrierPhase::Completed => return Verdict::Lifted,
+        Until::Completed => format!(
+            "waiting for Barrier {name} to complete ({})",
+            describe(&status)
+        ),
+    };
+    Verdict::Held(why)
+}
+
+fn describe(status: &crate::api::BarrierStatus) -> String {
+    status
+        .message
+        .clone()
+        .unwrap_or_else(|| "no status yet".to_owned())
+}
+
+/// At most the first five names, and how many more.
+fn list(names: &[String]) -> String {
+    let mut shown = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        shown.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    shown
+}
+
+/// The verdict for `barrier`'s `after`s (empty: [`Verdict::Lifted`]),
+/// reading the named Barriers and their participants' pods now.
+pub async fn verdict(
+    barrier: &Barrier,
+    namespace: &str,
+    client: &kube::Client,
+    pods: &Pods,
+) -> Result<Verdict, Error> {
+    if barrier.spec.after.is_empty() {
+        return Ok(Verdict::Lifted);
+    }
+    let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
+    if let Some(cycle) = cycle(&api, barrier).await? {
+        return Ok(Verdict::Failed(format!(
+            "the Barriers' after make a cycle: {cycle}"
+        )));
+    }
+    let mut held = None;
+    for after in &barrier.spec.after {
+        let found = api.get_opt(&after.barrier).await?;
+        let not_ready = match (&found, after.until) {
+            (Some(found), Until::Ready) => {
+                pods.not_ready(namespace, &participant_pods(found)).await?
+            }
+            _ => Vec::new(),
+        };
+        match judge(after, found.as_ref(), &not_ready) {
+            Verdict::Lifted => {}
+            failed @ Verdict::Failed(_) => return Ok(failed),
+            Verdict::Held(why) => {
+                held.get_or_insert(why);
+            }
+        }
+    }
+    Ok(held.map_or(Verdict::Lifted, Verdict::Held))
+}
+
+/// The pods of `barrier`'s participants that have not left.
+fn participant_pods(barrier: &Barrier) -> Vec<String> {
+    barrier
+        .status
+        .iter()
+        .flat_map(|s| &s.participants)
+        .filter(|p| p.left_at.is_none() && !p.lost)
+        .filter_map(|p| p.pod.clone())
+        .collect()
+}
+
+/// The chain `a → b → ... → a` if following `after`s from `barrier` comes
+/// back to it (names only, as the API server has them now).
+async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, Error> {
+    let start = barrier.name_any();
+    // Depth-first, keeping the path; each Barrier read once.
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<(Vec<String>, Vec<String>)> = vec![(
+        vec![start.clone()],
+        barrier
+            .spec
+            .after
+            .iter()
+            .map(|a| a.barrier.clone())
+            .collect(),
+    )];
+    while let Some((path, mut next)) = stack.pop() {
+        let Some(name) = next.pop() else { continue };
+        stack.push((path.clone(), next));
+        if name == start {
+            let mut chain = path.clone();
+            chain.push(name);
+            return Ok(Some(chain.join(" → ")));
+        }
+        if path.len() >= MAX_DEPTH || !seen.insert(name.clone()) {
+            continue;
+        }
+        if let Some(found) = api.get_opt(&name).await? {
+            let mut deeper = path.clone();
+            deeper.push(name);
+            stack.push((
+                deeper,
+                found.spec.after.iter().map(|a| a.barrier.clone()).collect(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// Which Barriers wait on which: the reconcile of a named Barrier asks for
+/// a look at those waiting on it.
+pub struct Waits {
+    waiting: Mutex<HashMap<(String, String), BTreeSet<String>>>,
+    look: UnboundedSender<ObjectRef<Barrier>>,
+}
+
+impl Waits {
+    /// `look` asks the Barrier controller for a reconcile.
+    pub fn new(look: UnboundedSender<ObjectRef<Barrier>>) -> Self {
+        Waits {
+            waiting: Mutex::default(),
+            look,
+        }
+    }
+
+    /// `dependent` (in `namespace`) waits on `named` now, and on nothing
+    /// else (empty: it waits no more).
+    pub fn set(&self, namespace: &str, dependent: &str, named: &[String]) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.retain(|(ns, _), dependents| {
+            if ns == namespace {
+                dependents.remove(dependent);
+            }
+            !dependents.is_empty()
+        });
+        for name in named {
+            waiting
+                .entry((namespace.to_owned(), name.clone()))
+                .or_default()
+                .insert(dependent.to_owned());
+        }
+    }
+
+    /// Asks for a look at the Barriers waiting on `named`.
+    pub fn touch(&self, namespace: &str, named: &str) {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for dependent in waiting
+            .get(&(namespace.to_owned(), named.to_owned()))
+            .into_iter()
+            .flatten()
+        {
+            let _ = self.look.send(ObjectRef::new(dependent).within(namespace));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::BarrierStatus;
+
+    fn named(phase: Option<BarrierPhase>, entered: u32, required: u32) -> Barrier {
+        let mut b = Barrier::new("workers", Default::default());
+        b.status = Some(BarrierStatus {
+            phase,
+            entered,
+            required: Some(required),
+            message: Some(format!("{entered} of {required} participants entered")),
+            reason: (phase == Some(BarrierPhase::Failed)).then(|| "TimedOut".to_owned()),
+            ..Default::default()
+        });
+        b
+    }
+
+    fn after(until: Until) -> After {
+        After {
+            barrier: "workers".into(),
+            until,
+        }
+    }
+
+    #[test]
+    fn a_barrier_not_made_yet_is_waited_for() {
+        assert_eq!(
+            judge(&after(Until::Ready), None, &[]),
+            Verdict::Held("waiting for Barrier workers to be made".into())
+        );
+    }
+
+    #[test]
+    fn each_until_lifts_at_its_own_point() {
+        let waiting = named(Some(BarrierPhase::Waiting), 2, 3);
+        let entered = named(Some(BarrierPhase::Waiting), 3, 3);
+        let open = named(Some(BarrierPhase::Open), 3, 3);
+        let done = named(Some(BarrierPhase::Completed), 3, 3);
+        let lifted = |u, b: &Barrier, not_ready: &[String]| {
+            judge(&after(u), Some(b), not_ready) == Verdict::Lifted
+        };
+        assert!(!lifted(Until::Entered, &waiting, &[]));
+        assert!(lifted(Until::Entered, &entered, &[]));
+        assert!(!lifted(Until::Open, &entered, &[]));
+        assert!(lifted(Until::Open, &open, &[]));
+        assert!(!lifted(Until::Ready, &entered, &[]));
+        assert!(!lifted(Until::Ready, &open, &["workers-1".into()]));
+        assert!(lifted(Until::Ready, &open, &[]));
+        assert!(lifted(Until::Ready, &done, &["gone".into()]));
+        assert!(!lifted(Until::Completed, &open, &[]));
+        assert!(lifted(Until::Completed, &done, &[]));
+    }
+
+    #[test]
+    fn a_held_barrier_says_which_pods_are_not_ready() {
+        let open = named(Some(BarrierPhase::Open), 3, 3);
+        let not_ready: Vec<String> = (0..7).map(|i| format!("w-{i}")).collect();
+        let Verdict::Held(why) = judge(&after(Until::Ready), Some(&open), &not_ready) else {
+            panic!("not held");
+        };
+        assert_eq!(
+            why,
+            "waiting for the pods of Barrier workers to be Ready: w-0, w-1, w-2, w-3, w-4 and 2 more not yet"
+        );
+    }
+
+    #[test]
+    fn a_failed_named_barrier_fails_this_one_whatever_the_until() {
+        let failed = named(Some(BarrierPhase::Failed), 1, 3);
+        for until in [Until::Entered, Until::Open, Until::Ready, Until::Completed] {
+            assert_eq!(
+                judge(&after(until), Some(&failed), &[]),
+                Verdict::Failed("Barrier workers failed (TimedOut)".into())
+            );
+        }
+    }
+}
