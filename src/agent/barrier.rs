@@ -485,7 +485,24 @@ impl<'a> BarrierCommand<'a> {
                     .map_err(|e| p.explain(e))?;
             }
             let registration = self.registration(session, &entered);
-            let mut members = gang.members(session, k).await.map_err(|e| p.explain(e))?;
+            let Some(mut members) = gang.members(session, k).await.map_err(|e| p.explain(e))?
+            else {
+                // A member came or went since the opening: the round is
+                // lost before its commands start. End it (if nobody has).
+                let why = format!("a member of round {k} was lost before its commands started");
+                info!(barrier = %gang.path(), round = k, "{why}: meeting again in the next round");
+                match self.end_round(session, &gang, k, &why, &entered.node).await? {
+                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => continue,
+                    RoundEnd::Finishing => {
+                        return Err(failed(&format!(
+                            "round {k} lost a member before our command started, and is finishing (another member completed)"
+                        )))
+                    }
+                    RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                        return Err(failed(&reason))
+                    }
+                }
+            };
             members.sort();
             // What the command is told of its round: which it is (a restart
             // resumes from a checkpoint, say), and its place among the

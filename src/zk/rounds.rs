@@ -454,31 +454,49 @@ impl GangBarrier {
     }
 
     /// The members of open round `k`: the registrations its opening
-    /// counted. A registration made after `ready` (a member that restarted,
-    /// which ends the round) is left out, so that every member running the
-    /// command is told the same ranks. (Only when the round holds more
-    /// registrations than its count are their creations compared with
-    /// `ready`'s: a read each.)
-    pub async fn members(&self, session: &Session, k: u32) -> Result<Vec<String>> {
+    /// counted (made before `ready`), so that every member running the
+    /// command is told the same ranks. `None` when the round is lost
+    /// already: a registration came or went since the opening and no
+    /// member has completed (a member that restarted arrived, which ends
+    /// the round, or a counted member went); its end follows, and no
+    /// command should start. Costs two reads when nothing changed since
+    /// the opening; after a member completed, a read per registration.
+    pub async fn members(&self, session: &Session, k: u32) -> Result<Option<Vec<String>>> {
         let client = session.client();
         let round = self.round_path(k);
-        let children = session
-            .retry("list", &round, || client.list_children(&round))
-            .await?;
-        let registrations: Vec<String> = children.into_iter().filter(|c| c != READY).collect();
-        let count = or_deleted(self.round(k).data_if_there(session).await, &round)?
-            .map_or(0, |d| d.participants);
-        if registrations.len() <= count as usize {
-            return Ok(registrations);
-        }
         let ready = path::join(&round, READY);
-        let Some(opened) = session
-            .retry("check", &ready, || client.check_stat(&ready))
-            .await?
-        else {
+        let ((children, round_stat), opened) = or_deleted(
+            session
+                .retry("list", &round, || async {
+                    let children = client.get_children(&round);
+                    let ready = client.check_stat(&ready);
+                    Ok((children.await?, ready.await?))
+                })
+                .await,
+            &round,
+        )?;
+        let registrations: Vec<String> = children.into_iter().filter(|c| c != READY).collect();
+        let Some(opened) = opened else {
             // Not open (or over): nobody was counted yet.
-            return Ok(registrations);
+            return Ok(Some(registrations));
         };
+        // `ready`'s creation is the last change of the round's children:
+        // the ones there now are the ones its opening counted.
+        if round_stat.pzxid == opened.czxid {
+            return Ok(Some(registrations));
+        }
+        let (data, _) = or_deleted(
+            session
+                .retry("read", &round, || client.get_data(&round))
+                .await,
+            &round,
+        )?;
+        let leaving = BarrierData::parse(&round, &data)?.is_some_and(|d| d.leaving);
+        if !leaving {
+            return Ok(None);
+        }
+        // A member completed and left: those still there that the opening
+        // counted (the ranks of those gone are not known any more).
         let made = futures::future::try_join_all(registrations.iter().map(|r| {
             let node = path::join(&round, r);
             async move {
@@ -488,12 +506,14 @@ impl GangBarrier {
             }
         }))
         .await?;
-        Ok(registrations
-            .into_iter()
-            .zip(made)
-            .filter(|(_, stat)| stat.is_some_and(|s| s.czxid < opened.czxid))
-            .map(|(r, _)| r)
-            .collect())
+        Ok(Some(
+            registrations
+                .into_iter()
+                .zip(made)
+                .filter(|(_, stat)| stat.is_some_and(|s| s.czxid < opened.czxid))
+                .map(|(r, _)| r)
+                .collect(),
+        ))
     }
 
     /// Whether our registration `node` in round `k` was counted by its

@@ -722,7 +722,11 @@ impl Webhook {
                     .flatten()
                     .find(|o| Some(o.uid.as_str()) == super::runs::run_of(&found));
                 let agrees = || -> Result<(), String> {
-                    if inject::carries_zkgate(pod, &injection.image) {
+                    // A pod carrying zkgate of its own says its own form;
+                    // a Barrier being deleted is not the one it will meet.
+                    if inject::carries_zkgate(pod, &injection.image)
+                        || found.metadata.deletion_timestamp.is_some()
+                    {
                         return Ok(());
                     }
                     // Checked by `inject` before: a pod it refused is not here.
