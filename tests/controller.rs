@@ -2421,3 +2421,89 @@ async fn a_barrier_after_a_missing_failed_or_circular_one_waits_or_fails_with_th
         assert!(message(&b).contains(cycle), "{name}: {}", message(&b));
     }
 }
+
+/// Review of issue 28: `Ready` looks at every participant of the named
+/// Barrier, not the status's first 100, and at every pod, not the first
+/// 50 it may GET: workers of 101 (their registrations made directly, the
+/// pods unlabelled), all Ready but the 101st, hold the launcher, naming
+/// it; once it is Ready too, the launcher opens. (Before: the 101st was
+/// never looked at and the launcher opened; and pods past the 50th were
+/// never fetched, so it never would have.)
+#[tokio::test]
+async fn ready_looks_at_every_participant_past_the_status_list_and_every_pod() {
+    let s = setup().await;
+    const N: usize = 101;
+    create_barrier(&s, "workers", json!({ "participants": N })).await;
+    create_barrier(
+        &s,
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await;
+    barrier_where(&s, "workers", "the workers' node", |b| b.status.is_some()).await;
+    let registrar = session(&s.zk).await;
+    let path = barrier_path(&s.ns, "workers");
+    for i in 0..N {
+        let data = serde_json::to_vec(&ParticipantData {
+            pod: Some(format!("w-{i:03}")),
+            ..Default::default()
+        })
+        .unwrap();
+        registrar
+            .client()
+            .create(
+                &format!("{path}/w-{i:03}"),
+                &data,
+                &zookeeper_client::CreateMode::Ephemeral
+                    .with_acls(zookeeper_client::Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+    }
+    registrar
+        .client()
+        .create(
+            &format!("{path}/ready"),
+            &[],
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let open = barrier_where(&s, "workers", "the workers open", |b| {
+        phase(b) == Some(BarrierPhase::Open)
+    })
+    .await;
+    assert_eq!(open.status.unwrap().unlisted, 1, "the status lists 100");
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let make_ready = |i: usize| {
+        let pods = pods.clone();
+        async move {
+            let name = format!("w-{i:03}");
+            create_pod(&pods, json!({ "name": name })).await;
+            let status = json!({ "status": {
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True" }]
+            }});
+            pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .expect("the pod's status");
+        }
+    };
+    futures::future::join_all((0..N - 1).map(make_ready)).await;
+    let (_l, launcher) = entering(&s, "launcher", "launcher-0").await;
+    barrier_where(&s, "launcher", "the launcher waiting for the 101st", |b| {
+        message(b).contains("Ready: w-100 not yet")
+    })
+    .await;
+    assert!(
+        !launcher.is_finished(),
+        "the launcher passed before w-100 was Ready"
+    );
+    make_ready(N - 1).await;
+    tokio::time::timeout(WITHIN, launcher)
+        .await
+        .expect("the launcher passes once every pod is Ready")
+        .unwrap()
+        .expect("the launcher passes");
+}

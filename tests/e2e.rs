@@ -1417,3 +1417,80 @@ async fn a_restart_gang_job_restarts_together_when_a_member_fails_and_completes(
     let reasons = c.event_reasons(&ns.name).await;
     assert!(reasons.iter().any(|r| r == "GangRestarted"), "{reasons:?}");
 }
+
+/// Issue 28 on real pods (`examples/launcher-after-workers`): the workers'
+/// Job and the launcher's Job applied at once; the launcher's command
+/// starts only once every worker serves and its pod is Ready (after the
+/// last worker's `serves` time and its Ready transition), and both Jobs
+/// complete.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_launcher_after_its_workers_starts_once_every_worker_is_ready() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        &c.example(
+            "launcher-after-workers/workers.yaml",
+            &[(
+                "echo $(hostname) serves; sleep 30",
+                "echo serves-us $(now-us); sleep 15",
+            )],
+        ),
+    );
+    c.apply(
+        &ns.name,
+        &c.example(
+            "launcher-after-workers/launcher.yaml",
+            &[(
+                "echo launching on every worker; sleep 5",
+                "echo started-at-us $(now-us); sleep 1",
+            )],
+        ),
+    );
+    c.job_succeeded(&ns.name, "mpi-launcher", 1).await;
+    let launcher = c.pods(&ns.name, "job-name=mpi-launcher").await;
+    let started = times(
+        &c.logs(&ns.name, &launcher[0].name_any(), "launcher").await,
+        "started-at-us",
+    );
+    assert_eq!(started.len(), 1);
+    let workers = c.pods(&ns.name, "job-name=mpi-workers").await;
+    assert_eq!(workers.len(), 3, "{}", c.describe(&ns.name).await);
+    for pod in &workers {
+        let name = pod.name_any();
+        let serves = times(&c.logs(&ns.name, &name, "worker").await, "serves-us");
+        assert_eq!(serves.len(), 1, "{name} never served");
+        assert!(
+            started[0] > serves[0],
+            "the launcher started at {} us, before {name} served at {} us",
+            started[0],
+            serves[0]
+        );
+        let ready_since = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.clone())
+            .map(|t| t.0.as_microsecond())
+            .unwrap_or(i64::MAX);
+        // The transition is kept in whole seconds: its second began before
+        // the launcher started.
+        assert!(
+            started[0] >= ready_since,
+            "the launcher started at {} us, before {name} was Ready ({ready_since} us)",
+            started[0]
+        );
+    }
+    c.job_succeeded(&ns.name, "mpi-workers", 3).await;
+    let barrier = c
+        .barrier(
+            &ns.name,
+            "mpi-launcher",
+            "a Barrier for the launcher",
+            |_| true,
+        )
+        .await;
+    assert_eq!(barrier.spec.after.len(), 1);
+}

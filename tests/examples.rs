@@ -113,7 +113,7 @@ async fn every_example_is_accepted_by_the_api_server() {
         assert!(said.contains("(server dry run)"), "{said}");
         checked += 1;
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 11);
 }
 
 /// Checks a Job whose pods hold `kind` (barrier, lock) from a native

@@ -230,6 +230,15 @@ fn pod_of(name: &str, labels: serde_json::Value) -> serde_json::Value {
     })
 }
 
+/// A pod labelled for `barrier`, with `annotations` and an explicit
+/// command (which the wrap form needs).
+fn annotated_pod(name: &str, barrier: &str, annotations: serde_json::Value) -> serde_json::Value {
+    let mut pod = pod_of(name, json!({ "zkgate.io/barrier": barrier }));
+    pod["metadata"]["annotations"] = annotations;
+    pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", "true"]);
+    pod
+}
+
 fn env<'a>(
     c: &'a k8s_openapi::api::core::v1::Container,
     name: &str,
@@ -1416,12 +1425,7 @@ async fn a_pods_form_must_agree_with_its_barriers_rounds() {
             .await
             .unwrap();
     }
-    let pod = |name: &str, barrier: &str, annotations: serde_json::Value| {
-        let mut pod = pod_of(name, json!({ "zkgate.io/barrier": barrier }));
-        pod["metadata"]["annotations"] = annotations;
-        pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", "true"]);
-        pod
-    };
+    let pod = annotated_pod;
     let refused = |e: kube::Error| e.to_string();
     let init = refused(
         h.create_pod(pod("init", "rounds", json!({})))
@@ -1468,4 +1472,99 @@ async fn a_pods_form_must_agree_with_its_barriers_rounds() {
     }
     drop(controller);
     h.done().await;
+}
+
+/// Issue 28 by annotation: a labelled Job whose pod template says
+/// `zkgate.io/after: workers` (and `zkgate.io/after-until`) gets a Barrier
+/// that starts after `workers`; a bad stage, `after-until` alone, and
+/// `after` with RestartGang are refused with the reason; a pod whose
+/// `after` would close a cycle with the Barriers there now is refused,
+/// naming it.
+#[tokio::test]
+async fn a_jobs_after_annotation_orders_its_barrier_and_a_cycle_is_refused() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let _controller = h.controller(&zk).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "launcher" },
+        "spec": {
+            "parallelism": 1,
+            "template": {
+                "metadata": {
+                    "labels": { "zkgate.io/barrier": "launcher" },
+                    "annotations": { "zkgate.io/after": "workers, db", "zkgate.io/after-until": "Entered" }
+                },
+                "spec": { "restartPolicy": "Never", "containers": [{ "name": "launcher", "image": "busybox", "command": ["true"] }] }
+            }
+        }
+    }))
+    .unwrap();
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let barrier = eventually(WITHIN, "the Job's Barrier", || async {
+        barriers.get_opt("launcher").await.ok()?
+    })
+    .await;
+    let after: Vec<(String, zkgate::api::Until)> = barrier
+        .spec
+        .after
+        .iter()
+        .map(|a| (a.barrier.clone(), a.until))
+        .collect();
+    assert_eq!(
+        after,
+        [
+            ("workers".to_owned(), zkgate::api::Until::Entered),
+            ("db".to_owned(), zkgate::api::Until::Entered)
+        ]
+    );
+
+    let pod = annotated_pod;
+    let refused = |e: kube::Error| e.to_string();
+    for (annotations, says) in [
+        (
+            json!({ "zkgate.io/after": "workers", "zkgate.io/after-until": "Started" }),
+            "must be Entered, Open, Ready or Completed",
+        ),
+        (
+            json!({ "zkgate.io/after-until": "Open" }),
+            "only for zkgate.io/after",
+        ),
+        (
+            json!({ "zkgate.io/after": "Workers" }),
+            "must name at most 16 Barriers",
+        ),
+        (
+            json!({ "zkgate.io/after": "workers", "zkgate.io/on-participant-loss": "RestartGang" }),
+            "cannot be combined",
+        ),
+    ] {
+        let why = refused(
+            h.create_pod(pod("bad", "launcher", annotations.clone()))
+                .await
+                .expect_err("a bad after"),
+        );
+        assert!(why.contains(says), "{annotations}: {why}");
+    }
+    // workers after launcher, which starts after workers: a cycle.
+    let mut workers = pod(
+        "workers-0",
+        "workers",
+        json!({ "zkgate.io/after": "launcher" }),
+    );
+    let made: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "workers" }, "spec": { "participants": 1 }
+    }))
+    .unwrap();
+    barriers
+        .create(&PostParams::default(), &made)
+        .await
+        .unwrap();
+    let cycle = refused(h.create_pod(workers.clone()).await.expect_err("a cycle"));
+    assert!(cycle.contains("workers → launcher → workers"), "{cycle}");
+    // Without the annotation, the same pod is admitted.
+    workers["metadata"]["annotations"] = json!({});
+    h.create_pod(workers).await.expect("admitted");
 }

@@ -99,7 +99,10 @@ pub struct BarrierSpec {
 #[serde(rename_all = "camelCase")]
 pub struct After {
     /// The Barrier's name (same namespace).
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub barrier: String,
     /// How far: `Entered` (all its participants entered), `Open` (it
     /// opened), `Ready` (it opened and every participant's pod is Ready:
@@ -118,7 +121,9 @@ pub enum Until {
     /// It opened.
     Open,
     /// It opened, and every participant's pod has its `Ready` condition
-    /// true (a readiness probe says the role is up).
+    /// true (a readiness probe says the role is up); a participant that
+    /// names no pod has no readiness to wait for, and a completed Barrier
+    /// (its pods done) counts as Ready.
     #[default]
     Ready,
     /// Everyone who entered has left.

@@ -23,16 +23,18 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::context::Context;
 use super::error::Error;
-use super::pods::Pods;
 use crate::api::{After, Barrier, BarrierPhase, Until};
+use crate::zk::{BarrierData, ParticipantData, READY};
 
 /// How often a held Barrier looks again without being asked (its named
 /// Barriers' pods may be unlabelled, so their readiness triggers nothing).
 pub const RECHECK: Duration = Duration::from_secs(5);
 
-/// The longest chain of `after`s followed when looking for a cycle.
-const MAX_DEPTH: usize = 32;
+/// The most Barriers read when looking for a cycle of `after`s (one look
+/// costs at most this many reads, whatever a tenant makes).
+const MAX_VISITS: usize = 64;
 
 /// Where a Barrier with `after` stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,18 +117,26 @@ fn list(names: &[String]) -> String {
     shown
 }
 
+/// What the barrier node's `held` says while it is held: which Barriers it
+/// starts after, and how far. Stable while it waits (the detail, which
+/// changes with every arrival there, is in the status only): each change
+/// of it would wake every waiting participant.
+pub fn held_note(after: &[After]) -> String {
+    let named: Vec<String> = after
+        .iter()
+        .map(|a| format!("{} ({:?})", a.barrier, a.until))
+        .collect();
+    format!("it starts after Barrier {}", named.join(", "))
+}
+
 /// The verdict for `barrier`'s `after`s (empty: [`Verdict::Lifted`]),
-/// reading the named Barriers and their participants' pods now.
-pub async fn verdict(
-    barrier: &Barrier,
-    namespace: &str,
-    client: &kube::Client,
-    pods: &Pods,
-) -> Result<Verdict, Error> {
+/// reading the named Barriers (API) and their registrations (ZooKeeper)
+/// and pods now.
+pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Result<Verdict, Error> {
     if barrier.spec.after.is_empty() {
         return Ok(Verdict::Lifted);
     }
-    let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
+    let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
     if let Some(cycle) = cycle(&api, barrier).await? {
         return Ok(Verdict::Failed(format!(
             "the Barriers' after make a cycle: {cycle}"
@@ -136,8 +146,9 @@ pub async fn verdict(
     for after in &barrier.spec.after {
         let found = api.get_opt(&after.barrier).await?;
         let not_ready = match (&found, after.until) {
-            (Some(found), Until::Ready) => {
-                pods.not_ready(namespace, &participant_pods(found)).await?
+            (Some(_), Until::Ready) => {
+                let pods = participant_pods(ctx, namespace, &after.barrier).await?;
+                ctx.pods.not_ready(namespace, &pods).await?
             }
             _ => Vec::new(),
         };
@@ -152,32 +163,63 @@ pub async fn verdict(
     Ok(held.map_or(Verdict::Lifted, Verdict::Held))
 }
 
-/// The pods of `barrier`'s participants that have not left.
-fn participant_pods(barrier: &Barrier) -> Vec<String> {
-    barrier
-        .status
+/// The pods of Barrier `name`'s participants now: its registrations in
+/// ZooKeeper (every one, not the status's capped list; the current round's
+/// in rounds), each the pod it names. A registration that names no pod
+/// (a participant that is not a pod) has no readiness to wait for.
+async fn participant_pods(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<String>, Error> {
+    let path = ctx.layout.barrier(namespace, name)?;
+    let Some(mut node) = crate::zk::tree::snapshot(&ctx.zk, &path).await? else {
+        return Ok(Vec::new());
+    };
+    let round = BarrierData::parse(&path, &node.data)
+        .ok()
+        .flatten()
+        .and_then(|d| d.round);
+    if let Some(k) = round {
+        let round = crate::zk::GangBarrier::new(&path).round_path(k);
+        match crate::zk::tree::snapshot(&ctx.zk, &round).await? {
+            Some(found) => node = found,
+            None => return Ok(Vec::new()),
+        }
+    }
+    Ok(node
+        .children
         .iter()
-        .flat_map(|s| &s.participants)
-        .filter(|p| p.left_at.is_none() && !p.lost)
-        .filter_map(|p| p.pod.clone())
-        .collect()
+        .filter(|c| c.name != READY)
+        .filter_map(|c| ParticipantData::parse(&c.data).pod)
+        .collect())
 }
 
 /// The chain `a → b → ... → a` if following `after`s from `barrier` comes
 /// back to it (names only, as the API server has them now).
 async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, Error> {
-    let start = barrier.name_any();
-    // Depth-first, keeping the path; each Barrier read once.
+    let first = barrier
+        .spec
+        .after
+        .iter()
+        .map(|a| a.barrier.clone())
+        .collect();
+    Ok(cycle_from(api, &barrier.name_any(), first).await?)
+}
+
+/// The chain `start → ... → start` if following `first` (the Barriers
+/// `start` would start after), then the `after`s of the Barriers there
+/// now, comes back to `start`. At most [`MAX_VISITS`] Barriers are read
+/// (each once): a longer chain is not followed to its end.
+pub async fn cycle_from(
+    api: &Api<Barrier>,
+    start: &str,
+    first: Vec<String>,
+) -> Result<Option<String>, kube::Error> {
+    let start = start.to_owned();
+    // Depth-first, keeping the path.
     let mut seen = BTreeSet::new();
-    let mut stack: Vec<(Vec<String>, Vec<String>)> = vec![(
-        vec![start.clone()],
-        barrier
-            .spec
-            .after
-            .iter()
-            .map(|a| a.barrier.clone())
-            .collect(),
-    )];
+    let mut stack: Vec<(Vec<String>, Vec<String>)> = vec![(vec![start.clone()], first)];
     while let Some((path, mut next)) = stack.pop() {
         let Some(name) = next.pop() else { continue };
         stack.push((path.clone(), next));
@@ -186,7 +228,7 @@ async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, 
             chain.push(name);
             return Ok(Some(chain.join(" → ")));
         }
-        if path.len() >= MAX_DEPTH || !seen.insert(name.clone()) {
+        if seen.len() >= MAX_VISITS || !seen.insert(name.clone()) {
             continue;
         }
         if let Some(found) = api.get_opt(&name).await? {
@@ -204,15 +246,23 @@ async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, 
 /// Which Barriers wait on which: the reconcile of a named Barrier asks for
 /// a look at those waiting on it.
 pub struct Waits {
-    waiting: Mutex<HashMap<(String, String), BTreeSet<String>>>,
+    maps: Mutex<WaitMaps>,
     look: UnboundedSender<ObjectRef<Barrier>>,
+}
+
+/// (namespace, name) → the Barriers of that namespace waiting on it, and
+/// the other way round (so that a change costs what it changes).
+#[derive(Default)]
+struct WaitMaps {
+    on: HashMap<(String, String), BTreeSet<String>>,
+    of: HashMap<(String, String), Vec<String>>,
 }
 
 impl Waits {
     /// `look` asks the Barrier controller for a reconcile.
     pub fn new(look: UnboundedSender<ObjectRef<Barrier>>) -> Self {
         Waits {
-            waiting: Mutex::default(),
+            maps: Mutex::default(),
             look,
         }
     }
@@ -220,25 +270,41 @@ impl Waits {
     /// `dependent` (in `namespace`) waits on `named` now, and on nothing
     /// else (empty: it waits no more).
     pub fn set(&self, namespace: &str, dependent: &str, named: &[String]) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.retain(|(ns, _), dependents| {
-            if ns == namespace {
+        let key = (namespace.to_owned(), dependent.to_owned());
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if maps
+            .of
+            .get(&key)
+            .map_or(named.is_empty(), |was| was[..] == *named)
+        {
+            return;
+        }
+        for was in maps.of.remove(&key).unwrap_or_default() {
+            let on = (namespace.to_owned(), was);
+            if let Some(dependents) = maps.on.get_mut(&on) {
                 dependents.remove(dependent);
+                if dependents.is_empty() {
+                    maps.on.remove(&on);
+                }
             }
-            !dependents.is_empty()
-        });
+        }
+        if named.is_empty() {
+            return;
+        }
         for name in named {
-            waiting
+            maps.on
                 .entry((namespace.to_owned(), name.clone()))
                 .or_default()
                 .insert(dependent.to_owned());
         }
+        maps.of.insert(key, named.to_vec());
     }
 
     /// Asks for a look at the Barriers waiting on `named`.
     pub fn touch(&self, namespace: &str, named: &str) {
-        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        for dependent in waiting
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        for dependent in maps
+            .on
             .get(&(namespace.to_owned(), named.to_owned()))
             .into_iter()
             .flatten()
@@ -271,6 +337,34 @@ mod tests {
             barrier: "workers".into(),
             until,
         }
+    }
+
+    #[test]
+    fn waits_follow_what_each_barrier_names_now() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let waits = Waits::new(tx);
+        let looked = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Barrier>>| {
+            let mut names = Vec::new();
+            while let Ok(r) = rx.try_recv() {
+                names.push(r.name);
+            }
+            names.sort();
+            names
+        };
+        waits.set("ns", "launcher", &["workers".into(), "db".into()]);
+        waits.set("ns", "other", &["workers".into()]);
+        waits.touch("ns", "workers");
+        assert_eq!(looked(&mut rx), ["launcher", "other"]);
+        waits.touch("elsewhere", "workers");
+        assert!(looked(&mut rx).is_empty());
+        waits.set("ns", "launcher", &["db".into()]);
+        waits.touch("ns", "workers");
+        assert_eq!(looked(&mut rx), ["other"]);
+        waits.set("ns", "other", &[]);
+        waits.touch("ns", "workers");
+        assert!(looked(&mut rx).is_empty());
+        waits.touch("ns", "db");
+        assert_eq!(looked(&mut rx), ["launcher"]);
     }
 
     #[test]

@@ -158,20 +158,24 @@ async fn apply_sized(
     let verdict = if settled || restarts {
         Verdict::Lifted
     } else {
-        after::verdict(barrier, namespace, &ctx.client, &ctx.pods).await?
+        after::verdict(barrier, namespace, ctx).await?
     };
+    // What the node says (stable while held: a change wakes every waiter);
+    // the detail goes to the status.
     let held = match &verdict {
         Verdict::Lifted => None,
-        Verdict::Held(why) | Verdict::Failed(why) => Some(why.clone()),
+        Verdict::Held(_) | Verdict::Failed(_) => Some(after::held_note(&barrier.spec.after)),
     };
-    let waits_on: Vec<String> = match held {
-        Some(_) => barrier
+    // Until it opens, a change of a named Barrier is a reason to look
+    // again (lifted, it may have to be held again).
+    let waits_on: Vec<String> = match settled || restarts {
+        false => barrier
             .spec
             .after
             .iter()
             .map(|a| a.barrier.clone())
             .collect(),
-        None => Vec::new(),
+        true => Vec::new(),
     };
     ctx.after.set(namespace, &name, &waits_on);
     let wanted = BarrierData {
@@ -285,6 +289,24 @@ async fn apply_sized(
         .unwrap_or_default();
     let entered = node.children.iter().filter(|c| c.name != READY).count();
     let wanted_x = size;
+    // The hold follows the verdict until the barrier opens; written before
+    // a lowered count (which could open it).
+    if current.held != held && current.failed.is_none() && !opened {
+        if recipe.set_held(zk, held.as_deref()).await? {
+            node.data = BarrierData {
+                held: held.clone(),
+                ..current.clone()
+            }
+            .to_bytes();
+        } else {
+            // It opened since our snapshot.
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+    }
+    let current = BarrierData {
+        held: held.clone(),
+        ..current
+    };
     // In rounds, the barrier node's count is what the next rounds are made
     // with: it follows the spec first, whatever the current round does (a
     // round ended in between is made with the new count, or fails its
@@ -317,22 +339,6 @@ async fn apply_sized(
         }
     }
 
-    // The hold follows the verdict until the barrier opens.
-    if current.held != held && current.failed.is_none() && !opened {
-        if recipe.set_held(zk, held.as_deref()).await? {
-            node.data = BarrierData {
-                held: held.clone(),
-                ..BarrierData::parse(&live, &node.data)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default()
-            }
-            .to_bytes();
-        } else {
-            // It opened since our snapshot.
-            return Ok(Action::requeue(Duration::ZERO));
-        }
-    }
     let after_failed = match &verdict {
         Verdict::Failed(why) => Some(why.as_str()),
         _ => None,
@@ -353,7 +359,10 @@ async fn apply_sized(
         znode: &path,
         now: Timestamp::now(),
         spec_problem: spec_problem.as_deref(),
-        held: held.as_deref().filter(|_| after_failed.is_none()),
+        held: match &verdict {
+            Verdict::Held(why) => Some(why.as_str()),
+            _ => None,
+        },
         after_failed,
     });
     if let Some(k) = top.round {

@@ -149,9 +149,8 @@ impl Pods {
     }
 
     /// Those of the pods `names` (in `namespace`) that do not run Ready
-    /// (gone ones among them), from the cache, else by a GET (at most
-    /// [`MAX_GETS`]; past them the rest count as not Ready until the next
-    /// look).
+    /// (gone ones among them), from the cache, else by a GET each, or, past
+    /// [`MAX_GETS`] of them, by one list of the namespace's pods.
     pub async fn not_ready(
         &self,
         namespace: &str,
@@ -163,23 +162,39 @@ impl Pods {
             match self.cached(namespace, name) {
                 Some(pod) if ready(&pod) => {}
                 Some(_) => not_ready.push(name.clone()),
-                None if uncached.len() < MAX_GETS => uncached.push(name.clone()),
-                None => not_ready.push(name.clone()),
+                None => uncached.push(name.clone()),
             }
         }
+        self.metrics
+            .pod_lookups((names.len() - uncached.len()) as u64, uncached.len() as u64);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let fetched: Vec<Option<String>> = futures::stream::iter(uncached)
-            .map(|name| {
-                let pods = pods.clone();
-                async move {
-                    let ok = pods.get_opt(&name).await?.is_some_and(|p| ready(&p));
-                    Ok::<_, kube::Error>((!ok).then_some(name))
-                }
-            })
-            .buffer_unordered(GETS_IN_FLIGHT)
-            .try_collect()
-            .await?;
-        not_ready.extend(fetched.into_iter().flatten());
+        if uncached.len() > MAX_GETS {
+            let listed: std::collections::HashMap<String, bool> = pods
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .map(|p| (p.name_any(), ready(p)))
+                .collect();
+            not_ready.extend(
+                uncached
+                    .into_iter()
+                    .filter(|name| !listed.get(name).copied().unwrap_or(false)),
+            );
+        } else {
+            let fetched: Vec<Option<String>> = futures::stream::iter(uncached)
+                .map(|name| {
+                    let pods = pods.clone();
+                    async move {
+                        let ok = pods.get_opt(&name).await?.is_some_and(|p| ready(&p));
+                        Ok::<_, kube::Error>((!ok).then_some(name))
+                    }
+                })
+                .buffer_unordered(GETS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            not_ready.extend(fetched.into_iter().flatten());
+        }
         not_ready.sort();
         Ok(not_ready)
     }

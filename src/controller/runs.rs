@@ -189,6 +189,7 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
         .unwrap_or_default();
     let (on_participant_loss, max_restarts) =
         crate::controller::webhook::inject::loss_policy(&annotations).unwrap_or_default();
+    let after = crate::controller::webhook::inject::after_of(&annotations).unwrap_or_default();
     let mut barrier = Barrier::new(
         name,
         BarrierSpec {
@@ -207,6 +208,7 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
                     })
                 },
             ),
+            after,
             ..BarrierSpec::default()
         },
     );

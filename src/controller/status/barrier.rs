@@ -220,12 +220,20 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
                 (
                     BarrierPhase::Failed,
                     Some("TimedOut".to_owned()),
-                    format!(
-                        "{} of {} participants entered within {}",
-                        members.len(),
-                        data.participants.max(obs.participants),
-                        obs.spec.timeout.as_deref().unwrap_or("")
-                    ),
+                    match obs.held {
+                        Some(why) => format!(
+                            "{} of {} participants entered within {}, but it was held: {why}",
+                            members.len(),
+                            data.participants.max(obs.participants),
+                            obs.spec.timeout.as_deref().unwrap_or("")
+                        ),
+                        None => format!(
+                            "{} of {} participants entered within {}",
+                            members.len(),
+                            data.participants.max(obs.participants),
+                            obs.spec.timeout.as_deref().unwrap_or("")
+                        ),
+                    },
                 )
             }
             other => {

@@ -54,6 +54,12 @@ pub const BARRIER_FORM_ANNOTATION: &str = "zkgate.io/barrier-form";
 pub const ON_LOSS_ANNOTATION: &str = "zkgate.io/on-participant-loss";
 /// With RestartGang: the Barrier's `maxRestarts`.
 pub const MAX_RESTARTS_ANNOTATION: &str = "zkgate.io/max-restarts";
+/// `NAME[,NAME...]`: the Barriers the Barrier made for the pod's Job starts
+/// after (its `spec.after`).
+pub const AFTER_ANNOTATION: &str = "zkgate.io/after";
+/// With [`AFTER_ANNOTATION`]: how far they must be (`Entered`, `Open`,
+/// `Ready` or `Completed`) [default: Ready].
+pub const AFTER_UNTIL_ANNOTATION: &str = "zkgate.io/after-until";
 /// The wrap form: the container whose command runs under `zkgate barrier
 /// run` [default: the first].
 pub const WRAP_CONTAINER_ANNOTATION: &str = "zkgate.io/wrap-container";
@@ -178,6 +184,23 @@ pub enum Refusal {
     /// `zkgate.io/credentials` is set to something other than `"true"`.
     #[error("label {CREDENTIALS_LABEL}={0:?} must be \"true\" (or left out)")]
     InvalidCredentials(String),
+    /// `zkgate.io/after` does not name Barriers.
+    #[error("annotation {AFTER_ANNOTATION}={value:?} must name at most 16 Barriers, separated by commas: {reason}")]
+    InvalidAfter {
+        /// The annotation's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `zkgate.io/after-until` is not a stage.
+    #[error("annotation {AFTER_UNTIL_ANNOTATION}={0:?} must be Entered, Open, Ready or Completed")]
+    InvalidAfterUntil(String),
+    /// `zkgate.io/after-until` without `zkgate.io/after`.
+    #[error("annotation {AFTER_UNTIL_ANNOTATION} is only for {AFTER_ANNOTATION}")]
+    UntilWithoutAfter,
+    /// `zkgate.io/after` on a gang that restarts.
+    #[error("annotation {AFTER_ANNOTATION} cannot be combined with {ON_LOSS_ANNOTATION}: RestartGang yet")]
+    AfterWithRestartGang,
     /// The init form on a Barrier that restarts its gang.
     #[error("Barrier {0} restarts its gang (onParticipantLoss: RestartGang), and only `zkgate barrier run` takes part in its rounds: give the pod the wrap form (annotation {BARRIER_FORM_ANNOTATION}: wrap, or {ON_LOSS_ANNOTATION}: RestartGang; the container's explicit command then runs under `barrier run`)")]
     NotInRounds(String),
@@ -230,6 +253,47 @@ pub fn loss_policy(
     Ok((policy, max))
 }
 
+/// The `spec.after` a pod's annotations ask of the Barrier made for its
+/// Job: checked here, read there ([`crate::controller::runs`]).
+pub fn after_of(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<crate::api::After>, Refusal> {
+    use crate::api::Until;
+    let until = match annotations.get(AFTER_UNTIL_ANNOTATION).map(String::as_str) {
+        None | Some("Ready") => Until::Ready,
+        Some("Entered") => Until::Entered,
+        Some("Open") => Until::Open,
+        Some("Completed") => Until::Completed,
+        Some(other) => return Err(Refusal::InvalidAfterUntil(other.to_owned())),
+    };
+    let Some(value) = annotations.get(AFTER_ANNOTATION) else {
+        if annotations.contains_key(AFTER_UNTIL_ANNOTATION) {
+            return Err(Refusal::UntilWithoutAfter);
+        }
+        return Ok(Vec::new());
+    };
+    let invalid = |reason: &str| Refusal::InvalidAfter {
+        value: value.clone(),
+        reason: reason.to_owned(),
+    };
+    let names: Vec<&str> = value.split(',').map(str::trim).collect();
+    if names.len() > 16 {
+        return Err(invalid("more than 16"));
+    }
+    let mut after = Vec::new();
+    for name in names {
+        resource_name(name).map_err(|reason| invalid(&format!("{name:?}: {reason}")))?;
+        if after.iter().any(|a: &crate::api::After| a.barrier == name) {
+            return Err(invalid(&format!("{name} is named twice")));
+        }
+        after.push(crate::api::After {
+            barrier: name.to_owned(),
+            until,
+        });
+    }
+    Ok(after)
+}
+
 /// What a pod's labels ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Wanted {
@@ -264,6 +328,9 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
     };
     let (policy, _) = loss_policy(&annotations)?;
     let restarts = policy == crate::api::OnParticipantLoss::RestartGang;
+    if !after_of(&annotations)?.is_empty() && restarts {
+        return Err(Refusal::AfterWithRestartGang);
+    }
     let form = match annotations.get(BARRIER_FORM_ANNOTATION).map(String::as_str) {
         None if restarts => Form::Wrap,
         Some("wrap") => Form::Wrap,

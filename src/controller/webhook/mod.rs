@@ -705,6 +705,22 @@ impl Webhook {
         }
         if let Some(barrier) = labels.get(BARRIER_LABEL) {
             let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
+            // Roles in order: the Barriers it starts after must not start
+            // after it (checked by `inject` before: a bad value is refused).
+            let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+            let after = inject::after_of(&annotations).unwrap_or_default();
+            if !after.is_empty() {
+                let first = after.into_iter().map(|a| a.barrier).collect();
+                if let Some(chain) = super::after::cycle_from(&api, barrier, first)
+                    .await
+                    .map_err(|e| unreadable("Barriers", e))?
+                {
+                    return Err(format!(
+                        "the pod's annotation {}, with the Barriers there now, makes a cycle: {chain} (each would wait for the other for ever)",
+                        inject::AFTER_ANNOTATION
+                    ));
+                }
+            }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
             let ours = inject::job_of(pod);
             if let Some(found) = api
