@@ -503,6 +503,14 @@ fn why_at_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
             if !others.is_empty() {
                 let _ = write!(s, " Not registered yet: {}.", others.join(", "));
             }
+            // Roles in order: the status says what the hold waits for
+            // (which role, which of its pods are not Ready).
+            if let Some((_, why)) = st.message.as_deref().and_then(|m| m.split_once("; held: ")) {
+                let _ = write!(
+                    s,
+                    " The Barrier starts after other Barriers and is held: {why}."
+                );
+            }
             s
         }
     }
@@ -670,6 +678,19 @@ mod tests {
         assert!(why.contains("has not registered"), "{why}");
         let why = why_barrier(&pods[5], &barrier, &pods);
         assert!(why.contains("has registered"), "{why}");
+    }
+
+    #[test]
+    fn a_pod_at_a_held_barrier_is_told_which_role_and_pods_it_waits_for() {
+        let (mut barrier, pods) = capped();
+        if let Some(st) = barrier.status.as_mut() {
+            st.message = Some("120 of 150 participants entered; held: waiting for the pods of Barrier workers to be Ready: w-3 not yet".into());
+        }
+        let why = why_barrier(&pods[5], &barrier, &pods);
+        assert!(
+            why.ends_with("The Barrier starts after other Barriers and is held: waiting for the pods of Barrier workers to be Ready: w-3 not yet."),
+            "{why}"
+        );
     }
 
     #[test]
