@@ -1494,3 +1494,110 @@ async fn a_launcher_after_its_workers_starts_once_every_worker_is_ready() {
         .await;
     assert_eq!(barrier.spec.after.len(), 1);
 }
+
+/// A labelled Job of one pod running `command`, named `name` (its Barrier
+/// too), with `annotations` on its pod template.
+fn role_job(name: &str, annotations: &str, command: &str) -> String {
+    format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {{name: {name}}}
+spec:
+  completions: 1
+  backoffLimit: 0
+  template:
+    metadata:
+      labels: {{zkgate.io/barrier: {name}}}
+      annotations: {{{annotations}}}
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      containers:
+        - name: main
+          image: workload:local
+          command: ["sh", "-c", "{command}"]
+"#
+    )
+}
+
+/// Issue 28 on real pods: a chain of three roles (second after first is
+/// Ready, third after second completed) starts in that order; a role
+/// after a Barrier that fails fails too (`AfterFailed`), and its pod's
+/// participant is told (the pod fails without running its command).
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_chain_of_three_roles_starts_in_order_and_a_failed_role_fails_the_next() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    let started = "echo started-at-us $(now-us); echo ended-at-us $(now-us)";
+    c.apply(
+        &ns.name,
+        &role_job(
+            "third",
+            "zkgate.io/after: second, zkgate.io/after-until: Completed",
+            started,
+        ),
+    );
+    c.apply(
+        &ns.name,
+        &role_job("second", "zkgate.io/after: first", started),
+    );
+    c.apply(
+        &ns.name,
+        &role_job(
+            "first",
+            "",
+            "echo started-at-us $(now-us); sleep 3; echo ended-at-us $(now-us)",
+        ),
+    );
+    let mut at = Vec::new();
+    for name in ["first", "second", "third"] {
+        c.job_succeeded(&ns.name, name, 1).await;
+        let pod = c.pods(&ns.name, &format!("job-name={name}")).await;
+        let log = c.logs(&ns.name, &pod[0].name_any(), "main").await;
+        let (s, e) = (times(&log, "started-at-us"), times(&log, "ended-at-us"));
+        assert_eq!((s.len(), e.len()), (1, 1), "{name}: {log}");
+        at.push((name, s[0], e[0]));
+    }
+    // second starts once first runs Ready (a pod without a readiness probe
+    // is Ready as it runs), so after first started; third once second's
+    // Barrier completed, so after second ended.
+    assert!(at[1].1 > at[0].1, "second started before first: {at:?}");
+    assert!(
+        at[2].1 > at[1].2,
+        "third started before second ended: {at:?}"
+    );
+
+    // A role after a Barrier that times out (nobody enters it).
+    c.apply(
+        &ns.name,
+        "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: broken}\nspec: {participants: 1, timeout: 2s}\n",
+    );
+    c.apply(
+        &ns.name,
+        &role_job("after-broken", "zkgate.io/after: broken", started),
+    );
+    let failed = c
+        .barrier(&ns.name, "after-broken", "after-broken failed", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Failed)
+        })
+        .await;
+    assert_eq!(
+        failed.status.unwrap().reason.as_deref(),
+        Some("AfterFailed")
+    );
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns.name);
+    let pod = eventually(WITHIN, "the pod of after-broken to fail", || async {
+        let listed = pods
+            .list(&ListParams::default().labels("job-name=after-broken"))
+            .await
+            .ok()?;
+        listed
+            .items
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+    })
+    .await;
+    let log = c.logs(&ns.name, &pod.name_any(), "zkgate-barrier").await;
+    assert!(log.contains("AfterFailed"), "{log}");
+}
