@@ -2280,6 +2280,19 @@ async fn entering(
     (participant, task)
 }
 
+/// Makes pod `name` (unlabelled) and writes its status as running Ready,
+/// as a kubelet would once its readiness probe passes.
+async fn running_ready(pods: &Api<Pod>, name: String) {
+    create_pod(pods, json!({ "name": name })).await;
+    let status = json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": "True" }]
+    }});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("the pod's status");
+}
+
 /// The message of a Barrier's status.
 fn message(b: &Barrier) -> String {
     b.status
@@ -2326,19 +2339,7 @@ async fn a_barrier_after_another_opens_only_once_that_ones_pods_are_ready() {
     .await;
 
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-    let ready = |name: &'static str| {
-        let pods = pods.clone();
-        async move {
-            create_pod(&pods, json!({ "name": name })).await;
-            let status = json!({ "status": {
-                "phase": "Running",
-                "conditions": [{ "type": "Ready", "status": "True" }]
-            }});
-            pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                .await
-                .expect("the pod's status");
-        }
-    };
+    let ready = |name: &'static str| running_ready(&pods, name.to_owned());
     ready("w-0").await;
     barrier_where(&s, "launcher", "the launcher waiting for w-1", |b| {
         message(b).contains("Ready: w-1 not yet")
@@ -2476,20 +2477,7 @@ async fn ready_looks_at_every_participant_past_the_status_list_and_every_pod() {
     .await;
     assert_eq!(open.status.unwrap().unlisted, 1, "the status lists 100");
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-    let make_ready = |i: usize| {
-        let pods = pods.clone();
-        async move {
-            let name = format!("w-{i:03}");
-            create_pod(&pods, json!({ "name": name })).await;
-            let status = json!({ "status": {
-                "phase": "Running",
-                "conditions": [{ "type": "Ready", "status": "True" }]
-            }});
-            pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await
-                .expect("the pod's status");
-        }
-    };
+    let make_ready = |i: usize| running_ready(&pods, format!("w-{i:03}"));
     futures::future::join_all((0..N - 1).map(make_ready)).await;
     let (_l, launcher) = entering(&s, "launcher", "launcher-0").await;
     barrier_where(&s, "launcher", "the launcher waiting for the 101st", |b| {
