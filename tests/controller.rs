@@ -2495,3 +2495,81 @@ async fn ready_looks_at_every_participant_past_the_status_list_and_every_pod() {
         .unwrap()
         .expect("the launcher passes");
 }
+
+/// Review of issue 28: a role whose participant left before every one was
+/// Ready (it failed: its registration went) never becomes Ready, so the
+/// Barrier after it fails (`AfterFailed`) instead of lifting on the ones
+/// left (before: w-0 Ready and w-1 gone lifted the launcher, which opened).
+#[tokio::test]
+async fn a_role_that_lost_a_participant_before_it_was_ready_fails_the_one_after_it() {
+    let s = setup().await;
+    create_barrier(&s, "workers", json!({ "participants": 2 })).await;
+    create_barrier(
+        &s,
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await;
+    let (_w0, w0) = entering(&s, "workers", "w-0").await;
+    let (w1_session, w1) = entering(&s, "workers", "w-1").await;
+    w0.await.unwrap().expect("w-0 passes");
+    w1.await.unwrap().expect("w-1 passes");
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    running_ready(&pods, "w-0".into()).await;
+    let (_l, launcher) = entering(&s, "launcher", "launcher-0").await;
+    barrier_where(&s, "launcher", "the launcher waiting for w-1", |b| {
+        message(b).contains("Ready: w-1 not yet")
+    })
+    .await;
+    // w-1 fails: its session (and registration) go.
+    let Ok(w1_session) = Arc::try_unwrap(w1_session) else {
+        panic!("the only handle to w-1's session");
+    };
+    w1_session.close().await.unwrap();
+    let failed = barrier_where(&s, "launcher", "the launcher failed", |b| {
+        phase(b) == Some(BarrierPhase::Failed)
+    })
+    .await;
+    assert_eq!(
+        failed.status.as_ref().unwrap().reason.as_deref(),
+        Some("AfterFailed")
+    );
+    assert!(
+        message(&failed).contains("left it before every one was Ready"),
+        "{}",
+        message(&failed)
+    );
+    let told = tokio::time::timeout(WITHIN, launcher)
+        .await
+        .expect("the launcher is told")
+        .unwrap();
+    assert!(told.is_err(), "the launcher passed");
+}
+
+/// Review of issue 28: a ring of `after`s longer than the cycle search
+/// looks (70 Barriers) fails every Barrier on it, rather than holding
+/// them for ever while each wakes the next.
+#[tokio::test]
+async fn a_ring_of_afters_longer_than_the_search_fails_every_barrier_on_it() {
+    let s = setup().await;
+    const N: usize = 70;
+    for i in 0..N {
+        create_barrier(
+            &s,
+            &format!("r{i}"),
+            json!({ "participants": 1, "after": [{ "barrier": format!("r{}", (i + 1) % N) }] }),
+        )
+        .await;
+    }
+    for i in 0..N {
+        let b = barrier_where(&s, &format!("r{i}"), "failed", |b| {
+            phase(b) == Some(BarrierPhase::Failed)
+        })
+        .await;
+        assert_eq!(
+            b.status.as_ref().unwrap().reason.as_deref(),
+            Some("AfterFailed"),
+            "r{i}"
+        );
+    }
+}

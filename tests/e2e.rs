@@ -1434,7 +1434,7 @@ async fn a_launcher_after_its_workers_starts_once_every_worker_is_ready() {
             "launcher-after-workers/workers.yaml",
             &[(
                 "echo $(hostname) serves; sleep 30",
-                "echo serves-us $(now-us); sleep 15",
+                "echo serves-us $(now-us); sleep 30",
             )],
         ),
     );

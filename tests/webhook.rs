@@ -1564,6 +1564,14 @@ async fn a_jobs_after_annotation_orders_its_barrier_and_a_cycle_is_refused() {
         .unwrap();
     let cycle = refused(h.create_pod(workers.clone()).await.expect_err("a cycle"));
     assert!(cycle.contains("workers → launcher → workers"), "{cycle}");
+    // An order the Barrier (made before, without it) does not have: it
+    // would start at once, so the pod is refused.
+    let other = refused(
+        h.create_pod(pod("lonely", "workers", json!({ "zkgate.io/after": "db" })))
+            .await
+            .expect_err("an after the Barrier does not have"),
+    );
+    assert!(other.contains("was made to start after []"), "{other}");
     // Without the annotation, the same pod is admitted.
     workers["metadata"]["annotations"] = json!({});
     h.create_pod(workers).await.expect("admitted");

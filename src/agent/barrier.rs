@@ -415,7 +415,7 @@ impl<'a> BarrierCommand<'a> {
         // The barrier we found (`run` waited for it): one of another uid
         // later is a new Barrier of the same name, and ours was deleted.
         let mut uid = None;
-        loop {
+        'rounds: loop {
             let top = self
                 .barrier
                 .data_if_there(session)
@@ -485,21 +485,30 @@ impl<'a> BarrierCommand<'a> {
                     .map_err(|e| p.explain(e))?;
             }
             let registration = self.registration(session, &entered);
-            let Some(mut members) = gang.members(session, k).await.map_err(|e| p.explain(e))?
-            else {
-                // A member came or went since the opening: the round is
-                // lost before its commands start. End it (if nobody has).
+            let mut members = loop {
+                if let Some(members) = gang.members(session, k).await.map_err(|e| p.explain(e))? {
+                    break members;
+                }
+                // A member came or went since the opening, and none has
+                // completed: the round is lost before its commands start.
+                // End it (if nobody has).
                 let why = format!("a member of round {k} was lost before its commands started");
                 info!(barrier = %gang.path(), round = k, "{why}: meeting again in the next round");
-                match self.end_round(session, &gang, k, &why, &entered.node).await? {
-                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => continue,
-                    RoundEnd::Finishing => {
-                        return Err(failed(&format!(
-                            "round {k} lost a member before our command started, and is finishing (another member completed)"
-                        )))
+                match gang
+                    .end_round(session, k, &why)
+                    .await
+                    .map_err(|e| p.explain(e))?
+                {
+                    // A member completed meanwhile: the round stands, and
+                    // its members are listed again (now with that mark).
+                    RoundEnd::Finishing => continue,
+                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
+                        self.withdraw(session, &entered.node).await?;
+                        continue 'rounds;
                     }
                     RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
-                        return Err(failed(&reason))
+                        self.withdraw(session, &entered.node).await?;
+                        return Err(failed(&reason));
                     }
                 }
             };

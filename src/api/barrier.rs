@@ -122,8 +122,8 @@ pub enum Until {
     Open,
     /// It opened, and every participant's pod has its `Ready` condition
     /// true (a readiness probe says the role is up); a participant that
-    /// names no pod has no readiness to wait for, and a completed Barrier
-    /// (its pods done) counts as Ready.
+    /// names no pod has no readiness to wait for. One that left before
+    /// every one was Ready fails the Barrier waiting on it.
     #[default]
     Ready,
     /// Everyone who entered has left.

@@ -82,7 +82,14 @@ pub fn judge(after: &After, found: Option<&Barrier>, not_ready: &[String]) -> Ve
         ),
         Until::Open if opened => return Verdict::Lifted,
         Until::Open => format!("waiting for Barrier {name} to open ({})", describe(&status)),
-        Until::Ready if phase == BarrierPhase::Completed => return Verdict::Lifted,
+        // Gone before they were all Ready (one finished or failed, and
+        // a failed one's registration goes too): they never will be.
+        Until::Ready if matches!(phase, BarrierPhase::Leaving | BarrierPhase::Completed) => {
+            return Verdict::Failed(format!(
+                "participants of Barrier {name} left it before every one was Ready ({})",
+                describe(&status)
+            ))
+        }
         Until::Ready if opened && not_ready.is_empty() => return Verdict::Lifted,
         Until::Ready if opened => format!(
             "waiting for the pods of Barrier {name} to be Ready: {} not yet",
@@ -137,18 +144,34 @@ pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Resul
         return Ok(Verdict::Lifted);
     }
     let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
-    if let Some(cycle) = cycle(&api, barrier).await? {
-        return Ok(Verdict::Failed(format!(
-            "the Barriers' after make a cycle: {cycle}"
-        )));
+    match cycle(&api, barrier).await? {
+        Chain::Cycle(cycle) => {
+            return Ok(Verdict::Failed(format!(
+                "the Barriers' after make a cycle: {cycle}"
+            )))
+        }
+        Chain::TooLong => {
+            return Ok(Verdict::Failed(format!(
+                "its after reach more than {MAX_VISITS} Barriers (a chain that long is refused: it may hide a cycle)"
+            )))
+        }
+        Chain::Fine => {}
     }
     let mut held = None;
     for after in &barrier.spec.after {
         let found = api.get_opt(&after.barrier).await?;
         let not_ready = match (&found, after.until) {
             (Some(_), Until::Ready) => {
-                let pods = participant_pods(ctx, namespace, &after.barrier).await?;
-                ctx.pods.not_ready(namespace, &pods).await?
+                let seen = participants(ctx, namespace, &after.barrier).await?;
+                // Read in ZooKeeper before its status says so: one left
+                // (finished or failed) after the opening.
+                if seen.open && seen.registrations < seen.count as usize {
+                    return Ok(Verdict::Failed(format!(
+                        "participants of Barrier {} left it before every one was Ready ({} of {} still there)",
+                        after.barrier, seen.registrations, seen.count
+                    )));
+                }
+                ctx.pods.not_ready(namespace, &seen.pods).await?
             }
             _ => Vec::new(),
         };
@@ -163,41 +186,54 @@ pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Resul
     Ok(held.map_or(Verdict::Lifted, Verdict::Held))
 }
 
-/// The pods of Barrier `name`'s participants now: its registrations in
-/// ZooKeeper (every one, not the status's capped list; the current round's
-/// in rounds), each the pod it names. A registration that names no pod
-/// (a participant that is not a pod) has no readiness to wait for.
-async fn participant_pods(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<Vec<String>, Error> {
+/// A named Barrier's participants as ZooKeeper has them now.
+struct Participants {
+    /// The pods its registrations name (every one, not the status's capped
+    /// list; the current round's in rounds). A registration that names no
+    /// pod (a participant that is not a pod) has no readiness to wait for.
+    pods: Vec<String>,
+    /// How many registrations there are.
+    registrations: usize,
+    /// How many open it.
+    count: u32,
+    /// Whether it opened.
+    open: bool,
+}
+
+async fn participants(ctx: &Context, namespace: &str, name: &str) -> Result<Participants, Error> {
     let path = ctx.layout.barrier(namespace, name)?;
-    let Some(mut node) = crate::zk::tree::snapshot(&ctx.zk, &path).await? else {
-        return Ok(Vec::new());
+    let none = Participants {
+        pods: Vec::new(),
+        registrations: 0,
+        count: 0,
+        open: false,
     };
-    let round = BarrierData::parse(&path, &node.data)
-        .ok()
-        .flatten()
-        .and_then(|d| d.round);
-    if let Some(k) = round {
+    let Some(mut node) = crate::zk::tree::snapshot(&ctx.zk, &path).await? else {
+        return Ok(none);
+    };
+    let data = BarrierData::parse(&path, &node.data).ok().flatten();
+    if let Some(k) = data.as_ref().and_then(|d| d.round) {
         let round = crate::zk::GangBarrier::new(&path).round_path(k);
         match crate::zk::tree::snapshot(&ctx.zk, &round).await? {
             Some(found) => node = found,
-            None => return Ok(Vec::new()),
+            None => return Ok(none),
         }
     }
-    Ok(node
-        .children
-        .iter()
-        .filter(|c| c.name != READY)
-        .filter_map(|c| ParticipantData::parse(&c.data).pod)
-        .collect())
+    let registrations: Vec<_> = node.children.iter().filter(|c| c.name != READY).collect();
+    Ok(Participants {
+        pods: registrations
+            .iter()
+            .filter_map(|c| ParticipantData::parse(&c.data).pod)
+            .collect(),
+        registrations: registrations.len(),
+        count: data.map_or(0, |d| d.participants),
+        open: node.children.iter().any(|c| c.name == READY),
+    })
 }
 
 /// The chain `a → b → ... → a` if following `after`s from `barrier` comes
 /// back to it (names only, as the API server has them now).
-async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, Error> {
+async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Chain, Error> {
     let first = barrier
         .spec
         .after
@@ -207,15 +243,26 @@ async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Option<String>, 
     Ok(cycle_from(api, &barrier.name_any(), first).await?)
 }
 
+/// What following `after`s from a Barrier finds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Chain {
+    /// No cycle.
+    Fine,
+    /// A cycle back to it: `a → b → a`.
+    Cycle(String),
+    /// More than [`MAX_VISITS`] Barriers on the way: not followed further.
+    TooLong,
+}
+
 /// The chain `start → ... → start` if following `first` (the Barriers
 /// `start` would start after), then the `after`s of the Barriers there
 /// now, comes back to `start`. At most [`MAX_VISITS`] Barriers are read
-/// (each once): a longer chain is not followed to its end.
+/// (each once): past them, [`Chain::TooLong`].
 pub async fn cycle_from(
     api: &Api<Barrier>,
     start: &str,
     first: Vec<String>,
-) -> Result<Option<String>, kube::Error> {
+) -> Result<Chain, kube::Error> {
     let start = start.to_owned();
     // Depth-first, keeping the path.
     let mut seen = BTreeSet::new();
@@ -226,11 +273,15 @@ pub async fn cycle_from(
         if name == start {
             let mut chain = path.clone();
             chain.push(name);
-            return Ok(Some(chain.join(" → ")));
+            return Ok(Chain::Cycle(chain.join(" → ")));
         }
-        if seen.len() >= MAX_VISITS || !seen.insert(name.clone()) {
+        if seen.contains(&name) {
             continue;
         }
+        if seen.len() >= MAX_VISITS {
+            return Ok(Chain::TooLong);
+        }
+        seen.insert(name.clone());
         if let Some(found) = api.get_opt(&name).await? {
             let mut deeper = path.clone();
             deeper.push(name);
@@ -240,7 +291,7 @@ pub async fn cycle_from(
             ));
         }
     }
-    Ok(None)
+    Ok(Chain::Fine)
 }
 
 /// Which Barriers wait on which: the reconcile of a named Barrier asks for
@@ -300,16 +351,21 @@ impl Waits {
         maps.of.insert(key, named.to_vec());
     }
 
-    /// Asks for a look at the Barriers waiting on `named`.
-    pub fn touch(&self, namespace: &str, named: &str) {
+    /// The Barriers waiting on `named`.
+    pub fn dependents(&self, namespace: &str, named: &str) -> Vec<ObjectRef<Barrier>> {
         let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        for dependent in maps
-            .on
+        maps.on
             .get(&(namespace.to_owned(), named.to_owned()))
             .into_iter()
             .flatten()
-        {
-            let _ = self.look.send(ObjectRef::new(dependent).within(namespace));
+            .map(|dependent| ObjectRef::new(dependent).within(namespace))
+            .collect()
+    }
+
+    /// Asks for a look at the Barriers waiting on `named`.
+    pub fn touch(&self, namespace: &str, named: &str) {
+        for dependent in self.dependents(namespace, named) {
+            let _ = self.look.send(dependent);
         }
     }
 }
@@ -391,7 +447,15 @@ mod tests {
         assert!(!lifted(Until::Ready, &entered, &[]));
         assert!(!lifted(Until::Ready, &open, &["workers-1".into()]));
         assert!(lifted(Until::Ready, &open, &[]));
-        assert!(lifted(Until::Ready, &done, &["gone".into()]));
+        assert!(matches!(
+            judge(&after(Until::Ready), Some(&done), &[]),
+            Verdict::Failed(_)
+        ));
+        let leaving = named(Some(BarrierPhase::Leaving), 3, 3);
+        assert!(matches!(
+            judge(&after(Until::Ready), Some(&leaving), &[]),
+            Verdict::Failed(_)
+        ));
         assert!(!lifted(Until::Completed, &open, &[]));
         assert!(lifted(Until::Completed, &done, &[]));
     }

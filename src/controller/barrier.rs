@@ -376,11 +376,16 @@ async fn apply_sized(
             return Ok(Action::requeue(Duration::ZERO));
         }
     }
-    publish(barrier, namespace, &outcome.status, &outcome.notes, ctx).await?;
+    let changed = publish(barrier, namespace, &outcome.status, &outcome.notes, ctx).await?;
     ctx.metrics
         .barrier_seen(namespace, &name, &outcome.status, &node);
-    // Those that start after this one look again.
-    ctx.after.touch(namespace, &name);
+    // Those that start after this one look again when what they read of
+    // it changed (its pods' changes reach them directly: see
+    // `after::Waits::dependents`). Not on every look: a chain of held
+    // Barriers would wake each other without end.
+    if changed {
+        ctx.after.touch(namespace, &name);
+    }
     let recheck = persistent.then_some(POD_RECHECK);
     let held_look = matches!(verdict, Verdict::Held(_)).then_some(after::RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck, held_look]).await)

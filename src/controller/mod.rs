@@ -454,8 +454,10 @@ async fn lead(
     let (all_locks_tx, all_locks_rx) = unbounded_channel();
     let barriers = controller::<Barrier>(
         options.api(client),
-        barrier_pods,
-        BARRIER_LABEL,
+        (barrier_pods, BARRIER_LABEL, {
+            let ctx = ctx.clone();
+            move |namespace: &str, name: &str| ctx.after.dependents(namespace, name)
+        }),
         (barrier_rx, all_barriers_rx),
         futures::stream::select(job_followers, UnboundedReceiverStream::new(after_rx)),
         &stop,
@@ -463,8 +465,7 @@ async fn lead(
     );
     let locks = controller::<LockLease>(
         options.api(client),
-        lock_pods,
-        LOCK_LABEL,
+        (lock_pods, LOCK_LABEL, |_: &str, _: &str| Vec::new()),
         (lock_rx, all_locks_rx),
         futures::stream::empty(),
         &stop,
@@ -531,13 +532,17 @@ const ZOOKEEPER_TRIGGER_INTERVAL: Duration = Duration::from_millis(250);
 const _: () = assert!(ZOOKEEPER_TRIGGER_INTERVAL.as_millis() > DEBOUNCE.as_millis());
 
 /// The controller of kind `K`: its resources (stripped of managed fields)
-/// and its labelled pods (`pods`) trigger reconciles, and so do the
+/// and its labelled pods (`pods`: their own resource's, and the
+/// `dependents` of it) trigger reconciles, and so do the
 /// ZooKeeper events (`triggers`: one object, every object), and `related`:
 /// objects another resource's change concerns (the Barriers a Job sizes).
 fn controller<K: reconciler::Reconciled>(
     resources: Api<K>,
-    pods: impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
-    label: &'static str,
+    (pods, label, dependents): (
+        impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+        &'static str,
+        impl Fn(&str, &str) -> Vec<ObjectRef<K>> + Send + Sync + 'static,
+    ),
     triggers: (
         tokio::sync::mpsc::UnboundedReceiver<ObjectRef<K>>,
         tokio::sync::mpsc::UnboundedReceiver<()>,
@@ -561,10 +566,13 @@ fn controller<K: reconciler::Reconciled>(
                 .debounce(DEBOUNCE),
         )
         .watches_stream(pods, move |pod| {
-            let namespace = pod.namespace()?;
-            pod.labels()
-                .get(label)
-                .map(|name| ObjectRef::<K>::new(name).within(&namespace))
+            let (Some(namespace), Some(name)) = (pod.namespace(), pod.labels().get(label)) else {
+                return Vec::new();
+            };
+            let mut concerned = vec![ObjectRef::<K>::new(name).within(&namespace)];
+            // Its readiness concerns those that start after its own.
+            concerned.extend(dependents(&namespace, name));
+            concerned
         })
         .reconcile_on(futures::stream::select(
             UnboundedReceiverStream::new(triggers.0),

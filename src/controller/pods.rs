@@ -169,8 +169,9 @@ impl Pods {
             .pod_lookups((names.len() - uncached.len()) as u64, uncached.len() as u64);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         if uncached.len() > MAX_GETS {
+            // From the API server's cache (`resourceVersion=0`), not etcd.
             let listed: std::collections::HashMap<String, bool> = pods
-                .list(&Default::default())
+                .list(&kube::api::ListParams::default().match_any())
                 .await?
                 .items
                 .iter()

@@ -197,14 +197,15 @@ pub async fn publish<K: Reconciled>(
     status: &K::Status,
     notes: &[Note],
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let uid = object.uid().ok_or(Error::Incomplete("uid"))?;
     // Compared as it will read back: the API keeps times to the second, and
     // a status that differs from its read-back only below the second would
     // be written again on every look (twice the writes per change, which
     // saturated the API server at 200 changes a second).
     let written = as_read_back(&status.capped())?;
-    if object.status() != Some(&written) {
+    let changed = object.status() != Some(&written);
+    if changed {
         ctx.confirm_leading().await?;
         write_status(object, namespace, &written, ctx).await?;
     }
@@ -212,7 +213,7 @@ pub async fn publish<K: Reconciled>(
     for note in notes {
         ctx.record(object, note).await;
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// `status` as the API server will hand it back (its JSON form).

@@ -163,11 +163,22 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     // A barrier that opened stays opened: a failure marked after `ready`
     // (a timeout racing the last arrival) does not undo it.
     let (phase, reason, message) = if let (Some(reason), false) = (data.failed.clone(), opened) {
-        (
-            BarrierPhase::Failed,
-            Some(reason.clone()),
-            format!("failed: {reason}"),
-        )
+        // The account written when it failed stays (the look that failed
+        // it knew why; later looks only see the reason).
+        let message = match (
+            &obs.previous.phase,
+            &obs.previous.reason,
+            &obs.previous.message,
+        ) {
+            (Some(BarrierPhase::Failed), Some(was), Some(message)) if *was == reason => {
+                message.clone()
+            }
+            _ => obs
+                .after_failed
+                .map(|why| format!("it starts after another Barrier, and cannot: {why}"))
+                .unwrap_or_else(|| format!("failed: {reason}")),
+        };
+        (BarrierPhase::Failed, Some(reason.clone()), message)
     } else if opened {
         if members.is_empty() {
             (

@@ -711,14 +711,23 @@ impl Webhook {
             let after = inject::after_of(&annotations).unwrap_or_default();
             if !after.is_empty() {
                 let first = after.into_iter().map(|a| a.barrier).collect();
-                if let Some(chain) = super::after::cycle_from(&api, barrier, first)
+                match super::after::cycle_from(&api, barrier, first)
                     .await
                     .map_err(|e| unreadable("Barriers", e))?
                 {
-                    return Err(format!(
-                        "the pod's annotation {}, with the Barriers there now, makes a cycle: {chain} (each would wait for the other for ever)",
-                        inject::AFTER_ANNOTATION
-                    ));
+                    super::after::Chain::Cycle(chain) => {
+                        return Err(format!(
+                            "the pod's annotation {}, with the Barriers there now, makes a cycle: {chain} (each would wait for the other for ever)",
+                            inject::AFTER_ANNOTATION
+                        ))
+                    }
+                    super::after::Chain::TooLong => {
+                        return Err(format!(
+                            "the pod's annotation {} reaches, with the Barriers there now, too many Barriers to check for a cycle",
+                            inject::AFTER_ANNOTATION
+                        ))
+                    }
+                    super::after::Chain::Fine => {}
                 }
             }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
@@ -761,7 +770,25 @@ impl Webhook {
                         asked,
                         form,
                     )
-                    .map_err(|refusal| refusal.to_string())
+                    .map_err(|refusal| refusal.to_string())?;
+                    // The order it asks for must be the Barrier's (fixed
+                    // when it was made), or it would start at once.
+                    let after = inject::after_of(&annotations).unwrap_or_default();
+                    if !after.is_empty() && after != found.spec.after {
+                        let names = |a: &[crate::api::After]| {
+                            a.iter()
+                                .map(|a| format!("{} ({:?})", a.barrier, a.until))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        };
+                        return Err(format!(
+                            "the pod's annotation {} asks Barrier {barrier} to start after {}, but it was made to start after [{}]: make the Barrier with that after (delete it and create it again), or drop the annotation",
+                            inject::AFTER_ANNOTATION,
+                            names(&after),
+                            names(&found.spec.after)
+                        ));
+                    }
+                    Ok(())
                 };
                 let (Some(holder), Some(ours)) = (holder, ours) else {
                     return agrees();
