@@ -2280,6 +2280,18 @@ async fn entering(
     (participant, task)
 }
 
+/// Barrier `workers` of `n` participants and Barrier `launcher` of one,
+/// after it (until Ready, the default).
+async fn launcher_after_workers(s: &Setup, n: usize) {
+    create_barrier(s, "workers", json!({ "participants": n })).await;
+    create_barrier(
+        s,
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await;
+}
+
 /// Makes pod `name` (unlabelled) and writes its status as running Ready,
 /// as a kubelet would once its readiness probe passes.
 async fn running_ready(pods: &Api<Pod>, name: String) {
@@ -2309,13 +2321,7 @@ fn message(b: &Barrier) -> String {
 #[tokio::test]
 async fn a_barrier_after_another_opens_only_once_that_ones_pods_are_ready() {
     let s = setup().await;
-    create_barrier(&s, "workers", json!({ "participants": 2 })).await;
-    create_barrier(
-        &s,
-        "launcher",
-        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
-    )
-    .await;
+    launcher_after_workers(&s, 2).await;
     let (_l, launcher) = entering(&s, "launcher", "launcher-0").await;
     let held = barrier_where(&s, "launcher", "the launcher held", |b| {
         b.status.as_ref().is_some_and(|st| st.entered == 1)
@@ -2434,13 +2440,7 @@ async fn a_barrier_after_a_missing_failed_or_circular_one_waits_or_fails_with_th
 async fn ready_looks_at_every_participant_past_the_status_list_and_every_pod() {
     let s = setup().await;
     const N: usize = 101;
-    create_barrier(&s, "workers", json!({ "participants": N })).await;
-    create_barrier(
-        &s,
-        "launcher",
-        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
-    )
-    .await;
+    launcher_after_workers(&s, N).await;
     barrier_where(&s, "workers", "the workers' node", |b| b.status.is_some()).await;
     let registrar = session(&s.zk).await;
     let path = barrier_path(&s.ns, "workers");
@@ -2503,13 +2503,7 @@ async fn ready_looks_at_every_participant_past_the_status_list_and_every_pod() {
 #[tokio::test]
 async fn a_role_that_lost_a_participant_before_it_was_ready_fails_the_one_after_it() {
     let s = setup().await;
-    create_barrier(&s, "workers", json!({ "participants": 2 })).await;
-    create_barrier(
-        &s,
-        "launcher",
-        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
-    )
-    .await;
+    launcher_after_workers(&s, 2).await;
     let (_w0, w0) = entering(&s, "workers", "w-0").await;
     let (w1_session, w1) = entering(&s, "workers", "w-1").await;
     w0.await.unwrap().expect("w-0 passes");

@@ -144,7 +144,9 @@ pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Resul
         return Ok(Verdict::Lifted);
     }
     let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
-    match cycle(&api, barrier).await? {
+    // The search reads the named Barriers first: what it read serves below.
+    let mut read = HashMap::new();
+    match cycle(&api, barrier, &mut read).await? {
         Chain::Cycle(cycle) => {
             return Ok(Verdict::Failed(format!(
                 "the Barriers' after make a cycle: {cycle}"
@@ -159,7 +161,10 @@ pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Resul
     }
     let mut held = None;
     for after in &barrier.spec.after {
-        let found = api.get_opt(&after.barrier).await?;
+        let found = match read.remove(&after.barrier) {
+            Some(found) => found,
+            None => api.get_opt(&after.barrier).await?,
+        };
         let not_ready = match (&found, after.until) {
             (Some(_), Until::Ready) => {
                 let seen = participants(ctx, namespace, &after.barrier).await?;
@@ -233,14 +238,18 @@ async fn participants(ctx: &Context, namespace: &str, name: &str) -> Result<Part
 
 /// The chain `a → b → ... → a` if following `after`s from `barrier` comes
 /// back to it (names only, as the API server has them now).
-async fn cycle(api: &Api<Barrier>, barrier: &Barrier) -> Result<Chain, Error> {
+async fn cycle(
+    api: &Api<Barrier>,
+    barrier: &Barrier,
+    read: &mut HashMap<String, Option<Barrier>>,
+) -> Result<Chain, Error> {
     let first = barrier
         .spec
         .after
         .iter()
         .map(|a| a.barrier.clone())
         .collect();
-    Ok(cycle_from(api, &barrier.name_any(), first).await?)
+    Ok(cycle_from(api, &barrier.name_any(), first, read).await?)
 }
 
 /// What following `after`s from a Barrier finds.
@@ -257,11 +266,13 @@ pub enum Chain {
 /// The chain `start → ... → start` if following `first` (the Barriers
 /// `start` would start after), then the `after`s of the Barriers there
 /// now, comes back to `start`. At most [`MAX_VISITS`] Barriers are read
-/// (each once): past them, [`Chain::TooLong`].
+/// (each once, kept in `read`, `None` for one not there): past them,
+/// [`Chain::TooLong`].
 pub async fn cycle_from(
     api: &Api<Barrier>,
     start: &str,
     first: Vec<String>,
+    read: &mut HashMap<String, Option<Barrier>>,
 ) -> Result<Chain, kube::Error> {
     let start = start.to_owned();
     // Depth-first, keeping the path.
@@ -282,14 +293,16 @@ pub async fn cycle_from(
             return Ok(Chain::TooLong);
         }
         seen.insert(name.clone());
-        if let Some(found) = api.get_opt(&name).await? {
+        let found = api.get_opt(&name).await?;
+        if let Some(found) = &found {
             let mut deeper = path.clone();
-            deeper.push(name);
+            deeper.push(name.clone());
             stack.push((
                 deeper,
                 found.spec.after.iter().map(|a| a.barrier.clone()).collect(),
             ));
         }
+        read.insert(name, found);
     }
     Ok(Chain::Fine)
 }

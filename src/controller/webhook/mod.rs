@@ -711,7 +711,7 @@ impl Webhook {
             let after = inject::after_of(&annotations).unwrap_or_default();
             if !after.is_empty() {
                 let first = after.into_iter().map(|a| a.barrier).collect();
-                match super::after::cycle_from(&api, barrier, first)
+                match super::after::cycle_from(&api, barrier, first, &mut Default::default())
                     .await
                     .map_err(|e| unreadable("Barriers", e))?
                 {
