@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::isolated_connect;
 use support::kube::{client, install_crds, kubeconfig, namespace};
@@ -361,7 +361,9 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "value: \"default/t-zkgate-webhook\"",
         "resources: [\"tokenreviews\"]",
         "resourceNames: [\"t-zkgate-webhook-tls\"]",
-        "resources: [\"mutatingwebhookconfigurations\"]",
+        "resources: [\"mutatingwebhookconfigurations\", \"validatingwebhookconfigurations\"]",
+        "kind: ValidatingWebhookConfiguration",
+        "path: /validate/barriers",
         "containerPort: 9443",
     ] {
         assert!(hooked.contains(wanted), "{wanted} missing from:\n{hooked}");
@@ -855,30 +857,43 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
     }
 }
 
-/// Installs the chart's own webhook configuration (`helm template` with
-/// `set`, as rendered, only its Service reference replaced by a loopback
-/// URL: a bare API server routes no Service); its name and the port the
-/// webhook must serve on.
+/// Installs the chart's own webhook configurations (`helm template` with
+/// `set`, as rendered, only their Service references replaced by loopback
+/// URLs of the same paths: a bare API server routes no Service); their
+/// name and the port the webhook must serve on.
 async fn install_charts_webhook_configuration(client: &kube::Client, set: &str) -> (String, u16) {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
     let rendered = template(&["-n", "zkgate-system", "--set", set]);
-    let mut configuration: serde_json::Value = rendered
-        .split("\n---")
-        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
-        .find(|doc| doc["kind"] == "MutatingWebhookConfiguration")
-        .expect("the chart renders a MutatingWebhookConfiguration");
-    let name = configuration["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let port = support::zookeeper::free_port();
-    for webhook in configuration["webhooks"].as_array_mut().unwrap() {
-        webhook["clientConfig"] = json!({ "url": format!("https://127.0.0.1:{port}/mutate") });
-    }
-    let configuration: MutatingWebhookConfiguration =
-        serde_json::from_value(configuration).unwrap();
+    let configuration = |kind: &str| {
+        let mut configuration = rendered
+            .split("\n---")
+            .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+            .find(|doc| doc["kind"] == kind)
+            .unwrap_or_else(|| panic!("the chart renders a {kind}"));
+        for webhook in configuration["webhooks"].as_array_mut().unwrap() {
+            let path = webhook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            webhook["clientConfig"] = json!({ "url": format!("https://127.0.0.1:{port}{path}") });
+        }
+        configuration
+    };
+    let mutating = configuration("MutatingWebhookConfiguration");
+    let name = mutating["metadata"]["name"].as_str().unwrap().to_owned();
+    let mutating: MutatingWebhookConfiguration = serde_json::from_value(mutating).unwrap();
     Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &configuration)
+        .create(&PostParams::default(), &mutating)
+        .await
+        .unwrap();
+    let validating: ValidatingWebhookConfiguration =
+        serde_json::from_value(configuration("ValidatingWebhookConfiguration")).unwrap();
+    assert_eq!(validating.metadata.name.as_deref(), Some(name.as_str()));
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &validating)
         .await
         .unwrap();
     (name, port)
@@ -894,7 +909,9 @@ async fn controller_serving_webhook(
     port: u16,
     extra: &[&str],
 ) -> support::kube::ControllerProcess {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
     let addr = format!("127.0.0.1:{port}");
     let mut args = vec![
         "--webhook-addr",
@@ -917,22 +934,20 @@ async fn controller_serving_webhook(
         "controller-0",
         &args,
     );
-    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     support::eventually(
         Duration::from_secs(60),
-        "the webhook serving, its CA published",
+        "the webhook serving, its CA published in both configurations",
         || async {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .ok()?;
-            configurations
-                .get(name)
-                .await
-                .ok()?
-                .webhooks?
-                .iter()
-                .all(|w| w.client_config.ca_bundle.is_some())
-                .then_some(())
+            let pods = mutating.get(name).await.ok()?.webhooks?;
+            let barriers = validating.get(name).await.ok()?.webhooks?;
+            (pods.iter().all(|w| w.client_config.ca_bundle.is_some())
+                && barriers.iter().all(|w| w.client_config.ca_bundle.is_some()))
+            .then_some(())
         },
     )
     .await;
@@ -1034,6 +1049,106 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
         .await
         .expect("a labelled kube-system pod is admitted while the webhook is down");
     assert!(!injected(&system));
+}
+
+/// Issue 28: the chart's validating configuration on Barriers, served by
+/// the controller. A hand-made cycle of `after`s is refused when its last
+/// Barrier is created, with the chain named, and so is a Barrier that
+/// starts after itself, an update that makes a cycle, and `after` with
+/// RestartGang; a Barrier whose `after` is fine is admitted. With the
+/// webhook down, the Barrier it refused is admitted (failurePolicy Ignore:
+/// the controller fails it anyway, and a webhook that is down blocks no
+/// Barrier nor the controller's finalizer).
+#[tokio::test]
+async fn the_charts_barrier_webhook_refuses_a_cycle_and_blocks_nothing_when_down() {
+    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let (name, port) = install_charts_webhook_configuration(
+        &client,
+        "zookeeper.connect=zk:2181,webhook.enabled=true",
+    )
+    .await;
+    let mut controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let create = |name: &str, spec: serde_json::Value| {
+        let barriers = barriers.clone();
+        let barrier: Barrier = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+            "metadata": { "name": name }, "spec": spec
+        }))
+        .unwrap();
+        async move { barriers.create(&PostParams::default(), &barrier).await }
+    };
+    create(
+        "workers",
+        json!({ "participants": 2, "after": [{ "barrier": "launcher" }] }),
+    )
+    .await
+    .expect("an after naming a Barrier not made yet is admitted");
+    let refused = create(
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await
+    .expect_err("the Barrier closing a cycle is refused");
+    let refused = refused.to_string();
+    assert!(
+        refused.contains("barriers.zkgate.io") && refused.contains("launcher → workers → launcher"),
+        "{refused}"
+    );
+    let refused = create(
+        "narcissus",
+        json!({ "participants": 1, "after": [{ "barrier": "narcissus" }] }),
+    )
+    .await
+    .expect_err("a Barrier after itself is refused");
+    assert!(
+        refused.to_string().contains("narcissus → narcissus"),
+        "{refused}"
+    );
+    let refused = create(
+        "rounds",
+        json!({ "participants": 2, "onParticipantLoss": "RestartGang", "after": [{ "barrier": "workers" }] }),
+    )
+    .await
+    .expect_err("after with RestartGang is refused");
+    assert!(refused.to_string().contains("RestartGang"), "{refused}");
+    create("leader", json!({ "participants": 1 }))
+        .await
+        .expect("a Barrier without after is admitted");
+    create(
+        "group",
+        json!({ "participants": 3, "after": [{ "barrier": "leader" }] }),
+    )
+    .await
+    .expect("an after without a cycle is admitted");
+    let cycle = json!({ "spec": { "after": [{ "barrier": "group" }] } });
+    let refused = barriers
+        .patch("leader", &PatchParams::default(), &Patch::Merge(&cycle))
+        .await
+        .expect_err("an update that makes a cycle is refused");
+    assert!(
+        refused.to_string().contains("leader → group → leader"),
+        "{refused}"
+    );
+    let labels = json!({ "metadata": { "labels": { "team": "a" } } });
+    barriers
+        .patch("leader", &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .expect("an update leaving after alone is admitted");
+
+    controller.kill().await;
+    webhook_gone(port).await;
+    create(
+        "launcher",
+        json!({ "participants": 1, "after": [{ "barrier": "workers" }] }),
+    )
+    .await
+    .expect("with the webhook down, Barriers are admitted (the controller fails a cycle)");
+    barriers
+        .patch("workers", &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .expect("with the webhook down, Barriers can be updated (a finalizer comes off)");
 }
 
 /// Issue 25, item 6: with `controller.watchNamespace` the chart's webhook

@@ -263,6 +263,22 @@ pub enum Chain {
     TooLong,
 }
 
+impl Chain {
+    /// Why admission refuses what gave these `after`s, if it does: the end
+    /// of a sentence whose subject is what asked for them.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Chain::Fine => None,
+            Chain::Cycle(chain) => Some(format!(
+                "makes a cycle: {chain} (each would wait for the other for ever)"
+            )),
+            Chain::TooLong => Some(format!(
+                "reaches more than {MAX_VISITS} Barriers, too many to check for a cycle"
+            )),
+        }
+    }
+}
+
 /// The chain `start → ... → start` if following `first` (the Barriers
 /// `start` would start after), then the `after`s of the Barriers there
 /// now, comes back to `start`. At most [`MAX_VISITS`] Barriers are read

@@ -89,3 +89,36 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "zkgate.webhookSecret" -}}
 {{- default (printf "%s-webhook-tls" (include "zkgate.fullname" .)) .Values.webhook.secretName -}}
 {{- end -}}
+
+{{/*
+Which namespaces' objects the webhooks see (given the root context).
+*/}}
+{{- define "zkgate.webhookNamespaceSelector" -}}
+{{- if .Values.controller.watchNamespace -}}
+# Only the watched namespace (nothing reconciles elsewhere): a webhook
+# that is down holds up no labelled pod of any other namespace. By its
+# name label, which the controller puts on it where the API server does
+# not (before 1.21).
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values: [{{ .Values.controller.watchNamespace | quote }}]
+    - key: zkgate.io/webhook
+      operator: NotIn
+      values: ["disabled"]
+{{- else -}}
+# kube-system excluded: by its name label where the API server sets it
+# (1.21+), and by zkgate.io/webhook=disabled, which the controller puts
+# on kube-system where it does not (1.20). Any namespace labelled
+# zkgate.io/webhook=disabled is left alone.
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: ["kube-system"]
+    - key: zkgate.io/webhook
+      operator: NotIn
+      values: ["disabled"]
+{{- end }}
+{{- end }}

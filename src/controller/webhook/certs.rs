@@ -18,7 +18,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -209,33 +211,68 @@ impl SelfManaged {
     }
 
     /// Puts `ca` into every webhook's `caBundle` of the configuration, when
-    /// one is named and it holds another.
+    /// one is named and it holds another: the MutatingWebhookConfiguration
+    /// of that name (pods), and the ValidatingWebhookConfiguration of that
+    /// name (Barriers) where there is one.
     pub async fn publish_ca(&self, client: &kube::Client, ca: &str) -> Result<(), CertError> {
         let Some(name) = &self.configuration else {
             return Ok(());
         };
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        loop {
-            let mut config = api.get(name).await?;
-            let bundle = ByteString(ca.as_bytes().to_vec());
-            let mut changed = false;
-            for webhook in config.webhooks.iter_mut().flatten() {
-                if webhook.client_config.ca_bundle.as_ref() != Some(&bundle) {
-                    webhook.client_config.ca_bundle = Some(bundle.clone());
-                    changed = true;
-                }
+        let bundle = ByteString(ca.as_bytes().to_vec());
+        let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        publish_in(&mutating, name, &bundle, |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        })
+        .await?;
+        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        if validating.get_opt(name).await?.is_some() {
+            publish_in(&validating, name, &bundle, |c| {
+                c.webhooks
+                    .iter_mut()
+                    .flatten()
+                    .map(|w| &mut w.client_config)
+                    .collect()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Puts `bundle` into the `caBundle`s (`configs` of it) of the webhook
+/// configuration `name`, when it holds another; retried on a conflict.
+async fn publish_in<K>(
+    api: &Api<K>,
+    name: &str,
+    bundle: &ByteString,
+    configs: for<'a> fn(&'a mut K) -> Vec<&'a mut WebhookClientConfig>,
+) -> Result<(), CertError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    loop {
+        let mut config = api.get(name).await?;
+        let mut changed = false;
+        for client_config in configs(&mut config) {
+            if client_config.ca_bundle.as_ref() != Some(bundle) {
+                client_config.ca_bundle = Some(bundle.clone());
+                changed = true;
             }
-            if !changed {
+        }
+        if !changed {
+            return Ok(());
+        }
+        match api.replace(name, &PostParams::default(), &config).await {
+            Ok(_) => {
+                info!(configuration = %name, "published the webhook's CA in its caBundle");
                 return Ok(());
             }
-            match api.replace(name, &PostParams::default(), &config).await {
-                Ok(_) => {
-                    info!(configuration = %name, "published the webhook's CA in its caBundle");
-                    return Ok(());
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => return Err(e.into()),
-            }
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

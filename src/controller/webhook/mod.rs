@@ -16,6 +16,7 @@
 //! unlabelled pod is never held up by a webhook that is down, and
 //! `failurePolicy: Fail`, so a gang member never starts without its barrier.
 
+pub mod barriers;
 pub mod certs;
 pub mod handout;
 pub mod inject;
@@ -181,6 +182,7 @@ pub async fn run(
     });
     let app = Router::new()
         .route("/mutate", post(mutate))
+        .route(barriers::PATH, post(barriers::validate))
         .with_state(hook)
         .merge(
             Router::new()
@@ -711,23 +713,14 @@ impl Webhook {
             let after = inject::after_of(&annotations).unwrap_or_default();
             if !after.is_empty() {
                 let first = after.into_iter().map(|a| a.barrier).collect();
-                match super::after::cycle_from(&api, barrier, first, &mut Default::default())
+                let chain = super::after::cycle_from(&api, barrier, first, &mut Default::default())
                     .await
-                    .map_err(|e| unreadable("Barriers", e))?
-                {
-                    super::after::Chain::Cycle(chain) => {
-                        return Err(format!(
-                            "the pod's annotation {}, with the Barriers there now, makes a cycle: {chain} (each would wait for the other for ever)",
-                            inject::AFTER_ANNOTATION
-                        ))
-                    }
-                    super::after::Chain::TooLong => {
-                        return Err(format!(
-                            "the pod's annotation {} reaches, with the Barriers there now, too many Barriers to check for a cycle",
-                            inject::AFTER_ANNOTATION
-                        ))
-                    }
-                    super::after::Chain::Fine => {}
+                    .map_err(|e| unreadable("Barriers", e))?;
+                if let Some(why) = chain.refusal() {
+                    return Err(format!(
+                        "the pod's annotation {}, with the Barriers there now, {why}",
+                        inject::AFTER_ANNOTATION
+                    ));
                 }
             }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
