@@ -145,7 +145,7 @@ pub struct ControllerArgs {
     pub webhook: WebhookArgs,
 }
 
-/// Options of the admission webhook (see the README's "One label").
+/// Options of the admission webhook (see docs/src/reference/webhook.md).
 #[derive(Debug, Args)]
 pub struct WebhookArgs {
     /// Serve the mutating admission webhook (HTTPS) here, e.g. 0.0.0.0:9443

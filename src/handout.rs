@@ -8,7 +8,7 @@
 //! [`PATH`] with that token as its bearer, the controller checks the token
 //! with a TokenReview and answers with a [`Handout`] for that namespace and
 //! no other. So the controller needs no right on Secrets outside its own
-//! namespace (the README's RBAC table says why: with Secret `create`
+//! namespace (the RBAC table in docs/src/security.md says why: with Secret `create`
 //! anywhere, whoever acts as the controller can make a
 //! `service-account-token` Secret and read a token back).
 //!

@@ -36,7 +36,7 @@
 //! `ZKGATE_CHAOS_SEED` replays a run's random choices (timing still
 //! varies); `ZKGATE_CHAOS_KEEP=1` keeps every command's records and
 //! standard error (info logs). A failure prints the seed and the offending
-//! intervals with the faults around them. The long run, from the README
+//! intervals with the faults around them. The long run, from docs/src/contributing.md
 //! (plain `cargo test`: nextest's profile stops a test at five minutes):
 //! `ZKGATE_CHAOS_SECS=900 cargo test --test chaos -- --nocapture`.
 //!

@@ -102,7 +102,7 @@ async fn a_sidecar_asked_to_stop_releases_before_the_watched_command_is_dead() {
 /// `terminate` signals only the command's process group and waits up to
 /// the grace for the command itself; only then does `stop_tree` send the
 /// first SIGTERM to a descendant that left the group (setsid, a daemon),
-/// and it waits a second grace before SIGKILL. The README's bound (SIGTERM
+/// and it waits a second grace before SIGKILL. The fault model's bound (SIGTERM
 /// by T - G - T/10, SIGKILL G later, dead T/10 before the server can
 /// expire the session) holds for the group, not for the tree: here the
 /// daemon is SIGKILLed about T + G - T/10 after the last confirmation.
@@ -523,7 +523,7 @@ async fn r3_a_command_in_a_process_group_of_its_own_gets_the_sigterm_passed_on()
 /// stops what the command left: the guardian is in `stop_tree` (SIGTERM,
 /// SIGKILL after the grace), no longer selecting on its parent-death
 /// signal, so the leftovers run on for the rest of the grace instead of
-/// dying "with it, + 100 ms" (README, fault model). The same holds when the
+/// dying "with it, + 100 ms" (docs/src/concepts/fault-model.md). The same holds when the
 /// command exits late in the grace of a lost hold: then the leftovers
 /// outlive zkgate's own SIGKILL deadline by up to a whole grace.
 #[tokio::test]

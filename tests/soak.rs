@@ -6,7 +6,7 @@
 //!
 //! `ZKGATE_SOAK_SECS` sets how long it runs (default 20 s, the CI
 //! version); `ZKGATE_SOAK_SEED` replays a run's random choices (timing
-//! still varies). The long run, from the README:
+//! still varies). The long run, from docs/src/contributing.md:
 //! `ZKGATE_SOAK_SECS=300 cargo nextest run --test soak --no-capture`.
 
 mod support;

@@ -167,7 +167,8 @@ pub struct BarrierStatus {
     /// The phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<BarrierPhase>,
-    /// Why it failed: `TimedOut`, `ParticipantLost`, `Deleted`, ...
+    /// Why it failed (`TimedOut`, `ParticipantLost`, `AfterFailed`,
+    /// `RestartLimit`, `Deleted`), or why it cannot be sized yet (`Unsized`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// A human-readable account of the phase.
@@ -209,7 +210,13 @@ pub struct BarrierStatus {
     /// When the last participant left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
-    /// `Ready` is true once the barrier is open.
+    /// `Ready`: true once the barrier is open (reason `Opened`); false with
+    /// reason `Waiting`, `Unsized` (its Job does not exist yet) or the
+    /// failure's reason. `SpecAccepted`: false (reason `InvalidSpec`) while
+    /// a spec change cannot be applied (a count changed after the opening),
+    /// true (`Accepted`) otherwise. `PodsTracked`: false (`PodUnknown`)
+    /// while a registration that outlives its process names no pod, true
+    /// (`PodsNamed`) otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The generation this status describes.

@@ -140,7 +140,12 @@ pub struct LockLeaseStatus {
     /// How many wait.
     #[serde(default)]
     pub waiting_count: u32,
-    /// `Held` is true while someone holds the lock.
+    /// `Held`: true while someone holds the lock (reason `Held`; false:
+    /// `Free`). `SpecAccepted`: false (reason `InvalidSpec`) while a spec
+    /// change cannot be applied (the mode, while anyone holds or waits),
+    /// true (`Accepted`) otherwise. `PodsTracked`: false (`PodUnknown`)
+    /// while a hold that outlives its process names no pod, true
+    /// (`PodsNamed`) otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The generation this status describes.

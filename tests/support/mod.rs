@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod checker;
+pub mod docs;
 pub mod handout;
 pub mod https;
 pub mod kube;

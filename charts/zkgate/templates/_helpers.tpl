@@ -78,7 +78,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 # No Secret rule: participants get their namespace's ZooKeeper credential
 # and TLS material from the controller's handout (a projected ServiceAccount
 # token, checked by TokenReview), never from a Secret the controller writes
-# (see the README's RBAC table).
+# (see the RBAC table in docs/src/security.md).
 {{- end -}}
 
 {{/* The webhook's names: its Service's. */}}
