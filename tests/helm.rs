@@ -439,17 +439,66 @@ fn rules_on(rendered: &str, resource: &str) -> Vec<String> {
         .collect()
 }
 
+/// The chart's CRD files are the generated ones, and it renders them as
+/// templates (so `helm upgrade` upgrades them), kept on uninstall by
+/// default, neither with `crds.install=false`.
 #[test]
-fn the_charts_crds_are_the_generated_ones() {
+fn the_charts_crds_are_the_generated_ones_and_upgraded_with_it() {
+    let rendered = template(&["--set", "zookeeper.connect=zk:2181"]);
+    let documents: Vec<serde_json::Value> = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc["kind"] == "CustomResourceDefinition")
+        .collect();
     for crd in zkgate::api::crds() {
         let name = zkgate::api::file_name(&crd);
         let in_chart =
-            std::fs::read_to_string(chart().join("crds").join(&name)).expect("chart CRD");
+            std::fs::read_to_string(chart().join("files/crds").join(&name)).expect("chart CRD");
         assert_eq!(
             in_chart,
             zkgate::api::to_yaml(&crd),
-            "charts/zkgate/crds/{name} drifted: copy crds/{name} there"
+            "charts/zkgate/files/crds/{name} drifted: run scripts/gen-crds"
         );
+        let crd_name = crd.metadata.name.clone().unwrap();
+        let found = documents
+            .iter()
+            .find(|d| d["metadata"]["name"] == crd_name.as_str())
+            .unwrap_or_else(|| panic!("the chart does not render {crd_name}"));
+        // Helm's toYaml writes 1.0 as 1: numbers compare as numbers.
+        assert_eq!(
+            numbers_as_floats(found["spec"].clone()),
+            numbers_as_floats(serde_json::to_value(&crd.spec).unwrap()),
+            "{crd_name} renders another spec than the generated one"
+        );
+        assert_eq!(
+            found["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{crd_name} must survive helm uninstall by default"
+        );
+        assert_eq!(
+            found["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "Helm"
+        );
+    }
+    let unkept = template(&["--set", "zookeeper.connect=zk:2181,crds.keep=false"]);
+    assert!(
+        unkept.contains("kind: CustomResourceDefinition") && !unkept.contains("resource-policy")
+    );
+    let none = template(&["--set", "zookeeper.connect=zk:2181,crds.install=false"]);
+    assert!(!none.contains("CustomResourceDefinition"));
+}
+
+/// `value` with every number an f64.
+fn numbers_as_floats(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => json!(n.as_f64().unwrap()),
+        Value::Array(items) => Value::Array(items.into_iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, numbers_as_floats(v)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
@@ -520,6 +569,10 @@ async fn controller_reconciles_with_chart_rbac(
             &format!("zookeeper.connect={zk}"),
             "--set",
             "replicaCount=1",
+            // The CRDs are the shared API server's already (installed
+            // once for every test), not this release's.
+            "--set",
+            "crds.install=false",
             // The controller runs outside the cluster here. Without a
             // credential, without the webhook; with one, the webhook (the
             // handout rides on it) for the test's namespace alone, so that
@@ -1364,5 +1417,500 @@ fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
         &kubectl,
         &["delete", "namespace", &ns, "--wait=false"],
         None,
+    );
+}
+
+/// The shell block of docs page `page` (under `docs/src/`) that contains
+/// `marker`: the commands a user pastes, run as written.
+fn documented_block(page: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("docs/src")
+            .join(page),
+    )
+    .unwrap();
+    text.split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+        .find(|block| block.contains(marker))
+        .unwrap_or_else(|| panic!("{page} has no sh block with {marker:?}"))
+        .to_owned()
+}
+
+/// Runs `script` with bash as a user would: the repository as the working
+/// directory, `kubeconfig`'s cluster, helm and kubectl on the PATH.
+fn run_documented(script: &str, kubeconfig: &Path) -> Output {
+    let tools = tool("helm").parent().unwrap().to_owned();
+    let path = format!(
+        "{}:{}",
+        tools.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("KUBECONFIG", kubeconfig)
+        .env("PATH", path)
+        .output()
+        .unwrap()
+}
+
+/// Issue 29: uninstalling as docs/src/operations/upgrade.md says, its
+/// commands run as written, on an API server of the test's own (it deletes
+/// CRDs): the chart installed with its CRDs, the controller running, a
+/// Barrier with a participant waiting and a LockLease. First the page's
+/// recipe for resources stuck `Terminating` once the controller is gone:
+/// it releases them. Then the uninstall: its first step leaves no Barrier,
+/// LockLease or finalizer, and none of their znodes (the waiter is told),
+/// `helm uninstall` removes the release's objects but keeps the CRDs
+/// (`crds.keep`), and the last step removes those.
+#[tokio::test]
+async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let kubeconfig = server.kubeconfig();
+    let client = support::kube::client_of(&kubeconfig).await;
+    let zk = isolated_connect();
+    ok(run(
+        &tool("helm"),
+        &[
+            "install",
+            "zkgate",
+            chart().to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            "zkgate-system",
+            "--create-namespace",
+            "--set",
+            &format!("zookeeper.connect={zk},webhook.enabled=false"),
+        ],
+        None,
+    ));
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
+        let crd = crds.get(name).await.expect("the chart installs its CRDs");
+        assert_eq!(
+            crd.metadata.annotations.unwrap_or_default()["helm.sh/resource-policy"],
+            "keep"
+        );
+    }
+    let ns = namespace(&client).await;
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<zkgate::api::LockLease> = Api::namespaced(client.clone(), &ns);
+    // The CRDs are served once established.
+    support::eventually(Duration::from_secs(30), "the CRDs served", || async {
+        barriers.list(&Default::default()).await.ok()
+    })
+    .await;
+    let start = || support::kube::ControllerProcess::start_with(&kubeconfig, &zk, "uninstall", &[]);
+    let mut controller = start();
+    let make = |name: &str, spec: serde_json::Value| -> Barrier {
+        serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+            "metadata": { "name": name }, "spec": spec
+        }))
+        .unwrap()
+    };
+    barriers
+        .create(
+            &PostParams::default(),
+            &make("gang", json!({ "participants": 2 })),
+        )
+        .await
+        .unwrap();
+    barriers
+        .create(
+            &PostParams::default(),
+            &make("orphan", json!({ "participants": 2 })),
+        )
+        .await
+        .unwrap();
+    let lease: zkgate::api::LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease",
+        "metadata": { "name": "db" }, "spec": {}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let znode_of = |status: Option<String>| status.map(|z| z.trim_start_matches('/').to_owned());
+    let (gang, orphan, db) = support::eventually(
+        Duration::from_secs(30),
+        "the resources' znodes made",
+        || async {
+            let gang = znode_of(barriers.get("gang").await.ok()?.status?.znode)?;
+            let orphan = znode_of(barriers.get("orphan").await.ok()?.status?.znode)?;
+            let db = znode_of(leases.get("db").await.ok()?.status?.znode)?;
+            Some((gang, orphan, db))
+        },
+    )
+    .await;
+    let admin = support::session(&zk).await;
+    let exists = |path: String| {
+        let admin = admin.client().clone();
+        async move {
+            admin
+                .check_stat(&format!("/{path}"))
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    for path in [&gang, &orphan, &db] {
+        assert!(exists(path.clone()).await, "{path} not made");
+    }
+    // A participant waiting at `gang`.
+    let waiter = {
+        let zk = zk.clone();
+        let path = format!("/{gang}");
+        tokio::spawn(async move {
+            let participant = support::session(&zk).await;
+            DoubleBarrier::new(&path)
+                .enter(&participant, "p0", &EnterOptions::default(), None)
+                .await
+        })
+    };
+
+    // Stuck: the controller gone, `orphan` deleted stays Terminating; the
+    // page's recipe releases it.
+    controller.kill().await;
+    barriers
+        .delete("orphan", &Default::default())
+        .await
+        .unwrap();
+    assert!(barriers
+        .get("orphan")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .is_some());
+    let stuck = documented_block("operations/upgrade.md", "\"finalizers\":null");
+    let out = run_documented(&stuck, &kubeconfig);
+    assert!(
+        out.status.success(),
+        "the stuck-finalizer recipe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        barriers.get_opt("orphan").await.unwrap().is_none(),
+        "orphan still there"
+    );
+
+    // The uninstall, with the controller back (it puts its finalizer back
+    // on what the recipe stripped).
+    let _controller = start();
+    support::eventually(Duration::from_secs(30), "the finalizers back", || async {
+        let has = |f: Option<Vec<String>>| {
+            f.unwrap_or_default()
+                .iter()
+                .any(|f| f == "zkgate.io/znodes")
+        };
+        (has(barriers.get("gang").await.ok()?.metadata.finalizers)
+            && has(leases.get("db").await.ok()?.metadata.finalizers))
+        .then_some(())
+    })
+    .await;
+    let uninstall = documented_block("operations/upgrade.md", "helm uninstall");
+    let (first, rest) = uninstall
+        .split_once("# 2.")
+        .expect("the uninstall's steps are numbered");
+    let out = run_documented(first, &kubeconfig);
+    assert!(
+        out.status.success(),
+        "step 1 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(barriers
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    assert!(leases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    assert!(!exists(gang.clone()).await, "{gang} left behind");
+    assert!(!exists(db.clone()).await, "{db} left behind");
+    let told = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is told its barrier went")
+        .unwrap();
+    assert!(
+        told.is_err(),
+        "the waiter entered a deleted barrier: {told:?}"
+    );
+    let out = run_documented(&format!("# 2.{rest}"), &kubeconfig);
+    assert!(
+        out.status.success(),
+        "steps 2 and 3 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
+        support::eventually(Duration::from_secs(30), "the CRDs gone", || async {
+            crds.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "zkgate-system");
+    assert!(
+        deployments
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "helm uninstall left the controller's Deployment"
+    );
+}
+
+/// The last commit whose chart is 0.1.0 (CRDs in Helm's `crds/` folder).
+const CHART_0_1: &str = "8e226ecc64c389981ed965f599a8fccccda5777e";
+
+/// The chart as it was at `commit`, from this repository's history, in
+/// `dir` (returns the chart's path).
+fn chart_at(commit: &str, dir: &Path) -> PathBuf {
+    let archive = Command::new("git")
+        .args(["archive", "--format=tar", commit, "charts/zkgate"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        archive.status.success(),
+        "this test needs the repository's history (git archive {commit}): {}",
+        String::from_utf8_lossy(&archive.stderr)
+    );
+    let mut tar = Command::new("tar")
+        .args(["-x", "-C"])
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    tar.stdin
+        .take()
+        .unwrap()
+        .write_all(&archive.stdout)
+        .unwrap();
+    assert!(tar.wait().unwrap().success());
+    dir.join("charts/zkgate")
+}
+
+/// Issue 29: upgrading from the previous chart (0.1, its CRDs in Helm's
+/// `crds/` folder, which the release does not own) as
+/// docs/src/operations/upgrade.md says, its commands run as written, while
+/// a gang waits for its last member and a lock is held with another
+/// waiting: the controller is replaced mid-way (as the rollout replaces
+/// its pods). Nobody is released early: the gang's command runs only once
+/// its last member comes after the upgrade, and the waiter gets the lock
+/// only when the holder lets it go, with a higher fencing token. The
+/// CRDs are the release's afterwards (kept on uninstall).
+#[tokio::test]
+async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let kubeconfig = server.kubeconfig();
+    let client = support::kube::client_of(&kubeconfig).await;
+    let zk = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let previous = chart_at(CHART_0_1, dir.path());
+    ok(run(
+        &tool("helm"),
+        &[
+            "install",
+            "zkgate",
+            previous.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            "zkgate-system",
+            "--create-namespace",
+            "--set",
+            &format!("zookeeper.connect={zk},webhook.enabled=false"),
+        ],
+        None,
+    ));
+    let ns = namespace(&client).await;
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    support::eventually(Duration::from_secs(30), "the CRDs served", || async {
+        barriers.list(&Default::default()).await.ok()
+    })
+    .await;
+    let start = || support::kube::ControllerProcess::start_with(&kubeconfig, &zk, "upgrade", &[]);
+    let mut controller = start();
+    let gang: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "gang" }, "spec": { "participants": 2 }
+    }))
+    .unwrap();
+    barriers
+        .create(&PostParams::default(), &gang)
+        .await
+        .unwrap();
+    let lease: zkgate::api::LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease",
+        "metadata": { "name": "db" }, "spec": {}
+    }))
+    .unwrap();
+    let leases: Api<zkgate::api::LockLease> = Api::namespaced(client.clone(), &ns);
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    support::eventually(Duration::from_secs(30), "the resources' znodes", || async {
+        barriers.get("gang").await.ok()?.status?.znode?;
+        leases.get("db").await.ok()?.status?.znode
+    })
+    .await;
+
+    // Each command writes when it started (and the lock's, its token).
+    let records = dir.path().join("records");
+    std::fs::create_dir(&records).unwrap();
+    let member = |id: &str| {
+        let file = records.join(id);
+        let mut cmd = support::zkgate(
+            &zk,
+            &[
+                "barrier",
+                "run",
+                "gang",
+                "--namespace",
+                &ns,
+                "--id",
+                id,
+                "--timeout",
+                "120s",
+            ],
+        );
+        cmd.args([
+            "--",
+            "sh",
+            "-c",
+            &format!("echo started > {}", file.display()),
+        ])
+        .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let holder_release = records.join("release");
+    let lock_run = |id: &str, command: String| {
+        let mut cmd = support::zkgate(
+            &zk,
+            &[
+                "lock",
+                "run",
+                "db",
+                "--namespace",
+                &ns,
+                "--id",
+                id,
+                "--timeout",
+                "120s",
+            ],
+        );
+        cmd.args(["--", "sh", "-c", &command])
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let first = member("first");
+    let holder = lock_run(
+        "holder",
+        format!(
+            "echo $ZKGATE_FENCING_TOKEN > {tokens}/holder; while [ ! -f {release} ]; do sleep 0.1; done",
+            tokens = records.display(),
+            release = holder_release.display()
+        ),
+    );
+    support::eventually(Duration::from_secs(30), "the holder holding", || async {
+        std::fs::read_to_string(records.join("holder")).ok()
+    })
+    .await;
+    let waiter = lock_run(
+        "waiter",
+        format!("echo $ZKGATE_FENCING_TOKEN > {}/waiter", records.display()),
+    );
+    support::eventually(
+        Duration::from_secs(30),
+        "the gang's first member and the lock's waiter in",
+        || async {
+            let b = barriers.get("gang").await.ok()?.status?;
+            let l = leases.get("db").await.ok()?.status?;
+            (b.entered == 1 && l.waiting_count == 1).then_some(())
+        },
+    )
+    .await;
+
+    // The upgrade, as documented, with the controller replaced mid-way.
+    controller.kill().await;
+    let upgrade = documented_block("operations/upgrade.md", "meta.helm.sh/release-name");
+    let out = run_documented(&upgrade, &kubeconfig);
+    assert!(
+        out.status.success(),
+        "the documented upgrade failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _controller = start();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
+        let annotations = crds
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(
+            annotations["meta.helm.sh/release-name"], "zkgate",
+            "{name} not the release's"
+        );
+        assert_eq!(
+            annotations["helm.sh/resource-policy"], "keep",
+            "{name} not kept"
+        );
+    }
+    // The controller's status follows again (it read everything as it was).
+    support::eventually(
+        Duration::from_secs(30),
+        "the status after the upgrade",
+        || async {
+            let b = barriers.get("gang").await.ok()?.status?;
+            let l = leases.get("db").await.ok()?.status?;
+            (b.entered == 1 && l.holder_count == 1 && l.waiting_count == 1).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !records.join("first").exists(),
+        "the gang started without its last member"
+    );
+    assert!(
+        !records.join("waiter").exists(),
+        "the waiter got the lock while it was held"
+    );
+
+    let last = member("last");
+    for (name, child) in [("first", first), ("last", last)] {
+        let (code, log) = support::finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{name}: {log}");
+        assert!(records.join(name).exists(), "{name}'s command did not run");
+    }
+    std::fs::write(&holder_release, "").unwrap();
+    for (name, child) in [("holder", holder), ("waiter", waiter)] {
+        let (code, log) = support::finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{name}: {log}");
+    }
+    let token = |name: &str| -> u64 {
+        std::fs::read_to_string(records.join(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        token("waiter") > token("holder"),
+        "fencing tokens went backwards"
     );
 }
