@@ -1,7 +1,7 @@
 # The zkgate image: one binary that is the controller, the init container,
 # the native sidecar and the command wrapper. Built elsewhere (no Docker
 # engine runs on the development machines):
-#   docker build -t ghcr.io/zkgate/zkgate:0.1.0 .
+#   docker build -t ghcr.io/zkgate/zkgate:0.2.0 .
 # scripts/images builds the same image without Docker (same binary build,
 # files, user and entrypoint; tests/e2e.rs compares them) for the local cluster.
 FROM rust:1.95-bookworm AS build

@@ -172,7 +172,7 @@ impl Cluster {
         let mut text = std::fs::read_to_string(&file).expect("example");
         let zookeeper = self.zookeeper();
         let local = [
-            ("ghcr.io/zkgate/zkgate:0.1.0", "zkgate:local"),
+            ("ghcr.io/zkgate/zkgate:0.2.0", "zkgate:local"),
             ("busybox:1.36", "workload:local"),
             ("zookeeper.zookeeper.svc:2181", zookeeper.as_str()),
             ("  completionMode: Indexed\n", ""),

@@ -171,7 +171,7 @@ fn job_is_injected(file: &Path, text: &str, by_hand: bool) {
         ..Default::default()
     };
     let injection = Injection {
-        image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
+        image: "ghcr.io/zkgate/zkgate:0.2.0".into(),
         zookeeper: "zk:2181".into(),
         root: "/zkgate".into(),
         handout: Some(HandoutTarget {

@@ -439,6 +439,50 @@ fn rules_on(rendered: &str, resource: &str) -> Vec<String> {
         .collect()
 }
 
+/// Chart.yaml's metadata for Artifact Hub and `helm show chart`: where the
+/// project lives, and lists that must follow the code: the CRDs (those
+/// generated) and the image (the appVersion's tag).
+#[test]
+fn the_charts_metadata_names_its_home_crds_and_image() {
+    let chart_yaml: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert!(chart_yaml["home"]
+        .as_str()
+        .is_some_and(|h| h.starts_with("https://")));
+    assert!(chart_yaml["sources"]
+        .as_array()
+        .is_some_and(|s| !s.is_empty()));
+    let annotations = &chart_yaml["annotations"];
+    let listed = |key: &str| -> serde_json::Value {
+        serde_yaml_ng::from_str(
+            annotations[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {key}")),
+        )
+        .unwrap()
+    };
+    let crds: Vec<String> = listed("artifacthub.io/crds")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    let generated: Vec<String> = zkgate::api::crds()
+        .into_iter()
+        .map(|c| c.metadata.name.unwrap())
+        .collect();
+    assert_eq!(crds, generated, "artifacthub.io/crds drifted from the CRDs");
+    let app_version = chart_yaml["appVersion"].as_str().unwrap();
+    let images = listed("artifacthub.io/images");
+    assert_eq!(
+        images[0]["image"].as_str().unwrap(),
+        format!("ghcr.io/zkgate/zkgate:{app_version}"),
+        "artifacthub.io/images must name the appVersion's image"
+    );
+    assert_eq!(annotations["artifacthub.io/license"], "Apache-2.0");
+}
+
 /// The chart's CRD files are the generated ones, and it renders them as
 /// templates (so `helm upgrade` upgrades them), kept on uninstall by
 /// default, neither with `crds.install=false`.
@@ -1237,6 +1281,56 @@ async fn the_charts_barrier_webhook_refuses_a_cycle_and_blocks_nothing_when_down
         .expect("with the webhook down, Barriers can be updated (a finalizer comes off)");
 }
 
+/// Found in review: the Barriers the controller makes for labelled Jobs
+/// pass the Barriers' webhook. Two Jobs whose templates start after each
+/// other (made directly, as a tenant may): the controller makes both
+/// Barriers and fails them with the chain named, so that their pods are
+/// told. It failed before: the second Barrier's create was refused as a
+/// cycle, the controller retried it for ever, and the first Job's pods
+/// would have waited for a Barrier never made.
+#[tokio::test]
+async fn the_controllers_own_barriers_pass_the_barrier_webhook_and_a_cycle_fails_them() {
+    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let (name, port) = install_charts_webhook_configuration(
+        &client,
+        "zookeeper.connect=zk:2181,webhook.enabled=true",
+    )
+    .await;
+    let _controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &ns);
+    for (job, after) in [("ping", "pong"), ("pong", "ping")] {
+        let manifest = serde_json::from_value(json!({
+            "metadata": { "name": job },
+            "spec": { "parallelism": 1, "template": {
+                "metadata": {
+                    "labels": { "zkgate.io/barrier": job },
+                    "annotations": { "zkgate.io/after": after }
+                },
+                "spec": { "restartPolicy": "Never", "containers": [{ "name": "w", "image": "busybox" }] }
+            } }
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    }
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    for job in ["ping", "pong"] {
+        let message = support::eventually(
+            Duration::from_secs(60),
+            "both Barriers made and failed by the cycle",
+            || async {
+                let status = barriers.get(job).await.ok()?.status?;
+                (status.phase == Some(zkgate::api::BarrierPhase::Failed))
+                    .then_some(status.message.unwrap_or_default())
+            },
+        )
+        .await;
+        assert!(message.contains("cycle"), "{job}: {message}");
+    }
+}
+
 /// Issue 25, item 6: with `controller.watchNamespace` the chart's webhook
 /// configuration covers only that namespace. On a 1.20 API server (no
 /// name labels: the controller labels the watched namespace with its
@@ -1960,4 +2054,62 @@ fn the_quick_starts_install_is_accepted_by_server_side_apply() {
         String::from_utf8_lossy(&installed.stderr)
     );
     assert!(uninstalled.status.success());
+}
+
+/// Issue 29 (found in review): a second release in the cluster (another
+/// namespace, watching only it) installs with the chart's defaults: the
+/// CRDs the first release owns are left to it (before, Helm refused: they
+/// could not be imported into the second release). The first release still
+/// owns them after the second one is uninstalled.
+#[tokio::test]
+async fn a_second_release_leaves_the_first_ones_crds_alone() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let kubeconfig = server.kubeconfig();
+    let client = support::kube::client_of(&kubeconfig).await;
+    let helm = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", kubeconfig.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(&tool("helm"), &all, None)
+    };
+    let chart = chart();
+    for (release, namespace, extra) in [
+        ("zkgate", "zkgate-system", "webhook.enabled=false"),
+        (
+            "team-b",
+            "team-b",
+            "webhook.enabled=false,controller.watchNamespace=team-b,zookeeper.root=/team-b",
+        ),
+    ] {
+        let installed = helm(&[
+            "install",
+            release,
+            chart.to_str().unwrap(),
+            "-n",
+            namespace,
+            "--create-namespace",
+            "--set",
+            &format!("zookeeper.connect=zk:2181,{extra}"),
+        ]);
+        assert!(
+            installed.status.success(),
+            "helm install {release} failed: {}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+    }
+    let uninstalled = helm(&["uninstall", "team-b", "-n", "team-b"]);
+    assert!(uninstalled.status.success());
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
+        let annotations = crds
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name} gone with the second release: {e}"))
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(annotations["meta.helm.sh/release-name"], "zkgate");
+    }
 }

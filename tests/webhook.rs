@@ -348,7 +348,7 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
     // Written by hand with zkgate already: left alone.
     let mut by_hand = pod_of("by-hand", json!({ "zkgate.io/barrier": "train" }));
     by_hand["spec"]["initContainers"] = json!([{
-        "name": "barrier", "image": "ghcr.io/zkgate/zkgate:0.1.0", "args": ["barrier", "enter", "train"]
+        "name": "barrier", "image": "ghcr.io/zkgate/zkgate:0.2.0", "args": ["barrier", "enter", "train"]
     }]);
     let by_hand = h.create_pod(by_hand).await.unwrap();
     let inits = by_hand.spec.unwrap().init_containers.unwrap();

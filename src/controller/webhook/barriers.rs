@@ -1,18 +1,22 @@
 //! The validating admission webhook on Barriers ([`PATH`]): a Barrier
-//! whose `spec.after` makes a cycle with the Barriers there now (or
-//! reaches too many of them to tell), or that asks for `after` with
+//! written by hand whose `spec.after` makes a cycle with the Barriers there
+//! now (or reaches too many of them to tell), or that asks for `after` with
 //! `onParticipantLoss: RestartGang`, is refused at `kubectl apply`, with
 //! the chain named.
 //!
 //! It is advice, not the guarantee: the chart registers it with
-//! `failurePolicy: Ignore`, and the controller fails such a Barrier
-//! whatever admission said ([`crate::controller::after`]). So a webhook
-//! that is down never blocks a Barrier's creation, nor the controller's
-//! own updates (its finalizer goes on and comes off through the same
+//! `failurePolicy: Ignore`, and the controller fails a cycle whatever
+//! admission said ([`crate::controller::after`]). So a webhook that is
+//! down never blocks a Barrier's creation, nor the controller's own
+//! updates (its finalizer goes on and comes off through the same
 //! resource), and a cycle made of two Barriers admitted at the same
 //! moment, each before the other existed, is still failed by the
 //! controller. A Barrier whose `after` cannot be read is admitted, for the
-//! same reason. Like the pod webhook, it writes nothing.
+//! same reason, and so is one the controller makes for a labelled Job
+//! (labelled [`crate::controller::managed_by`]): its pods' admission
+//! checked the annotation it comes from, and refusing it would leave the
+//! Job's pods waiting for a Barrier never made, where the controller
+//! fails the cycle and tells them. Like the pod webhook, it writes nothing.
 
 use std::sync::Arc;
 
@@ -61,6 +65,12 @@ impl Webhook {
         if self.scope.as_ref().is_some_and(|scope| *scope != namespace) {
             return response;
         }
+        // The controller's own, for a labelled Job (see the module's doc).
+        let managed = crate::controller::managed_by();
+        let labels = barrier.metadata.labels.clone().unwrap_or_default();
+        if managed.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            return response;
+        }
         // An update that leaves `after` and the policy as they were asks
         // nothing new (the controller's finalizer, labels, a count).
         if let Some(old) = &request.old_object {
@@ -75,7 +85,6 @@ impl Webhook {
             Ok(None) => response,
             Ok(Some(why)) => {
                 info!(%namespace, barrier = %name, reason = %why, "refused a Barrier");
-                self.metrics.admitted("refused");
                 response.deny(why)
             }
             Err(e) => {

@@ -30,7 +30,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 /// Set on the webhook's certificate Secret to have the leaf made again.
 pub const ROTATE_CERTIFICATE_ANNOTATION: &str = "zkgate.io/rotate";
@@ -228,16 +228,26 @@ impl SelfManaged {
                 .collect()
         })
         .await?;
+        // The Barriers' configuration is optional (advice, failurePolicy
+        // Ignore; RBAC written for a chart without it may not grant it): a
+        // failure there is a warning, never the pods' webhook's.
         let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        if validating.get_opt(name).await?.is_some() {
-            publish_in(&validating, name, &bundle, |c| {
-                c.webhooks
-                    .iter_mut()
-                    .flatten()
-                    .map(|w| &mut w.client_config)
-                    .collect()
-            })
-            .await?;
+        let published = match validating.get_opt(name).await {
+            Ok(Some(_)) => {
+                publish_in(&validating, name, &bundle, |c| {
+                    c.webhooks
+                        .iter_mut()
+                        .flatten()
+                        .map(|w| &mut w.client_config)
+                        .collect()
+                })
+                .await
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = published {
+            warn!(configuration = %name, error = %e, "cannot publish the webhook's CA in the Barriers' ValidatingWebhookConfiguration: Barriers written by hand are not checked at admission (the controller still fails a cycle)");
         }
         Ok(())
     }

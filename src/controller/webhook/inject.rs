@@ -824,7 +824,7 @@ mod tests {
 
     fn injection() -> Injection {
         Injection {
-            image: "ghcr.io/zkgate/zkgate:0.1.0".into(),
+            image: "ghcr.io/zkgate/zkgate:0.2.0".into(),
             zookeeper: "zk:2181".into(),
             root: DEFAULT_ROOT.into(),
             handout: Some(HandoutTarget {
