@@ -1133,6 +1133,25 @@ async fn create_train(client: &kube::Client, namespace: &str) {
         .unwrap();
 }
 
+/// An API server of the test's own with the CRDs, a namespace, the chart's
+/// webhook configurations (rendered with `set`) and a controller serving
+/// them (every namespace, as the chart runs it), its CA published.
+async fn served_chart_webhooks(
+    set: &str,
+) -> (
+    support::kube::PrivateApiServer,
+    kube::Client,
+    String,
+    support::kube::ControllerProcess,
+    u16,
+) {
+    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
+    let ns = namespace(&client).await;
+    let (name, port) = install_charts_webhook_configuration(&client, set).await;
+    let controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    (server, client, ns, controller, port)
+}
+
 /// The chart's own webhook configuration on an API server of the test's
 /// own (the configuration covers every namespace), 1.20 like the local
 /// cluster: a labelled pod in kube-system is never sent to the webhook,
@@ -1142,16 +1161,10 @@ async fn create_train(client: &kube::Client, namespace: &str) {
 /// the configuration does reach the webhook.
 #[tokio::test]
 async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webhook_up_and_down() {
-    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let (name, port) = install_charts_webhook_configuration(
-        &client,
-        "zookeeper.connect=zk:2181,webhook.enabled=true",
-    )
-    .await;
     // Up: the controller serves the webhook (every namespace, as the chart
     // runs it) and publishes its CA into the configuration.
-    let mut controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    let (_server, client, ns, mut controller, port) =
+        served_chart_webhooks("zookeeper.connect=zk:2181,webhook.enabled=true").await;
     create_train(&client, &ns).await;
     let member = create_labelled_pod(&client, &ns, "member-up")
         .await
@@ -1191,14 +1204,8 @@ async fn the_charts_webhook_configuration_leaves_kube_system_alone_with_the_webh
 /// Barrier nor the controller's finalizer).
 #[tokio::test]
 async fn the_charts_barrier_webhook_refuses_a_cycle_and_blocks_nothing_when_down() {
-    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let (name, port) = install_charts_webhook_configuration(
-        &client,
-        "zookeeper.connect=zk:2181,webhook.enabled=true",
-    )
-    .await;
-    let mut controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    let (_server, client, ns, mut controller, port) =
+        served_chart_webhooks("zookeeper.connect=zk:2181,webhook.enabled=true").await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let create = |name: &str, spec: serde_json::Value| {
         let barriers = barriers.clone();
@@ -1290,14 +1297,8 @@ async fn the_charts_barrier_webhook_refuses_a_cycle_and_blocks_nothing_when_down
 /// would have waited for a Barrier never made.
 #[tokio::test]
 async fn the_controllers_own_barriers_pass_the_barrier_webhook_and_a_cycle_fails_them() {
-    let (server, client) = support::kube::PrivateApiServer::with_crds().await;
-    let ns = namespace(&client).await;
-    let (name, port) = install_charts_webhook_configuration(
-        &client,
-        "zookeeper.connect=zk:2181,webhook.enabled=true",
-    )
-    .await;
-    let _controller = controller_serving_webhook(&server, &client, &ns, &name, port, &[]).await;
+    let (_server, client, ns, _controller, _port) =
+        served_chart_webhooks("zookeeper.connect=zk:2181,webhook.enabled=true").await;
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &ns);
     for (job, after) in [("ping", "pong"), ("pong", "ping")] {
         let manifest = serde_json::from_value(json!({

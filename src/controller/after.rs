@@ -146,7 +146,7 @@ pub async fn verdict(barrier: &Barrier, namespace: &str, ctx: &Context) -> Resul
     let api: Api<Barrier> = Api::namespaced(ctx.client.clone(), namespace);
     // The search reads the named Barriers first: what it read serves below.
     let mut read = HashMap::new();
-    match cycle(&api, barrier, &mut read).await? {
+    match cycle_of(&api, barrier, &mut read).await? {
         Chain::Cycle(cycle) => {
             return Ok(Verdict::Failed(format!(
                 "the Barriers' after make a cycle: {cycle}"
@@ -237,19 +237,20 @@ async fn participants(ctx: &Context, namespace: &str, name: &str) -> Result<Part
 }
 
 /// The chain `a → b → ... → a` if following `after`s from `barrier` comes
-/// back to it (names only, as the API server has them now).
-async fn cycle(
+/// back to it (names only, as the API server has them now; those read are
+/// kept in `read`).
+pub async fn cycle_of(
     api: &Api<Barrier>,
     barrier: &Barrier,
     read: &mut HashMap<String, Option<Barrier>>,
-) -> Result<Chain, Error> {
+) -> Result<Chain, kube::Error> {
     let first = barrier
         .spec
         .after
         .iter()
         .map(|a| a.barrier.clone())
         .collect();
-    Ok(cycle_from(api, &barrier.name_any(), first, read).await?)
+    cycle_from(api, &barrier.name_any(), first, read).await
 }
 
 /// What following `after`s from a Barrier finds.

@@ -109,14 +109,7 @@ impl Webhook {
             ));
         }
         let api: Api<Barrier> = Api::namespaced(self.client.clone(), namespace);
-        let first = barrier
-            .spec
-            .after
-            .iter()
-            .map(|a| a.barrier.clone())
-            .collect();
-        let chain =
-            after::cycle_from(&api, &barrier.name_any(), first, &mut Default::default()).await?;
+        let chain = after::cycle_of(&api, barrier, &mut Default::default()).await?;
         Ok(chain
             .refusal()
             .map(|why| format!("spec.after, with the Barriers there now, {why}")))
