@@ -1515,6 +1515,38 @@ fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
     );
 }
 
+/// An API server of the test's own with `chart` installed as the docs say
+/// (release `zkgate` in `zkgate-system`, the webhook off: no pods run
+/// there), a ZooKeeper chroot of its own: the server, an admin client, the
+/// connect string.
+async fn release_on_own_api_server(
+    chart: &Path,
+) -> (support::kube::PrivateApiServer, kube::Client, String) {
+    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
+        .await
+        .unwrap();
+    let kubeconfig = server.kubeconfig();
+    let client = support::kube::client_of(&kubeconfig).await;
+    let zk = isolated_connect();
+    ok(run(
+        &tool("helm"),
+        &[
+            "install",
+            "zkgate",
+            chart.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            "zkgate-system",
+            "--create-namespace",
+            "--set",
+            &format!("zookeeper.connect={zk},webhook.enabled=false"),
+        ],
+        None,
+    ));
+    (server, client, zk)
+}
+
 /// The shell block of docs page `page` (under `docs/src/`) that contains
 /// `marker`: the commands a user pastes, run as written.
 fn documented_block(page: &str, marker: &str) -> String {
@@ -1562,28 +1594,8 @@ fn run_documented(script: &str, kubeconfig: &Path) -> Output {
 #[tokio::test]
 async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
-        .await
-        .unwrap();
+    let (server, client, zk) = release_on_own_api_server(&chart()).await;
     let kubeconfig = server.kubeconfig();
-    let client = support::kube::client_of(&kubeconfig).await;
-    let zk = isolated_connect();
-    ok(run(
-        &tool("helm"),
-        &[
-            "install",
-            "zkgate",
-            chart().to_str().unwrap(),
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--namespace",
-            "zkgate-system",
-            "--create-namespace",
-            "--set",
-            &format!("zookeeper.connect={zk},webhook.enabled=false"),
-        ],
-        None,
-    ));
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
         let crd = crds.get(name).await.expect("the chart installs its CRDs");
@@ -1808,30 +1820,10 @@ fn chart_at(commit: &str, dir: &Path) -> PathBuf {
 #[tokio::test]
 async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
-        .await
-        .unwrap();
-    let kubeconfig = server.kubeconfig();
-    let client = support::kube::client_of(&kubeconfig).await;
-    let zk = isolated_connect();
     let dir = tempfile::tempdir().unwrap();
     let previous = chart_at(CHART_0_1, dir.path());
-    ok(run(
-        &tool("helm"),
-        &[
-            "install",
-            "zkgate",
-            previous.to_str().unwrap(),
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--namespace",
-            "zkgate-system",
-            "--create-namespace",
-            "--set",
-            &format!("zookeeper.connect={zk},webhook.enabled=false"),
-        ],
-        None,
-    ));
+    let (server, client, zk) = release_on_own_api_server(&previous).await;
+    let kubeconfig = server.kubeconfig();
     let ns = namespace(&client).await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     support::eventually(Duration::from_secs(30), "the CRDs served", || async {
