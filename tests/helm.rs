@@ -1522,11 +1522,8 @@ fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
 async fn release_on_own_api_server(
     chart: &Path,
 ) -> (support::kube::PrivateApiServer, kube::Client, String) {
-    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
-        .await
-        .unwrap();
+    let (server, client) = support::kube::PrivateApiServer::bare().await;
     let kubeconfig = server.kubeconfig();
-    let client = support::kube::client_of(&kubeconfig).await;
     let zk = isolated_connect();
     ok(run(
         &tool("helm"),
@@ -2057,11 +2054,8 @@ fn the_quick_starts_install_is_accepted_by_server_side_apply() {
 #[tokio::test]
 async fn a_second_release_leaves_the_first_ones_crds_alone() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let server = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
-        .await
-        .unwrap();
+    let (server, client) = support::kube::PrivateApiServer::bare().await;
     let kubeconfig = server.kubeconfig();
-    let client = support::kube::client_of(&kubeconfig).await;
     let helm = |args: &[&str]| {
         let mut all = vec!["--kubeconfig", kubeconfig.to_str().unwrap()];
         all.extend_from_slice(args);

@@ -72,6 +72,14 @@ pub fn managed_by() -> std::collections::BTreeMap<String, String> {
     .into()
 }
 
+/// Whether an object carries [`managed_by`]'s labels: the controller made it.
+pub fn made_by_zkgate(meta: &kube::api::ObjectMeta) -> bool {
+    let Some(labels) = meta.labels.as_ref() else {
+        return false;
+    };
+    managed_by().iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {

@@ -279,13 +279,19 @@ impl PrivateApiServer {
         PrivateApiServer { dir }
     }
 
-    /// Starts one (off the runtime's thread), with a client of it and the
-    /// CRDs installed.
-    pub async fn with_crds() -> (PrivateApiServer, Client) {
+    /// Starts one (off the runtime's thread), with a client of it and
+    /// nothing installed.
+    pub async fn bare() -> (PrivateApiServer, Client) {
         let server = tokio::task::spawn_blocking(PrivateApiServer::start)
             .await
             .expect("start the API server");
         let client = client_of(&server.kubeconfig()).await;
+        (server, client)
+    }
+
+    /// [`PrivateApiServer::bare`] with the CRDs installed.
+    pub async fn with_crds() -> (PrivateApiServer, Client) {
+        let (server, client) = Self::bare().await;
         install_crds(&client).await;
         (server, client)
     }
