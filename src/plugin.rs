@@ -6,12 +6,13 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::runs::run_of;
+use crate::controller::runs::{holder_of, run_of_pod, JOBSET_NAME_LABEL};
 use crate::controller::webhook::inject::{job_of, BARRIER_CONTAINER};
 use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
 
@@ -421,31 +422,30 @@ fn lock_report(lock: &LockLease, now: Timestamp) -> String {
 
 fn why_barrier(pod: &Pod, barrier: &Barrier, pods: &[Pod]) -> String {
     let name = pod.name_any();
-    let (job, run) = (job_of(pod), run_of(barrier));
-    let holder = || {
-        barrier
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| Some(o.uid.as_str()) == run)
-            .map_or_else(|| "?".to_owned(), |o| o.name.clone())
+    let (job, ours, holder) = (job_of(pod), run_of_pod(pod), holder_of(barrier));
+    // "Job train's run (uid ...)", or "JobSet gang's run 1f0c....0 (Job gang-workers-0)".
+    let of = |job: &OwnerReference, run: &str| {
+        if run == job.uid {
+            format!("Job {}'s run (uid {run})", job.name)
+        } else {
+            let jobset = pod
+                .labels()
+                .get(JOBSET_NAME_LABEL)
+                .map_or("?", String::as_str);
+            format!("JobSet {jobset}'s run {run} (Job {})", job.name)
+        }
     };
-    match (job, run) {
-        (Some(job), Some(run)) if job.uid != run => format!(
-                "Pod {name} is of Job {}'s run (uid {}), but Barrier {} belongs to another run (Job {}, uid {run}): the pod waits for its own run's Barrier, which zkgate makes once that run is over.",
-                job.name,
-                job.uid,
-                barrier.name_any(),
-                holder()
-            ),
-        (Some(job), Some(_)) => {
-            format!(
-                "Pod {name} is of Job {}'s run (uid {}), the run of Barrier {}. ",
-                job.name,
-                job.uid,
-                barrier.name_any()
-            ) + &why_at_barrier(pod, barrier, pods)
+    match (job, ours, holder) {
+        (Some(job), Some(ours), Some((owner, run))) if ours != run => format!(
+            "Pod {name} is of {}, but Barrier {} belongs to another run ({} {}, run {run}): the pod waits for its own run's Barrier, which zkgate makes once that run is over.",
+            of(job, &ours),
+            barrier.name_any(),
+            owner.kind,
+            owner.name
+        ),
+        (Some(job), Some(ours), Some(_)) => {
+            format!("Pod {name} is of {}, the run of Barrier {}. ", of(job, &ours), barrier.name_any())
+                + &why_at_barrier(pod, barrier, pods)
         }
         _ => why_at_barrier(pod, barrier, pods),
     }
@@ -678,6 +678,56 @@ mod tests {
         assert!(why.contains("has not registered"), "{why}");
         let why = why_barrier(&pods[5], &barrier, &pods);
         assert!(why.contains("has registered"), "{why}");
+    }
+
+    #[test]
+    fn why_names_the_jobset_run_a_pod_belongs_to() {
+        let (mut barrier, mut pods) = capped();
+        barrier.metadata.labels = Some(crate::controller::managed_by());
+        barrier
+            .labels_mut()
+            .insert(crate::controller::runs::RUN_LABEL.into(), "s1.1".into());
+        barrier.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "jobset.x-k8s.io/v1alpha2".into(),
+            kind: "JobSet".into(),
+            name: "gang".into(),
+            uid: "s1".into(),
+            ..Default::default()
+        }]);
+        let pod = &mut pods[5];
+        pod.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: "gang-workers-0".into(),
+            uid: "j1".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        for (k, v) in [
+            (crate::controller::runs::JOBSET_UID_LABEL, "s1"),
+            (JOBSET_NAME_LABEL, "gang"),
+            (crate::controller::runs::JOBSET_RESTART_LABEL, "0"),
+        ] {
+            pod.labels_mut().insert(k.into(), v.into());
+        }
+        let why = why_barrier(&pods[5], &barrier, &pods);
+        assert!(
+            why.starts_with(
+                "Pod p5 is of JobSet gang's run s1.0 (Job gang-workers-0), but Barrier"
+            ) && why.contains("another run (JobSet gang, run s1.1)"),
+            "{why}"
+        );
+        pods[5].labels_mut().insert(
+            crate::controller::runs::JOBSET_RESTART_LABEL.into(),
+            "1".into(),
+        );
+        let why = why_barrier(&pods[5], &barrier, &pods);
+        assert!(
+            why.starts_with(
+                "Pod p5 is of JobSet gang's run s1.1 (Job gang-workers-0), the run of Barrier"
+            ),
+            "{why}"
+        );
     }
 
     #[test]

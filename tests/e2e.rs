@@ -597,7 +597,7 @@ async fn a_labelled_job_made_again_gang_starts_again_on_a_barrier_of_its_own() {
             let old_pods = c.pods(&ns.name, &format!("controller-uid={old}")).await;
             let barrier = barriers.get_opt("train").await.ok()??;
             (old_pods.is_empty()
-                && zkgate::controller::runs::run_of(&barrier) == Some(again.as_str()))
+                && zkgate::controller::runs::run_of(&barrier).as_deref() == Some(again.as_str()))
             .then_some(())
         },
     )

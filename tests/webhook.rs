@@ -536,6 +536,261 @@ async fn each_run_of_a_labelled_job_gets_a_barrier_of_its_own() {
     h.done().await;
 }
 
+/// A JobSet's replicated Jobs, made as JobSet's controller makes them (one
+/// child Job per replica, owned by the JobSet, its labels on the Job and
+/// its pod template): one Barrier for the JobSet's run, sized over the
+/// replicated Jobs whose template carries the label (not the first child
+/// Job's), which every child Job's pods are admitted to and told the run
+/// of. A JobSet restart (every child Job made again) is a run of its own,
+/// a pod whose JobSet labels its Job does not bear out is refused, and a
+/// pod of another owner gets the rule of a bare pod. Failed on the code
+/// before: the second child Job's pods were refused as a second run.
+#[tokio::test]
+async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs() {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let h = Hooked::new().await;
+    support::kube::install_jobset_crd(&h.client).await;
+    let zk = isolated_connect();
+    let controller = h.controller(&zk).await;
+    let observer = support::session(&zk).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
+        "jobsets",
+    );
+    let jobsets: Api<DynamicObject> = Api::namespaced_with(h.client.clone(), &h.ns, &resource);
+    let job_template = |parallelism: u32, labelled: bool| {
+        let labels = if labelled {
+            json!({ "zkgate.io/barrier": "gang" })
+        } else {
+            json!({})
+        };
+        json!({
+            "spec": {
+                "parallelism": parallelism, "completions": parallelism,
+                "template": {
+                    "metadata": { "labels": labels },
+                    "spec": { "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox" }] }
+                }
+            }
+        })
+    };
+    // Workers: 2 Jobs of 2 pods; a driver: 1 of 1; a monitor (not gated).
+    let replicated = [
+        ("workers", 2, job_template(2, true)),
+        ("driver", 1, job_template(1, true)),
+        ("monitor", 1, job_template(1, false)),
+    ];
+    let jobset: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": { "name": "gang" },
+        "spec": {
+            "replicatedJobs": replicated.iter().map(|(name, replicas, template)| json!({
+                "name": name, "replicas": replicas, "template": template
+            })).collect::<Vec<_>>()
+        }
+    }))
+    .unwrap();
+    let jobset = jobsets
+        .create(&PostParams::default(), &jobset)
+        .await
+        .expect("the JobSet, checked against its CRD");
+    let uid = jobset.uid().unwrap();
+    // Its child Jobs for restart `restart`, as JobSet's controller makes
+    // them (constructJob: labels on the Job and on its pod template).
+    let children = |restart: u32| {
+        let (jobs, uid) = (jobs.clone(), uid.clone());
+        let replicated = replicated.clone();
+        async move {
+            let mut made = vec![];
+            for (rjob, replicas, template) in &replicated {
+                for index in 0..*replicas {
+                    let labels = json!({
+                        "jobset.sigs.k8s.io/jobset-name": "gang",
+                        "jobset.sigs.k8s.io/jobset-uid": uid,
+                        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                        "jobset.sigs.k8s.io/restart-attempt": restart.to_string(),
+                        "jobset.sigs.k8s.io/replicatedjob-replicas": replicas.to_string(),
+                        "jobset.sigs.k8s.io/job-index": index.to_string(),
+                    });
+                    let mut job = template.clone();
+                    job["metadata"] = json!({
+                        "name": format!("gang-{rjob}-{index}"),
+                        "labels": labels,
+                        "ownerReferences": [{
+                            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "gang",
+                            "uid": uid, "controller": true, "blockOwnerDeletion": true
+                        }]
+                    });
+                    let mut pod_labels = labels.clone();
+                    for (k, v) in job["spec"]["template"]["metadata"]["labels"]
+                        .as_object()
+                        .unwrap()
+                    {
+                        pod_labels[k] = v.clone();
+                    }
+                    job["spec"]["template"]["metadata"]["labels"] = pod_labels;
+                    let job: Job = serde_json::from_value(job).unwrap();
+                    made.push(jobs.create(&PostParams::default(), &job).await.unwrap());
+                }
+            }
+            made
+        }
+    };
+    // A pod as the Job controller makes it from `job`'s template.
+    let pod_of = |name: &str, job: &Job| {
+        let template = job.spec.as_ref().unwrap().template.clone();
+        json!({
+            "metadata": {
+                "name": name,
+                "labels": template.metadata.unwrap().labels,
+                "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": job.name_any(),
+                    "uid": job.uid().unwrap(), "controller": true
+                }]
+            },
+            "spec": { "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox" }] }
+        })
+    };
+    let run_of = |pod: &Pod| {
+        let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+        env(init, "ZKGATE_RUN").and_then(|e| e.value.clone())
+    };
+    let path = format!("/zkgate/namespaces/{}/barriers/gang", h.ns);
+    let barrier_of_run = |run: String| {
+        let (barriers, observer, path) = (barriers.clone(), &observer, path.clone());
+        async move {
+            let barrier = eventually(WITHIN, "the run's Barrier", || async {
+                barriers.get_opt("gang").await.ok().flatten().filter(|b| {
+                    zkgate::controller::runs::run_of(b).as_deref() == Some(run.as_str())
+                })
+            })
+            .await;
+            eventually(WITHIN, "the run's barrier node", || async {
+                let (data, _) = observer.client().get_data(&path).await.ok()?;
+                let data = zkgate::zk::BarrierData::parse(&path, &data).ok()??;
+                (data.run.as_deref() == Some(run.as_str())).then_some(())
+            })
+            .await;
+            barrier
+        }
+    };
+
+    let first = children(0).await;
+    let run0 = format!("{uid}.0");
+    let barrier = barrier_of_run(run0.clone()).await;
+    assert_eq!(
+        barrier.spec.participants,
+        Some(2 * 2 + 1),
+        "sized over the labelled replicated Jobs"
+    );
+    assert_eq!(barrier.spec.job_ref, None);
+    let owner = &barrier.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("JobSet", uid.as_str()),
+        "owned by the JobSet: deleted with it"
+    );
+    eventually(WITHIN, "the Barrier's size in its status", || async {
+        let b = barriers.get("gang").await.ok()?;
+        (b.status?.required == Some(5)).then_some(())
+    })
+    .await;
+    let [workers0, workers1, driver, monitor] = [&first[0], &first[1], &first[2], &first[3]];
+    for (pod, job) in [("w0-a", workers0), ("w1-a", workers1), ("d-a", driver)] {
+        let pod = h
+            .create_pod(pod_of(pod, job))
+            .await
+            .expect("every child Job's pods take part in the JobSet's Barrier");
+        assert_eq!(run_of(&pod), Some(run0.clone()), "told the JobSet's run");
+    }
+    let unlabelled = h.create_pod(pod_of("m-a", monitor)).await.unwrap();
+    assert!(
+        unlabelled.spec.unwrap().init_containers.is_none(),
+        "a replicated Job without the label is not gated"
+    );
+
+    // A pod that says it is of the JobSet's run, of a Job that is not.
+    let other = jobs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "other" },
+                "spec": job_template(1, true)["spec"]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut forged = pod_of("forged", &other);
+    forged["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-uid"] = json!(uid);
+    forged["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] = json!("0");
+    let refused = h
+        .create_pod(forged)
+        .await
+        .expect_err("JobSet labels its Job does not bear out")
+        .to_string();
+    assert!(refused.contains("is not of that run"), "{refused}");
+    let refused = h
+        .create_pod(pod_of("other-a", &other))
+        .await
+        .expect_err("a second run while the JobSet's runs")
+        .to_string();
+    assert!(
+        refused.contains("still runs") && refused.contains("JobSet gang"),
+        "{refused}"
+    );
+    jobs.delete("other", &DeleteParams::background())
+        .await
+        .unwrap();
+
+    // The JobSet restarts: its controller deletes every child Job and makes
+    // them again, labelled with the next restart. A run of its own.
+    for job in &first {
+        jobs.delete(&job.name_any(), &DeleteParams::background())
+            .await
+            .unwrap();
+    }
+    let again = children(1).await;
+    let run1 = format!("{uid}.1");
+    let replaced = barrier_of_run(run1.clone()).await;
+    assert_ne!(replaced.uid(), barrier.uid(), "a Barrier of its own");
+    assert_eq!(replaced.spec.participants, Some(5));
+    let pod = h.create_pod(pod_of("w0-b", &again[0])).await.unwrap();
+    assert_eq!(run_of(&pod), Some(run1));
+
+    // A pod of another owner (a training operator's): the rule of a bare
+    // pod. Without a Barrier, refused with the reason; with one made (and
+    // sized) by hand, admitted into it, of no run.
+    let mut trainer = json!({
+        "metadata": {
+            "name": "trainer-0",
+            "labels": { "zkgate.io/barrier": "by-hand" },
+            "ownerReferences": [{
+                "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "trainer",
+                "uid": "4b3c2d1e-0000-4000-8000-000000000001", "controller": true
+            }]
+        },
+        "spec": { "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox" }] }
+    });
+    let refused = h
+        .create_pod(trainer.clone())
+        .await
+        .expect_err("no Barrier, and no Job to make one for")
+        .to_string();
+    assert!(
+        refused.contains("does not exist") && refused.contains("PyTorchJob trainer"),
+        "{refused}"
+    );
+    h.barrier("by-hand", 2).await;
+    trainer["metadata"]["name"] = json!("trainer-1");
+    let pod = h.create_pod(trainer).await.expect("sized by the Barrier");
+    assert_eq!(run_of(&pod), None, "of no run");
+    drop(controller);
+    h.done().await;
+}
+
 /// Only labelled pods reach the webhook: with it down, an unlabelled pod is
 /// admitted as it is, and a labelled one is refused (failurePolicy Fail: a
 /// gang member never starts without its barrier).

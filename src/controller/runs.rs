@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
@@ -48,29 +49,169 @@ impl Touch {
     }
 }
 
-/// The run a Barrier belongs to: for one the controller made (labelled
-/// [`crate::controller::managed_by`]), the uid of its `batch/v1` Job owner
-/// (the Job it was made for). A Barrier made by hand belongs to no run,
-/// and every participant enters it.
-pub fn run_of(barrier: &Barrier) -> Option<&str> {
+/// The API group of JobSet (kubernetes-sigs/jobset): a JobSet's child Jobs
+/// make one run, and its Barrier is sized over its replicated Jobs.
+pub const JOBSET_GROUP: &str = "jobset.x-k8s.io";
+
+/// The label JobSet's controller gives its child Jobs and their pods: the
+/// JobSet's uid.
+pub const JOBSET_UID_LABEL: &str = "jobset.sigs.k8s.io/jobset-uid";
+
+/// The label JobSet's controller gives its child Jobs and their pods: the
+/// JobSet's name.
+pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+
+/// The label JobSet's controller gives its child Jobs and their pods: which
+/// of the JobSet's restarts they belong to (a restart makes every child Job
+/// again, and that is a run of its own).
+pub const JOBSET_RESTART_LABEL: &str = "jobset.sigs.k8s.io/restart-attempt";
+
+/// The label of a Barrier the controller made for a JobSet's run: the run
+/// (`UID.RESTART`; a Job's run is its owner's uid and needs none).
+pub const RUN_LABEL: &str = "zkgate.io/run";
+
+/// The run a labelled Job's pods belong to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Run {
+    /// What the participants are told (`ZKGATE_RUN`) and the barrier node
+    /// records: the Job's uid, or `UID.RESTART` of the JobSet that controls
+    /// it.
+    pub id: String,
+    /// What owns the run's Barrier (deleted with it): the Job, or its
+    /// JobSet.
+    pub owner: OwnerReference,
+}
+
+impl Run {
+    /// Whether this run is a JobSet's.
+    pub fn of_jobset(&self) -> bool {
+        is_jobset(&self.owner)
+    }
+}
+
+fn is_jobset(owner: &OwnerReference) -> bool {
+    owner.kind == "JobSet"
+        && owner
+            .api_version
+            .split_once('/')
+            .is_some_and(|(group, _)| group == JOBSET_GROUP)
+}
+
+/// The run of `job`'s pods: its JobSet's current restart when a JobSet
+/// controls it, else the Job itself. `None` for a Job not stored yet.
+pub fn run_of_job(job: &Job) -> Option<Run> {
+    let uid = job.uid()?;
+    let jobset = job
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && is_jobset(o));
+    Some(match jobset {
+        Some(jobset) => {
+            let restart = job
+                .labels()
+                .get(JOBSET_RESTART_LABEL)
+                .map_or("0", String::as_str);
+            Run {
+                id: format!("{}.{restart}", jobset.uid),
+                owner: OwnerReference {
+                    controller: Some(false),
+                    block_owner_deletion: Some(false),
+                    ..jobset.clone()
+                },
+            }
+        }
+        None => Run {
+            id: uid.clone(),
+            owner: OwnerReference {
+                api_version: "batch/v1".to_owned(),
+                kind: "Job".to_owned(),
+                name: job.name_any(),
+                uid,
+                controller: Some(false),
+                block_owner_deletion: Some(false),
+            },
+        },
+    })
+}
+
+/// The run `pod` says it belongs to: its JobSet's restart when it carries
+/// JobSet's labels, else its Job's uid (`None`: no Job controls it). What
+/// the pod says is checked against its Job at admission.
+pub fn run_of_pod(pod: &Pod) -> Option<String> {
+    let job = crate::controller::webhook::inject::job_of(pod)?;
+    let labels = pod.labels();
+    Some(match labels.get(JOBSET_UID_LABEL) {
+        Some(jobset) => format!(
+            "{jobset}.{}",
+            labels.get(JOBSET_RESTART_LABEL).map_or("0", String::as_str)
+        ),
+        None => job.uid.clone(),
+    })
+}
+
+/// The run a Barrier belongs to and what owns it: for one the controller
+/// made (labelled [`crate::controller::managed_by`]), its `batch/v1` Job
+/// owner (the Job it was made for), or its JobSet owner and the restart
+/// [`RUN_LABEL`] names. A Barrier made by hand belongs to no run, and every
+/// participant enters it.
+pub fn holder_of(barrier: &Barrier) -> Option<(&OwnerReference, String)> {
     // Only what the controller made: a Barrier made by hand stays its
     // maker's even when a Job owns it (for the garbage collector).
     if !crate::controller::made_by_zkgate(&barrier.metadata) {
         return None;
     }
-    barrier
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Job" && o.api_version == "batch/v1")
-        .map(|o| o.uid.as_str())
+    let owners = barrier.metadata.owner_references.iter().flatten();
+    for owner in owners {
+        if owner.kind == "Job" && owner.api_version == "batch/v1" {
+            return Some((owner, owner.uid.clone()));
+        }
+        if is_jobset(owner) {
+            let run = barrier.labels().get(RUN_LABEL)?;
+            let ours = run
+                .strip_prefix(owner.uid.as_str())
+                .is_some_and(|rest| rest.starts_with('.'));
+            return ours.then(|| (owner, run.clone()));
+        }
+    }
+    None
+}
+
+/// The run a Barrier belongs to (see [`holder_of`]).
+pub fn run_of(barrier: &Barrier) -> Option<String> {
+    holder_of(barrier).map(|(_, run)| run)
 }
 
 /// Whether `job` still runs: not finished (`Complete` or `Failed`) and not
 /// being deleted. A live Job's Barrier is never taken from it.
 pub fn live(job: &Job) -> bool {
     job.metadata.deletion_timestamp.is_none() && !finished(job)
+}
+
+/// Whether run `run` of `owner` (a Job or a JobSet, see [`holder_of`])
+/// still runs, asked of the API server: its Job, or one of its JobSet's
+/// child Jobs of that restart, is [`live`].
+pub async fn run_is_live(
+    client: &kube::Client,
+    namespace: &str,
+    owner: &OwnerReference,
+    run: &str,
+) -> Result<bool, kube::Error> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    if is_jobset(owner) {
+        let children = jobs
+            .list(&ListParams::default().labels(&format!("{JOBSET_UID_LABEL}={}", owner.uid)))
+            .await?;
+        return Ok(children
+            .items
+            .iter()
+            .any(|j| live(j) && run_of_job(j).is_some_and(|r| r.id == run)));
+    }
+    Ok(jobs
+        .get_opt(&owner.name)
+        .await?
+        .is_some_and(|j| j.uid().as_deref() == Some(owner.uid.as_str()) && live(&j)))
 }
 
 fn finished(job: &Job) -> bool {
@@ -109,20 +250,25 @@ enum Plan<'a> {
     Shared { holder: String, others: Vec<String> },
 }
 
-/// The one rule of runs: a label's Barrier belongs to one live Job at a
-/// time. The oldest live Job gets it when there is none, or when the one
-/// there belongs to a run that is over; a live holder keeps it (whether its
-/// template still carries the label or not: `holder_live`, from the cache
-/// of every Job).
+/// The one rule of runs: a label's Barrier belongs to one live run at a
+/// time (a Job, or one restart of a JobSet: all its child Jobs). The oldest
+/// live run gets it when there is none, or when the one there belongs to a
+/// run that is over; a live holder keeps it (whether its template still
+/// carries the label or not: `holder_live`, from the cache of every Job).
 fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) -> Plan<'a> {
-    let mut running: Vec<&Job> = labelled.iter().copied().filter(|j| live(j)).collect();
-    running.sort_by_key(|j| {
+    let mut running: Vec<(&Job, Run)> = labelled
+        .iter()
+        .copied()
+        .filter(|j| live(j))
+        .filter_map(|j| Some((j, run_of_job(j)?)))
+        .collect();
+    running.sort_by_key(|(j, _)| {
         (
             j.metadata.creation_timestamp.as_ref().map(|t| t.0),
             j.name_any(),
         )
     });
-    let Some(&oldest) = running.first() else {
+    let Some(&(oldest, _)) = running.first() else {
         return Plan::Nothing;
     };
     let Some(barrier) = barrier else {
@@ -131,50 +277,64 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
     if barrier.metadata.deletion_timestamp.is_some() {
         return Plan::AfterDeletion;
     }
-    let Some(run) = run_of(barrier) else {
+    let Some((owner, run)) = holder_of(barrier) else {
         return Plan::Nothing;
     };
-    match running.iter().find(|j| j.uid().as_deref() == Some(run)) {
-        Some(holder) if running.len() > 1 => Plan::Shared {
-            holder: holder.name_any(),
-            others: running
-                .iter()
-                .filter(|j| j.uid().as_deref() != Some(run))
-                .map(|j| j.name_any())
-                .collect(),
-        },
-        Some(_) => Plan::Nothing,
-        // Its Job runs without the label (it was changed, or the Barrier's
-        // owner was set by hand): not a run that is over.
-        None if holder_live => Plan::Shared {
-            holder: owner_name(barrier, run),
-            others: running.iter().map(|j| j.name_any()).collect(),
-        },
-        None => Plan::Replace {
-            old: barrier.uid().unwrap_or_default(),
-            holder: owner_name(barrier, run),
-            new: oldest.name_any(),
-        },
+    let others = || -> Vec<String> {
+        running
+            .iter()
+            .filter(|(_, r)| r.id != run)
+            .map(|(j, _)| j.name_any())
+            .collect()
+    };
+    if running.iter().any(|(_, r)| r.id == run) {
+        let others = others();
+        return if others.is_empty() {
+            Plan::Nothing
+        } else {
+            Plan::Shared {
+                holder: owner.name.clone(),
+                others,
+            }
+        };
+    }
+    // Its Job runs without the label (it was changed, or the Barrier's
+    // owner was set by hand): not a run that is over.
+    if holder_live {
+        return Plan::Shared {
+            holder: owner.name.clone(),
+            others: others(),
+        };
+    }
+    Plan::Replace {
+        old: barrier.uid().unwrap_or_default(),
+        holder: owner.name.clone(),
+        new: oldest.name_any(),
     }
 }
 
-/// The name of `barrier`'s owner of uid `run` (its Job, which may be gone).
-fn owner_name(barrier: &Barrier, run: &str) -> String {
-    barrier
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.uid == run)
-        .map(|o| o.name.clone())
-        .unwrap_or_default()
-}
-
-/// Makes Barrier `name` for `job`: sized from the Job (`spec.jobRef`),
-/// owned by it (its run; deleted with it).
-async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen, kube::Error> {
-    let (Some(namespace), Some(uid)) = (job.namespace(), job.uid()) else {
+/// Makes Barrier `name` for `job`'s run, owned by the run's owner (deleted
+/// with it): a Job's is sized from the Job (`spec.jobRef`), a JobSet's over
+/// the replicated Jobs whose pod template carries the label ([`jobset_size`]).
+async fn make_barrier(
+    client: &kube::Client,
+    api: &Api<Barrier>,
+    name: &str,
+    job: &Job,
+) -> Result<Seen, kube::Error> {
+    let (Some(namespace), Some(run)) = (job.namespace(), run_of_job(job)) else {
         return Ok(Seen::Done);
+    };
+    let (participants, job_ref) = if run.of_jobset() {
+        match jobset_size(client, &namespace, &run.owner, name).await? {
+            Ok(n) => (Some(n), None),
+            Err(why) => {
+                warn!(%namespace, barrier = %name, jobset = %run.owner.name, %why, "cannot size the JobSet's Barrier; its pods wait");
+                return Ok(Seen::Done);
+            }
+        }
+    } else {
+        (None, Some(job.name_any()))
     };
     // The pod template's annotations say how the gang takes a loss (the
     // webhook refuses its pods when they are invalid; here such a value is
@@ -191,8 +351,8 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
     let mut barrier = Barrier::new(
         name,
         BarrierSpec {
-            participants: None,
-            job_ref: Some(job.name_any()),
+            participants,
+            job_ref,
             on_participant_loss,
             // Bounded by default: the wrapped command fails inside its
             // container, which the Job's own backoffLimit never sees.
@@ -210,24 +370,86 @@ async fn make_barrier(api: &Api<Barrier>, name: &str, job: &Job) -> Result<Seen,
             ..BarrierSpec::default()
         },
     );
-    barrier.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "batch/v1".to_owned(),
-        kind: "Job".to_owned(),
-        name: job.name_any(),
-        uid,
-        controller: Some(false),
-        block_owner_deletion: Some(false),
-    }]);
-    barrier.metadata.labels = Some(crate::controller::managed_by());
+    let mut labels = crate::controller::managed_by();
+    if run.of_jobset() {
+        labels.insert(RUN_LABEL.to_owned(), run.id.clone());
+    }
+    barrier.metadata.labels = Some(labels);
+    barrier.metadata.owner_references = Some(vec![run.owner.clone()]);
     match api.create(&PostParams::default(), &barrier).await {
         Ok(_) => {
-            info!(%namespace, barrier = %name, job = %job.name_any(), "made the Job's Barrier");
+            info!(%namespace, barrier = %name, owner = %run.owner.name, kind = %run.owner.kind, run = %run.id, "made the run's Barrier");
             Ok(Seen::Done)
         }
         // One there the cache does not know of yet: look again.
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(Seen::Later),
         Err(e) => Err(e),
     }
+}
+
+/// How many participants JobSet `jobset`'s Barrier `label` takes: over its
+/// replicated Jobs whose pod template carries the label, `replicas` times
+/// each Job's count ([`crate::controller::jobs::count`]). Read from the
+/// JobSet itself, not from the child Jobs there now (its controller makes
+/// them one by one). `Ok(Err(why))` when there is no such size: the JobSet
+/// gone or another by that name, or no replicated Job so labelled.
+pub async fn jobset_size(
+    client: &kube::Client,
+    namespace: &str,
+    jobset: &OwnerReference,
+    label: &str,
+) -> Result<Result<u32, String>, kube::Error> {
+    let (group, version) = jobset
+        .api_version
+        .split_once('/')
+        .unwrap_or((JOBSET_GROUP, "v1alpha2"));
+    let resource = kube::discovery::ApiResource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        api_version: jobset.api_version.clone(),
+        kind: "JobSet".to_owned(),
+        plural: "jobsets".to_owned(),
+    };
+    let api: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource);
+    let Some(found) = api.get_opt(&jobset.name).await? else {
+        return Ok(Err("the JobSet is gone".to_owned()));
+    };
+    if found.metadata.uid.as_deref() != Some(jobset.uid.as_str()) {
+        return Ok(Err("the JobSet of that name is another one".to_owned()));
+    }
+    Ok(size_over_replicated_jobs(&found.data, label))
+}
+
+/// [`jobset_size`] of a JobSet's `data` (its `spec` and `status`).
+fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u32, String> {
+    let mut total: u32 = 0;
+    let replicated = data["spec"]["replicatedJobs"].as_array().cloned();
+    for rjob in replicated.into_iter().flatten() {
+        let template = &rjob["template"]["spec"];
+        if template["template"]["metadata"]["labels"][super::BARRIER_LABEL].as_str() != Some(label)
+        {
+            continue;
+        }
+        let spec: k8s_openapi::api::batch::v1::JobSpec = serde_json::from_value(template.clone())
+            .map_err(|e| {
+            format!(
+                "replicated Job {} has a Job template that cannot be read: {e}",
+                rjob["name"]
+            )
+        })?;
+        let replicas = rjob["replicas"].as_u64().unwrap_or(1);
+        let each = u64::from(super::jobs::count(&spec).unwrap_or(0));
+        total = u32::try_from(u64::from(total) + replicas * each)
+            .map_err(|_| "more participants than a Barrier takes".to_owned())?;
+    }
+    if total == 0 {
+        return Err(format!(
+            "no replicated Job's pod template carries {}={label} with a pod to run",
+            super::BARRIER_LABEL
+        ));
+    }
+    Ok(total)
 }
 
 /// A plan that failed (or found the caches behind) is tried again after
@@ -384,23 +606,19 @@ async fn see_to(
     let barrier = barriers.get(&ObjectRef::new(label).within(namespace));
     let holder_live = barrier.as_deref().and_then(run_of).is_some_and(|run| {
         all.iter()
-            .any(|j| j.uid().as_deref() == Some(run) && live(j))
+            .any(|j| live(j) && run_of_job(j).is_some_and(|r| r.id == run))
     });
     let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
     match plan(barrier.as_deref(), &labelled, holder_live) {
         Plan::Nothing | Plan::AfterDeletion => Ok(Seen::Done),
-        Plan::Make(job) => make_barrier(&api, label, job).await,
+        Plan::Make(job) => make_barrier(client, &api, label, job).await,
         Plan::Replace { old, holder, new } => {
-            // Its Job asked of the API server, not the cache: a live run's
+            // Its run asked of the API server, not the cache: a live run's
             // Barrier is never taken from it.
-            let job_api: Api<Job> = Api::namespaced(client.clone(), namespace);
-            let run = barrier.as_deref().and_then(run_of).unwrap_or_default();
-            if job_api
-                .get_opt(&holder)
-                .await?
-                .is_some_and(|j| j.uid().as_deref() == Some(run) && live(&j))
-            {
-                return Ok(Seen::Later);
+            if let Some((owner, run)) = barrier.as_deref().and_then(holder_of) {
+                if run_is_live(client, namespace, owner, &run).await? {
+                    return Ok(Seen::Later);
+                }
             }
             info!(%namespace, barrier = %label, earlier = %holder, job = %new, "the Barrier is an earlier run's: replacing it with this run's");
             let params = DeleteParams {
@@ -545,6 +763,100 @@ mod tests {
         being_deleted.metadata.deletion_timestamp = first.metadata.creation_timestamp.clone();
         assert!(!live(&being_deleted));
         assert!(!live(&first_over));
+    }
+
+    /// A child Job of JobSet `jobset` (uid), of its restart `restart`.
+    fn child(name: &str, uid: &str, created: i64, jobset: &str, restart: u32) -> Job {
+        let mut j = labelled(name, uid, created, false);
+        j.metadata.labels = Some([(JOBSET_RESTART_LABEL.to_owned(), restart.to_string())].into());
+        j.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "jobset.x-k8s.io/v1alpha2".into(),
+            kind: "JobSet".into(),
+            name: "gang".into(),
+            uid: jobset.into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        j
+    }
+
+    #[test]
+    fn a_jobsets_child_jobs_of_one_restart_are_one_run() {
+        let w0 = child("gang-w-0", "j1", 100, "s1", 0);
+        let w1 = child("gang-w-1", "j2", 101, "s1", 0);
+        let run = run_of_job(&w0).unwrap();
+        assert_eq!(run.id, "s1.0");
+        assert!(run.of_jobset());
+        assert_eq!(
+            (run.owner.kind.as_str(), run.owner.controller),
+            ("JobSet", Some(false)),
+            "owned by the JobSet, which does not control it"
+        );
+        assert_eq!(run_of_job(&w1).unwrap().id, run.id);
+        assert_eq!(plan(None, &[&w1, &w0], false), Plan::Make(&w0));
+        let mut made = Barrier::new("gang", BarrierSpec::default());
+        made.metadata.uid = Some("b1".into());
+        made.metadata.labels = Some(crate::controller::managed_by());
+        made.metadata.owner_references = Some(vec![run.owner.clone()]);
+        assert_eq!(
+            run_of(&made),
+            None,
+            "a JobSet's Barrier without its run label"
+        );
+        made.labels_mut().insert(RUN_LABEL.into(), "s2.0".into());
+        assert_eq!(run_of(&made), None, "another JobSet's run");
+        made.labels_mut().insert(RUN_LABEL.into(), "s1.0".into());
+        assert_eq!(run_of(&made).as_deref(), Some("s1.0"));
+        assert_eq!(
+            plan(Some(&made), &[&w0, &w1], false),
+            Plan::Nothing,
+            "its child Jobs share it"
+        );
+        let job = labelled("other", "j9", 200, false);
+        assert_eq!(
+            plan(Some(&made), &[&w0, &w1, &job], false),
+            Plan::Shared {
+                holder: "gang".into(),
+                others: vec!["other".into()]
+            }
+        );
+        let mut gone = w0.clone();
+        gone.metadata.deletion_timestamp = w0.metadata.creation_timestamp.clone();
+        let restarted = child("gang-w-0", "j3", 300, "s1", 1);
+        assert_eq!(
+            plan(Some(&made), &[&gone, &restarted], false),
+            Plan::Replace {
+                old: "b1".into(),
+                holder: "gang".into(),
+                new: "gang-w-0".into()
+            },
+            "a restart is a run of its own"
+        );
+    }
+
+    #[test]
+    fn a_jobsets_barrier_is_sized_over_its_labelled_replicated_jobs() {
+        let template = |parallelism: u32, completions: u32, label: Option<&str>| {
+            serde_json::json!({ "spec": {
+                "parallelism": parallelism, "completions": completions,
+                "template": { "metadata": { "labels": label.map(|l| serde_json::json!({ "zkgate.io/barrier": l })) },
+                              "spec": { "containers": [] } }
+            }})
+        };
+        let jobset = serde_json::json!({ "spec": { "replicatedJobs": [
+            { "name": "workers", "replicas": 4, "template": template(8, 8, Some("gang")) },
+            { "name": "driver", "template": template(2, 1, Some("gang")) },
+            { "name": "other", "replicas": 3, "template": template(5, 5, Some("another")) },
+            { "name": "monitor", "replicas": 1, "template": template(1, 1, None) },
+        ]}});
+        assert_eq!(size_over_replicated_jobs(&jobset, "gang"), Ok(4 * 8 + 1));
+        assert_eq!(size_over_replicated_jobs(&jobset, "another"), Ok(15));
+        let none = size_over_replicated_jobs(&jobset, "nobody").unwrap_err();
+        assert!(none.contains("no replicated Job"), "{none}");
+        let huge = serde_json::json!({ "spec": { "replicatedJobs": [
+            { "name": "w", "replicas": 100000, "template": template(100000, 100000, Some("gang")) }
+        ]}});
+        assert!(size_over_replicated_jobs(&huge, "gang").is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -84,30 +84,47 @@ pub async fn ca_bundle_published(client: &Client, name: &str, within: Duration) 
 
 /// Applies zkgate's CRDs (idempotent) and waits until they are served.
 pub async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in zkgate::api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(
-            &name,
-            &PatchParams::apply("zkgate-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("apply CRD");
-        super::eventually(
-            Duration::from_secs(30),
-            "the CRD to be established",
-            || async {
-                let crd = crds.get(&name).await.ok()?;
-                crd.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            },
-        )
-        .await;
+        apply_crd(client, &crd).await;
     }
+}
+
+/// Applies JobSet's CRD (`tests/crds`, upstream's schema; idempotent) and
+/// waits until it is served.
+pub async fn install_jobset_crd(client: &Client) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/crds/jobset.x-k8s.io_jobsets.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the JobSet CRD");
+    let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("a CRD");
+    apply_crd(client, &crd).await;
+}
+
+/// Applies `crd` (server-side, idempotent) and waits until it is served.
+pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap();
+    crds.patch(
+        &name,
+        &PatchParams::apply("zkgate-tests").force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .expect("apply CRD");
+    super::eventually(
+        Duration::from_secs(30),
+        "the CRD to be established",
+        || async {
+            let crd = crds.get(&name).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// A fresh namespace for one test.

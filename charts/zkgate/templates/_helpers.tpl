@@ -69,6 +69,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch"]
+# A JobSet's Barrier is sized over its replicated Jobs, read from the JobSet
+# (kubernetes-sigs/jobset; nothing is asked when none is installed).
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get"]
 # A Job whose pod template is labelled zkgate.io/barrier gets its Barrier
 # (made by the leading controller from the Jobs it watches; admission makes
 # nothing), replacing an earlier run's (deleted by uid) once that run is over.

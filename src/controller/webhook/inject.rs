@@ -364,7 +364,7 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         barrier: barrier.map(|b| (b, form)),
         lock: lock.map(|l| (l, mode)),
         timeout,
-        run: job_of(pod).map(|job| job.uid.clone()),
+        run: crate::controller::runs::run_of_pod(pod),
         wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
     })
 }

@@ -724,7 +724,29 @@ impl Webhook {
                 }
             }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-            let ours = inject::job_of(pod);
+            let ours = super::runs::run_of_pod(pod);
+            // A pod that says it is of a JobSet's run (by the labels JobSet
+            // gives its pods, which whoever makes a pod can write) must be
+            // of a Job that says so too.
+            if let (Some(run), Some(job)) = (&ours, inject::job_of(pod)) {
+                if *run != job.uid {
+                    let found = jobs
+                        .get_opt(&job.name)
+                        .await
+                        .map_err(|e| unreadable("Job", e))?
+                        .filter(|j| j.metadata.uid.as_deref() == Some(job.uid.as_str()));
+                    let theirs = found.as_ref().and_then(super::runs::run_of_job);
+                    if theirs.as_ref().map(|r| &r.id) != Some(run) {
+                        return Err(format!(
+                            "the pod's labels {} and {} say it is of JobSet run {run}, but its Job {} (uid {}) is not of that run",
+                            super::runs::JOBSET_UID_LABEL,
+                            super::runs::JOBSET_RESTART_LABEL,
+                            job.name,
+                            job.uid
+                        ));
+                    }
+                }
+            }
             if let Some(found) = api
                 .get_opt(barrier)
                 .await
@@ -732,13 +754,8 @@ impl Webhook {
             {
                 // Another run's: an earlier one's is replaced (the pod's
                 // participant waits for its own); a live one's stays, and
-                // two live Jobs never share a gang.
-                let holder = found
-                    .metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .find(|o| Some(o.uid.as_str()) == super::runs::run_of(&found));
+                // two live runs never share a gang.
+                let holder = super::runs::holder_of(&found);
                 let agrees = || -> Result<(), String> {
                     // A pod carrying zkgate of its own says its own form;
                     // a Barrier being deleted is not the one it will meet.
@@ -783,35 +800,40 @@ impl Webhook {
                     }
                     Ok(())
                 };
-                let (Some(holder), Some(ours)) = (holder, ours) else {
+                let (Some((holder, run)), Some(ours)) = (holder, ours) else {
                     return agrees();
                 };
-                if holder.uid == ours.uid {
+                if run == ours {
                     return agrees();
                 }
-                let live = jobs
-                    .get_opt(&holder.name)
+                let live = super::runs::run_is_live(&self.client, namespace, holder, &run)
                     .await
-                    .map_err(|e| unreadable("Job", e))?
-                    .is_some_and(|j| {
-                        j.metadata.uid.as_deref() == Some(holder.uid.as_str())
-                            && super::runs::live(&j)
-                    });
+                    .map_err(|e| unreadable(&holder.kind, e))?;
                 if live {
                     return Err(format!(
-                        "the pod's label {BARRIER_LABEL}={barrier} names the Barrier of Job {} (uid {}), which still runs: two running Jobs never share a Barrier. Give this Job's pod template a {BARRIER_LABEL} label of its own, or run it after {} is over (the Job controller retries the pod)",
-                        holder.name, holder.uid, holder.name
+                        "the pod's label {BARRIER_LABEL}={barrier} names the Barrier of {} {} (run {run}), which still runs: two running Jobs never share a Barrier. Give this Job's pod template a {BARRIER_LABEL} label of its own, or run it after {} is over (the Job controller retries the pod)",
+                        holder.kind, holder.name, holder.name
                     ));
                 }
                 return Ok(());
             }
-            let job = ours;
+            let job = inject::job_of(pod);
             let missing = format!(
                 "the pod's label {BARRIER_LABEL}={barrier} names a Barrier that does not exist in namespace {namespace}"
             );
             let Some(owner) = job else {
+                // A bare pod, or one of another owner (a training
+                // operator's): only the Barrier knows the gang's size.
+                let controller = pod
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| format!(" (its controller is {} {})", o.kind, o.name))
+                    .unwrap_or_default();
                 return Err(format!(
-                    "{missing}, and the pod belongs to no Job (for a Job whose pod template carries the label, the controller makes it): create the Barrier first"
+                    "{missing}, and the pod belongs to no Job{controller}. zkgate makes the Barrier of a Job or JobSet whose pod template carries the label; for other pods, create the Barrier, with its participants, first"
                 ));
             };
             let found = jobs
