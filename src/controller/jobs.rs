@@ -98,6 +98,8 @@ fn strip(job: &mut Job) {
             completions: spec.completions,
             // A RestartGang Barrier's restarts default to it.
             backoff_limit: spec.backoff_limit,
+            // A suspended Job's run gives up its Barrier (`runs::plan`).
+            suspend: spec.suspend,
             ..JobSpec::default()
         };
         if let Some(label) = label {

@@ -183,10 +183,18 @@ pub fn run_of(barrier: &Barrier) -> Option<String> {
     holder_of(barrier).map(|(_, run)| run)
 }
 
-/// Whether `job` still runs: not finished (`Complete` or `Failed`) and not
-/// being deleted. A live Job's Barrier is never taken from it.
+/// Whether `job` still runs: not finished (`Complete` or `Failed`), not
+/// being deleted, and not suspended. A live Job's Barrier is never taken
+/// from it.
 pub fn live(job: &Job) -> bool {
-    job.metadata.deletion_timestamp.is_none() && !finished(job)
+    job.metadata.deletion_timestamp.is_none() && !finished(job) && !suspended(job)
+}
+
+/// Whether `job` is suspended (`spec.suspend`, Kubernetes 1.21+: a queue
+/// such as Kueue that has not admitted it yet, or has preempted it). Its
+/// pods are deleted; at its resume they are made again.
+fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
 }
 
 /// Whether run `run` of `owner` (a Job or a JobSet, see [`holder_of`])
@@ -268,16 +276,36 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
             j.name_any(),
         )
     });
-    let Some(&(oldest, _)) = running.first() else {
-        return Plan::Nothing;
-    };
+    let oldest = running.first().map(|&(j, _)| j);
     let Some(barrier) = barrier else {
-        return Plan::Make(oldest);
+        return oldest.map_or(Plan::Nothing, Plan::Make);
     };
     if barrier.metadata.deletion_timestamp.is_some() {
         return Plan::AfterDeletion;
     }
     let Some((owner, run)) = holder_of(barrier) else {
+        return Plan::Nothing;
+    };
+    // Its run suspended (preempted by a queue): its pods are gone, and at
+    // its resume they must meet again, not pass this opening. The Barrier
+    // goes now and is made again when the run is live again.
+    let of_run: Vec<&Job> = labelled
+        .iter()
+        .copied()
+        .filter(|j| run_of_job(j).is_some_and(|r| r.id == run))
+        .collect();
+    if !of_run.is_empty()
+        && of_run.iter().all(|j| suspended(j))
+        && !holder_live
+        && !running.iter().any(|(_, r)| r.id == run)
+    {
+        return Plan::Replace {
+            old: barrier.uid().unwrap_or_default(),
+            holder: owner.name.clone(),
+            new: owner.name.clone(),
+        };
+    }
+    let Some(oldest) = oldest else {
         return Plan::Nothing;
     };
     let others = || -> Vec<String> {
@@ -857,6 +885,38 @@ mod tests {
             { "name": "w", "replicas": 100000, "template": template(100000, 100000, Some("gang")) }
         ]}});
         assert!(size_over_replicated_jobs(&huge, "gang").is_err());
+    }
+
+    /// Kueue preempts a Job after its gang started (suspends it: its pods
+    /// are deleted) and resumes it later: the resumed pods must meet again,
+    /// not pass the first opening. Before this, the suspended Job kept its
+    /// Barrier (nothing else ran) and its resumed pods passed `ready`.
+    #[test]
+    fn a_suspended_run_gives_up_its_barrier_and_gets_a_new_one_at_its_resume() {
+        let mut job = labelled("train", "j1", 100, false);
+        let firsts = barrier_of("b1", Some("j1"));
+        assert_eq!(plan(Some(&firsts), &[&job], false), Plan::Nothing);
+        job.spec = Some(k8s_openapi::api::batch::v1::JobSpec {
+            suspend: Some(true),
+            ..Default::default()
+        });
+        assert!(!live(&job));
+        assert_eq!(
+            plan(Some(&firsts), &[&job], false),
+            Plan::Replace {
+                old: "b1".into(),
+                holder: "train".into(),
+                new: "train".into()
+            },
+            "suspended: its Barrier goes"
+        );
+        assert_eq!(
+            plan(None, &[&job], false),
+            Plan::Nothing,
+            "none is made while it is suspended (a queue has not admitted it)"
+        );
+        job.spec = None;
+        assert_eq!(plan(None, &[&job], false), Plan::Make(&job), "resumed");
     }
 
     #[tokio::test(start_paused = true)]
