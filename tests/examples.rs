@@ -1,20 +1,36 @@
 //! The examples' manifests are accepted by the API server (server-side dry
-//! run, with the CRDs installed): their Barriers and LockLeases pass the CRD
-//! schemas, and their Jobs are valid Jobs.
+//! run, with the CRDs installed: zkgate's, and upstream's for JobSet and
+//! Kueue from `tests/crds`): their custom resources pass the CRD schemas
+//! with no field pruned, their Jobs are valid Jobs, every pod template is
+//! least-privilege and gets what it needs from the webhook, and no two
+//! examples use one resource name.
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
 use serde::Deserialize;
+use serde_json::Value;
 
-use support::kube::{client, install_crds, kubeconfig, namespace};
+use support::kube::{client, install_crds, install_jobset_crd, kubeconfig, namespace};
+
+/// The examples' folders, and what each must hold at least.
+const EXAMPLES: usize = 15;
 
 #[tokio::test]
 async fn every_example_is_accepted_by_the_api_server() {
     let client = client().await;
     install_crds(&client).await;
+    install_jobset_crd(&client).await;
+    for crd in [
+        "kueue.x-k8s.io_resourceflavors",
+        "kueue.x-k8s.io_clusterqueues",
+        "kueue.x-k8s.io_localqueues",
+    ] {
+        support::kube::install_crd_file(&client, &format!("{crd}.yaml")).await;
+    }
     let ns = namespace(&client).await;
     let kubectl = Path::new(
         &std::env::var("ZKGATE_TOOLS")
@@ -23,97 +39,265 @@ async fn every_example_is_accepted_by_the_api_server() {
     .join("kubectl");
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&examples).unwrap() {
-        let dir = entry.unwrap().path();
-        if !dir.is_dir() {
-            continue;
-        }
-        assert!(
-            dir.join("README.md").exists(),
-            "{} has no README",
-            dir.display()
-        );
-        // The test server is Kubernetes 1.20: fields newer than it (Indexed
-        // Jobs, native sidecars) are not in its schema, so client-side
-        // validation is off; the server still checks everything it knows,
-        // including the zkgate CRD schemas.
-        // Native sidecars need Kubernetes 1.29; a 1.20 server refuses their
-        // startupProbe. There the Job is checked against the 1.33 API types
-        // instead, and only the Barrier goes to the server.
-        // Least privilege in every Job: no API token, the namespace's
-        // ZooKeeper credential handed out by the controller (no Secret),
-        // restricted pod security.
-        for file in std::fs::read_dir(&dir).unwrap() {
-            let file = file.unwrap().path();
+    // (kind, name) → the example folder that uses it.
+    let mut names: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut dirs: Vec<_> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|d| d.is_dir())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let example = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(dir.join("README.md").exists(), "{example} has no README");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .filter(|f| f.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            if !text.contains("kind: Job") {
+            let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+                .map(|d| Value::deserialize(d).unwrap())
+                .filter(|v| !v.is_null())
+                .collect();
+            if file.ends_with("kueue-config.yaml") {
+                kueue_configuration_is_valid(&docs[0]);
                 continue;
             }
-            // A one-label example has no zkgate container of its own: the
-            // webhook adds it, with the credential (checked below on what
-            // it adds).
-            let by_hand = text.contains("ghcr.io/zkgate/zkgate");
-            job_is_injected(&file, &text, by_hand);
-            assert!(
-                !text.contains("secretKeyRef"),
-                "{}: credentials come from the controller, not a Secret",
-                file.display()
-            );
-            for wanted in [
-                "automountServiceAccountToken: false",
-                if by_hand {
-                    "zkgate.io/credentials: \"true\""
+            for doc in &docs {
+                resource_names(doc, &example, &mut names);
+            }
+            let templates: Vec<&Value> = docs.iter().flat_map(pod_templates).collect();
+            // Least privilege in every pod template: no API token, the
+            // namespace's ZooKeeper credential handed out by the controller
+            // (no Secret), restricted pod security.
+            if !templates.is_empty() {
+                // A one-label example has no zkgate container of its own:
+                // the webhook adds it, with the credential (checked below
+                // on what it adds).
+                let by_hand = text.contains("ghcr.io/zkgate/zkgate");
+                for template in &templates {
+                    template_is_injected(&file, template, by_hand);
+                }
+                assert!(
+                    !text.contains("secretKeyRef"),
+                    "{}: credentials come from the controller, not a Secret",
+                    file.display()
+                );
+                for wanted in [
+                    "automountServiceAccountToken: false",
+                    if by_hand {
+                        "zkgate.io/credentials: \"true\""
+                    } else {
+                        "zkgate.io/"
+                    },
+                    "runAsNonRoot: true",
+                    "readOnlyRootFilesystem: true",
+                    "allowPrivilegeEscalation: false",
+                    "drop: [ALL]",
+                    "seccompProfile: {type: RuntimeDefault}",
+                ] {
+                    assert!(text.contains(wanted), "{}: no {wanted}", file.display());
+                }
+            }
+            // Native sidecars need Kubernetes 1.29; a 1.20 server refuses
+            // their startupProbe. There the Job is checked against the 1.33
+            // API types instead, and only the custom resources go to the
+            // server.
+            if example.ends_with("-sidecar") && file.ends_with("job.yaml") {
+                let kind = if example == "gang-sidecar" {
+                    "barrier"
                 } else {
-                    "zkgate.io/"
-                },
-                "runAsNonRoot: true",
-                "readOnlyRootFilesystem: true",
-                "allowPrivilegeEscalation: false",
-                "drop: [ALL]",
-                "seccompProfile: {type: RuntimeDefault}",
-            ] {
-                assert!(text.contains(wanted), "{}: no {wanted}", file.display());
+                    "lock"
+                };
+                let pod = check_native_sidecar_job(&file, kind);
+                if example == "lock-sidecar" {
+                    let main = pod.containers[0].command.as_ref().unwrap();
+                    assert_eq!(
+                        &main[1..3],
+                        ["lock", "watch"],
+                        "the main container watches the token"
+                    );
+                }
+                continue;
+            }
+            // The test server is Kubernetes 1.20: CronJob is batch/v1beta1
+            // there (the same jobTemplate), and fields newer than it
+            // (Indexed Jobs, suspend) are not in its schema, so client-side
+            // validation is off; the server still checks everything it
+            // knows, and no field of a custom resource may be pruned.
+            let sent = text.replace(
+                "apiVersion: batch/v1\nkind: CronJob",
+                "apiVersion: batch/v1beta1\nkind: CronJob",
+            );
+            let out = Command::new(&kubectl)
+                .args([
+                    "apply",
+                    "--dry-run=server",
+                    "--validate=false",
+                    "-o",
+                    "json",
+                    "-n",
+                    &ns,
+                    "-f",
+                    "-",
+                ])
+                .env("KUBECONFIG", kubeconfig())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut child| {
+                    use std::io::Write;
+                    child.stdin.take().unwrap().write_all(sent.as_bytes())?;
+                    child.wait_with_output()
+                })
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let stored: Vec<Value> = match said["kind"].as_str() {
+                Some("List") => said["items"].as_array().unwrap().clone(),
+                _ => vec![said],
+            };
+            assert_eq!(stored.len(), docs.len(), "{}", file.display());
+            for (doc, stored) in docs.iter().zip(&stored) {
+                let custom = doc["apiVersion"]
+                    .as_str()
+                    .and_then(|v| v.split_once('/'))
+                    .is_some_and(|(group, _)| group.contains('.'));
+                if custom {
+                    let mut lost = vec![];
+                    pruned(doc, stored, String::new(), &mut lost);
+                    assert!(
+                        lost.is_empty(),
+                        "{}: the API server pruned {lost:?} (not in the {} schema)",
+                        file.display(),
+                        doc["kind"]
+                    );
+                }
             }
         }
-        let target = if dir.ends_with("gang-sidecar") {
-            check_native_sidecar_job(&dir.join("job.yaml"), "barrier");
-            dir.join("barrier.yaml")
-        } else if dir.ends_with("lock-sidecar") {
-            let pod = check_native_sidecar_job(&dir.join("job.yaml"), "lock");
-            let main = pod.containers[0].command.as_ref().unwrap();
-            assert_eq!(
-                &main[1..3],
-                ["lock", "watch"],
-                "the main container watches the token"
-            );
-            dir.join("locklease.yaml")
-        } else {
-            dir.clone()
-        };
-        let out = Command::new(&kubectl)
-            .args([
-                "apply",
-                "--dry-run=server",
-                "--validate=false",
-                "-n",
-                &ns,
-                "-f",
-            ])
-            .arg(&target)
-            .env("KUBECONFIG", kubeconfig())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(said.contains("(server dry run)"), "{said}");
         checked += 1;
     }
-    assert_eq!(checked, 11);
+    assert_eq!(checked, EXAMPLES);
+}
+
+/// The pod templates of a Job, a CronJob or a JobSet.
+fn pod_templates(doc: &Value) -> Vec<&Value> {
+    match doc["kind"].as_str() {
+        Some("Job") => vec![&doc["spec"]["template"]],
+        Some("CronJob") => vec![&doc["spec"]["jobTemplate"]["spec"]["template"]],
+        Some("JobSet") => doc["spec"]["replicatedJobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| &r["template"]["spec"]["template"])
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// Records the resource names `doc` uses (its own, and the Barrier or
+/// LockLease its pod templates' labels name), refusing one that another
+/// example uses: examples applied side by side in one namespace never
+/// meet.
+fn resource_names(doc: &Value, example: &str, names: &mut BTreeMap<(String, String), String>) {
+    let mut used = vec![];
+    if let (Some(kind), Some(name)) = (doc["kind"].as_str(), doc["metadata"]["name"].as_str()) {
+        used.push((kind.to_owned(), name.to_owned()));
+    }
+    for template in pod_templates(doc) {
+        let labels = &template["metadata"]["labels"];
+        if let Some(barrier) = labels["zkgate.io/barrier"].as_str() {
+            used.push(("Barrier".to_owned(), barrier.to_owned()));
+        }
+        if let Some(lock) = labels["zkgate.io/lock"].as_str() {
+            used.push(("LockLease".to_owned(), lock.to_owned()));
+        }
+    }
+    for key in used {
+        let first = names
+            .entry(key.clone())
+            .or_insert_with(|| example.to_owned());
+        assert_eq!(
+            first, example,
+            "{} {} is used by the examples {first} and {example}",
+            key.0, key.1
+        );
+    }
+}
+
+/// The paths of `sent` that `stored` lacks (what the API server pruned).
+fn pruned(sent: &Value, stored: &Value, path: String, lost: &mut Vec<String>) {
+    match (sent, stored) {
+        (Value::Object(sent), Value::Object(stored)) => {
+            for (k, v) in sent {
+                let here = format!("{path}.{k}");
+                match stored.get(k) {
+                    Some(s) => pruned(v, s, here, lost),
+                    None => lost.push(here),
+                }
+            }
+        }
+        (Value::Array(sent), Value::Array(stored)) => {
+            for (i, v) in sent.iter().enumerate() {
+                match stored.get(i) {
+                    Some(s) => pruned(v, s, format!("{path}[{i}]"), lost),
+                    None => lost.push(format!("{path}[{i}]")),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Kueue's Configuration is a file Kueue reads, not an object: its fields
+/// are checked against Kueue's `config.kueue.x-k8s.io/v1beta2` types
+/// (apis/config/v1beta2/configuration_types.go), as far as the example uses
+/// them.
+fn kueue_configuration_is_valid(config: &Value) {
+    assert_eq!(config["apiVersion"], "config.kueue.x-k8s.io/v1beta2");
+    assert_eq!(config["kind"], "Configuration");
+    let wait = config["waitForPodsReady"]
+        .as_object()
+        .expect("waitForPodsReady");
+    for key in wait.keys() {
+        assert!(
+            [
+                "timeout",
+                "blockAdmission",
+                "requeuingStrategy",
+                "recoveryTimeout"
+            ]
+            .contains(&key.as_str()),
+            "waitForPodsReady has no field {key}"
+        );
+    }
+    humantime::parse_duration(wait["timeout"].as_str().expect("a timeout")).expect("a duration");
+    for key in wait["requeuingStrategy"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k)
+    {
+        assert!(
+            [
+                "timestamp",
+                "backoffLimitCount",
+                "backoffBaseSeconds",
+                "backoffMaxSeconds"
+            ]
+            .contains(&key.as_str()),
+            "requeuingStrategy has no field {key}"
+        );
+    }
 }
 
 /// Checks a Job whose pods hold `kind` (barrier, lock) from a native
@@ -154,17 +338,12 @@ fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::
 /// where to ask for the namespace's credentials, with the projected token
 /// to prove it, the restricted security context on injected ones, and
 /// nothing asked of the workload's own containers.
-fn job_is_injected(file: &Path, text: &str, by_hand: bool) {
+fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
     use zkgate::controller::webhook::inject::{
         inject, HandoutTarget, Injection, INSTALL_CONTAINER, TOKEN_VOLUME,
     };
-    let job: k8s_openapi::api::batch::v1::Job = serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
-        .filter(|v| v["kind"] == "Job")
-        .map(|v| serde_yaml_ng::from_value(v).unwrap())
-        .next()
-        .unwrap();
-    let template = job.spec.unwrap().template;
+    let template: k8s_openapi::api::core::v1::PodTemplateSpec =
+        serde_json::from_value(template.clone()).unwrap();
     let pod = k8s_openapi::api::core::v1::Pod {
         metadata: template.metadata.unwrap_or_default(),
         spec: template.spec,

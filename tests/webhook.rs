@@ -547,7 +547,7 @@ async fn each_run_of_a_labelled_job_gets_a_barrier_of_its_own() {
 /// before: the second child Job's pods were refused as a second run.
 #[tokio::test]
 async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs() {
-    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    use kube::core::DynamicObject;
     let h = Hooked::new().await;
     support::kube::install_jobset_crd(&h.client).await;
     let zk = isolated_connect();
@@ -555,11 +555,8 @@ async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs()
     let observer = support::session(&zk).await;
     let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
-        "jobsets",
-    );
-    let jobsets: Api<DynamicObject> = Api::namespaced_with(h.client.clone(), &h.ns, &resource);
+    let jobsets: Api<DynamicObject> =
+        Api::namespaced_with(h.client.clone(), &h.ns, &support::jobset::resource());
     let job_template = |parallelism: u32, labelled: bool| {
         let labels = if labelled {
             json!({ "zkgate.io/barrier": "gang" })
@@ -598,44 +595,15 @@ async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs()
         .expect("the JobSet, checked against its CRD");
     let uid = jobset.uid().unwrap();
     // Its child Jobs for restart `restart`, as JobSet's controller makes
-    // them (constructJob: labels on the Job and on its pod template).
+    // them.
     let children = |restart: u32| {
-        let (jobs, uid) = (jobs.clone(), uid.clone());
-        let replicated = replicated.clone();
+        let (jobs, made) = (jobs.clone(), support::jobset::child_jobs(&jobset, restart));
         async move {
-            let mut made = vec![];
-            for (rjob, replicas, template) in &replicated {
-                for index in 0..*replicas {
-                    let labels = json!({
-                        "jobset.sigs.k8s.io/jobset-name": "gang",
-                        "jobset.sigs.k8s.io/jobset-uid": uid,
-                        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-                        "jobset.sigs.k8s.io/restart-attempt": restart.to_string(),
-                        "jobset.sigs.k8s.io/replicatedjob-replicas": replicas.to_string(),
-                        "jobset.sigs.k8s.io/job-index": index.to_string(),
-                    });
-                    let mut job = template.clone();
-                    job["metadata"] = json!({
-                        "name": format!("gang-{rjob}-{index}"),
-                        "labels": labels,
-                        "ownerReferences": [{
-                            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "gang",
-                            "uid": uid, "controller": true, "blockOwnerDeletion": true
-                        }]
-                    });
-                    let mut pod_labels = labels.clone();
-                    for (k, v) in job["spec"]["template"]["metadata"]["labels"]
-                        .as_object()
-                        .unwrap()
-                    {
-                        pod_labels[k] = v.clone();
-                    }
-                    job["spec"]["template"]["metadata"]["labels"] = pod_labels;
-                    let job: Job = serde_json::from_value(job).unwrap();
-                    made.push(jobs.create(&PostParams::default(), &job).await.unwrap());
-                }
+            let mut stored = vec![];
+            for job in made {
+                stored.push(jobs.create(&PostParams::default(), &job).await.unwrap());
             }
-            made
+            stored
         }
     };
     // A pod as the Job controller makes it from `job`'s template.

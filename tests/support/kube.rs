@@ -92,11 +92,16 @@ pub async fn install_crds(client: &Client) {
 /// Applies JobSet's CRD (`tests/crds`, upstream's schema; idempotent) and
 /// waits until it is served.
 pub async fn install_jobset_crd(client: &Client) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/crds/jobset.x-k8s.io_jobsets.yaml"
-    );
-    let text = std::fs::read_to_string(path).expect("the JobSet CRD");
+    install_crd_file(client, "jobset.x-k8s.io_jobsets.yaml").await;
+}
+
+/// Applies the CRD of `tests/crds/FILE` (upstream's schema, trimmed for the
+/// 1.20 test server; idempotent) and waits until it is served.
+pub async fn install_crd_file(client: &Client, file: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/crds")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("a CRD of tests/crds");
     let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("a CRD");
     apply_crd(client, &crd).await;
 }

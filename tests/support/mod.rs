@@ -7,6 +7,7 @@ pub mod checker;
 pub mod docs;
 pub mod handout;
 pub mod https;
+pub mod jobset;
 pub mod kube;
 pub mod order;
 pub mod proxy;
