@@ -849,7 +849,7 @@ async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
             "without reading kube-system the controller cannot know its cluster's root",
         ),
         (
-            &["jobs"],
+            &["\"jobs\""],
             false,
             true,
             "resource \"jobs\"",
