@@ -573,6 +573,10 @@ async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs()
             }
         })
     };
+    let relabelled = |mut template: serde_json::Value, barrier: &str| {
+        template["spec"]["template"]["metadata"]["labels"]["zkgate.io/barrier"] = json!(barrier);
+        template
+    };
     // Workers: 2 Jobs of 2 pods; a driver: 1 of 1; a monitor (not gated).
     let replicated = [
         ("workers", 2, job_template(2, true)),
@@ -712,6 +716,60 @@ async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs()
     jobs.delete("other", &DeleteParams::background())
         .await
         .unwrap();
+
+    // What JobSet's pods must say: its uid (JobSet v0.9.0+), and no child
+    // Job made again alone by the RestartJob action.
+    let mut old_jobset = pod_of("w0-old", workers0);
+    let labels = old_jobset["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove("jobset.sigs.k8s.io/jobset-uid");
+    let refused = h.create_pod(old_jobset).await.unwrap_err().to_string();
+    assert!(refused.contains("before v0.9.0"), "{refused}");
+    let mut restarted_alone = pod_of("w0-alone", workers0);
+    restarted_alone["metadata"]["labels"]["jobset.sigs.k8s.io/job-restart-attempt"] = json!("1");
+    let refused = h.create_pod(restarted_alone).await.unwrap_err().to_string();
+    assert!(refused.contains("RestartJob"), "{refused}");
+    // A pod of no Job never joins a run's gang.
+    let stray = json!({
+        "metadata": { "name": "stray", "labels": { "zkgate.io/barrier": "gang" } },
+        "spec": { "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox" }] }
+    });
+    let refused = h.create_pod(stray).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("is of no Job") && refused.contains("JobSet gang"),
+        "{refused}"
+    );
+    // A JobSet whose labelled replicated Jobs start in order (dependsOn)
+    // cannot be one gang: its pods are refused with the reason.
+    let ordered: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": { "name": "ordered" },
+        "spec": { "replicatedJobs": [
+            { "name": "driver", "replicas": 1, "template": relabelled(job_template(1, true), "ordered") },
+            { "name": "workers", "replicas": 1, "template": relabelled(job_template(1, true), "ordered"),
+              "dependsOn": [{ "name": "driver", "status": "Ready" }] }
+        ]}
+    }))
+    .unwrap();
+    let ordered = jobsets
+        .create(&PostParams::default(), &ordered)
+        .await
+        .expect("dependsOn, checked against its CRD");
+    let ordered_driver = jobs
+        .create(
+            &PostParams::default(),
+            &support::jobset::child_jobs(&ordered, 0)[0],
+        )
+        .await
+        .unwrap();
+    let refused = h
+        .create_pod(pod_of("ordered-driver", &ordered_driver))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("depends on driver") && refused.contains("JobSet ordered"),
+        "{refused}"
+    );
 
     // The JobSet restarts: its controller deletes every child Job and makes
     // them again, labelled with the next restart. A run of its own.

@@ -54,8 +54,11 @@ struct Followers {
 fn strip(job: &mut Job) {
     job.managed_fields_mut().clear();
     job.metadata.annotations = None;
-    // Of the status, only whether it finished (see `live`).
+    // Of the status, only whether it finished (see `live`) and whether a
+    // pod of it succeeded (a suspended run that made progress keeps its
+    // Barrier: `runs::plan`).
     job.status = job.status.take().and_then(|status| {
+        let succeeded = status.succeeded.filter(|n| *n > 0);
         let over: Vec<_> = status
             .conditions
             .unwrap_or_default()
@@ -67,8 +70,9 @@ fn strip(job: &mut Job) {
                 ..c
             })
             .collect();
-        (!over.is_empty()).then(|| JobStatus {
-            conditions: Some(over),
+        (!over.is_empty() || succeeded.is_some()).then(|| JobStatus {
+            conditions: (!over.is_empty()).then_some(over),
+            succeeded,
             ..JobStatus::default()
         })
     });

@@ -109,10 +109,11 @@ pub fn run_of_job(job: &Job) -> Option<Run> {
         .find(|o| o.controller == Some(true) && is_jobset(o));
     Some(match jobset {
         Some(jobset) => {
-            let restart = job
-                .labels()
-                .get(JOBSET_RESTART_LABEL)
-                .map_or("0", String::as_str);
+            // A number, or no run: the run is a label's value too.
+            let restart: u32 = match job.labels().get(JOBSET_RESTART_LABEL) {
+                None => 0,
+                Some(r) => r.parse().ok()?,
+            };
             Run {
                 id: format!("{}.{restart}", jobset.uid),
                 owner: OwnerReference {
@@ -149,6 +150,32 @@ pub fn run_of_pod(pod: &Pod) -> Option<String> {
         ),
         None => job.uid.clone(),
     })
+}
+
+/// The label JobSet's controller gives its child Jobs and their pods when
+/// its (alpha) `RestartJob` failure policy action made that one child Job
+/// again.
+pub const JOBSET_JOB_RESTART_LABEL: &str = "jobset.sigs.k8s.io/job-restart-attempt";
+
+/// Why a pod carrying JobSet's labels cannot take part in its JobSet's
+/// gang, if it cannot: a JobSet before v0.9.0 does not say its uid, and a
+/// child Job made again by the `RestartJob` action is of the same run as the
+/// gang that opened without it (it would pass that opening alone).
+pub fn jobset_pod_refusal(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    if labels.contains_key(JOBSET_NAME_LABEL) && !labels.contains_key(JOBSET_UID_LABEL) {
+        return Some(format!(
+            "the pod is of a JobSet that does not label it {JOBSET_UID_LABEL} (JobSet before v0.9.0): zkgate keeps a JobSet's gang by that uid; upgrade JobSet"
+        ));
+    }
+    if labels
+        .get(JOBSET_JOB_RESTART_LABEL)
+        .is_some_and(|n| n != "0")
+    {
+        return Some(format!(
+            "the pod's Job was made again by JobSet's RestartJob failure policy action ({JOBSET_JOB_RESTART_LABEL}): its pods would pass the gang's opening alone, so zkgate does not gate it; use RestartJobSet, which restarts the whole gang"
+        ));
+    }
+    None
 }
 
 /// The run a Barrier belongs to and what owns it: for one the controller
@@ -188,6 +215,11 @@ pub fn run_of(barrier: &Barrier) -> Option<String> {
 /// from it.
 pub fn live(job: &Job) -> bool {
     job.metadata.deletion_timestamp.is_none() && !finished(job) && !suspended(job)
+}
+
+/// Whether a pod of `job` succeeded, or it finished.
+fn made_progress(job: &Job) -> bool {
+    finished(job) || job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0
 }
 
 /// Whether `job` is suspended (`spec.suspend`, Kubernetes 1.21+: a queue
@@ -286,16 +318,19 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
     let Some((owner, run)) = holder_of(barrier) else {
         return Plan::Nothing;
     };
-    // Its run suspended (preempted by a queue): its pods are gone, and at
-    // its resume they must meet again, not pass this opening. The Barrier
-    // goes now and is made again when the run is live again.
+    // Its run suspended (preempted by a queue) before any of it finished:
+    // its pods are gone, and at its resume they must meet again, not pass
+    // this opening. The Barrier goes now and is made again when the run is
+    // live again. A run that made progress (a pod of it succeeded, a child
+    // Job completed) keeps its Barrier: a new one would be sized for pods
+    // that will not run again, and never open.
     let of_run: Vec<&Job> = labelled
         .iter()
         .copied()
         .filter(|j| run_of_job(j).is_some_and(|r| r.id == run))
         .collect();
     if !of_run.is_empty()
-        && of_run.iter().all(|j| suspended(j))
+        && of_run.iter().all(|j| suspended(j) && !made_progress(j))
         && !holder_live
         && !running.iter().any(|(_, r)| r.id == run)
     {
@@ -398,6 +433,12 @@ async fn make_barrier(
             ..BarrierSpec::default()
         },
     );
+    // The run is a label's value: an owner reference written by hand (any
+    // string) may not make one, and would fail every create.
+    if !label_value(&run.id) {
+        warn!(%namespace, barrier = %name, run = %run.id, "the run is no label value (an owner reference written by hand?); no Barrier is made for it");
+        return Ok(Seen::Done);
+    }
     let mut labels = crate::controller::managed_by();
     if run.of_jobset() {
         labels.insert(RUN_LABEL.to_owned(), run.id.clone());
@@ -413,6 +454,18 @@ async fn make_barrier(
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(Seen::Later),
         Err(e) => Err(e),
     }
+}
+
+/// Whether `value` can be a label's value: at most 63 characters,
+/// alphanumerics, `-`, `_` and `.`, beginning and ending alphanumeric.
+fn label_value(value: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    value.len() <= 63
+        && edge(value.chars().next())
+        && edge(value.chars().last())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// How many participants JobSet `jobset`'s Barrier `label` takes: over its
@@ -451,25 +504,60 @@ pub async fn jobset_size(
 
 /// [`jobset_size`] of a JobSet's `data` (its `spec` and `status`).
 fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u32, String> {
-    let mut total: u32 = 0;
-    let replicated = data["spec"]["replicatedJobs"].as_array().cloned();
-    for rjob in replicated.into_iter().flatten() {
-        let template = &rjob["template"]["spec"];
-        if template["template"]["metadata"]["labels"][super::BARRIER_LABEL].as_str() != Some(label)
-        {
-            continue;
+    let replicated = data["spec"]["replicatedJobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let labelled: Vec<&serde_json::Value> = replicated
+        .iter()
+        .filter(|r| {
+            r["template"]["spec"]["template"]["metadata"]["labels"][super::BARRIER_LABEL].as_str()
+                == Some(label)
+        })
+        .collect();
+    let names: Vec<&str> = labelled.iter().filter_map(|r| r["name"].as_str()).collect();
+    // JobSet creates (or resumes) a later replicated Job only once the
+    // earlier ones are Ready or Complete: in one gang with them, it would
+    // wait for pods that wait for it.
+    if names.len() > 1
+        && data["spec"]["startupPolicy"]["startupPolicyOrder"].as_str() == Some("InOrder")
+    {
+        return Err(format!(
+            "the JobSet starts its replicated Jobs in order (startupPolicy InOrder), so {} cannot start as one gang: give each its own {} label and order them with {}",
+            names.join(", "),
+            super::BARRIER_LABEL,
+            super::webhook::inject::AFTER_ANNOTATION
+        ));
+    }
+    for rjob in &labelled {
+        for dependency in rjob["dependsOn"].as_array().into_iter().flatten() {
+            let on = dependency["name"].as_str().unwrap_or_default();
+            if names.contains(&on) {
+                return Err(format!(
+                    "replicated Job {} depends on {on} (dependsOn), which is in the same gang: it would wait for pods that wait for it. Give each its own {} label and order them with {}",
+                    rjob["name"],
+                    super::BARRIER_LABEL,
+                    super::webhook::inject::AFTER_ANNOTATION
+                ));
+            }
         }
-        let spec: k8s_openapi::api::batch::v1::JobSpec = serde_json::from_value(template.clone())
-            .map_err(|e| {
-            format!(
-                "replicated Job {} has a Job template that cannot be read: {e}",
-                rjob["name"]
-            )
-        })?;
-        let replicas = rjob["replicas"].as_u64().unwrap_or(1);
-        let each = u64::from(super::jobs::count(&spec).unwrap_or(0));
-        total = u32::try_from(u64::from(total) + replicas * each)
-            .map_err(|_| "more participants than a Barrier takes".to_owned())?;
+    }
+    let mut total: u32 = 0;
+    for rjob in labelled {
+        let spec: k8s_openapi::api::batch::v1::JobSpec =
+            serde_json::from_value(rjob["template"]["spec"].clone()).map_err(|e| {
+                format!(
+                    "replicated Job {} has a Job template that cannot be read: {e}",
+                    rjob["name"]
+                )
+            })?;
+        let replicas = u32::try_from(rjob["replicas"].as_u64().unwrap_or(1))
+            .map_err(|_| format!("replicated Job {} has too many replicas", rjob["name"]))?;
+        let each = super::jobs::count(&spec).unwrap_or(0);
+        total = replicas
+            .checked_mul(each)
+            .and_then(|n| total.checked_add(n))
+            .ok_or_else(|| "more participants than a Barrier takes".to_owned())?;
     }
     if total == 0 {
         return Err(format!(
@@ -632,9 +720,14 @@ async fn see_to(
         .filter(|j| j.namespace().as_deref() == Some(namespace) && barrier_label(j) == Some(label))
         .collect();
     let barrier = barriers.get(&ObjectRef::new(label).within(namespace));
+    // In this namespace only: a JobSet's run comes from an owner reference,
+    // which anyone may write on a Job of theirs.
     let holder_live = barrier.as_deref().and_then(run_of).is_some_and(|run| {
-        all.iter()
-            .any(|j| live(j) && run_of_job(j).is_some_and(|r| r.id == run))
+        all.iter().any(|j| {
+            j.namespace().as_deref() == Some(namespace)
+                && live(j)
+                && run_of_job(j).is_some_and(|r| r.id == run)
+        })
     });
     let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
     match plan(barrier.as_deref(), &labelled, holder_live) {
@@ -860,6 +953,86 @@ mod tests {
             },
             "a restart is a run of its own"
         );
+    }
+
+    #[test]
+    fn a_suspended_run_that_made_progress_keeps_its_barrier() {
+        // A plain Job preempted after 2 of its 4 pods succeeded: a new
+        // Barrier (sized 4 by the Job) would never open for the 2 left.
+        let mut job = labelled("train", "j1", 100, false);
+        job.spec = Some(k8s_openapi::api::batch::v1::JobSpec {
+            suspend: Some(true),
+            ..Default::default()
+        });
+        job.status = Some(k8s_openapi::api::batch::v1::JobStatus {
+            succeeded: Some(2),
+            ..Default::default()
+        });
+        let firsts = barrier_of("b1", Some("j1"));
+        assert_eq!(plan(Some(&firsts), &[&job], false), Plan::Nothing);
+        // A JobSet suspends only its active child Jobs: one completed
+        // already is progress too.
+        let mut done = child("gang-w-0", "j2", 100, "s1", 0);
+        done.status = labelled("x", "x", 0, true).status;
+        let mut waiting = child("gang-w-1", "j3", 101, "s1", 0);
+        waiting.spec = job.spec.clone();
+        let mut made = barrier_of("b2", None);
+        made.metadata.owner_references = Some(vec![run_of_job(&done).unwrap().owner]);
+        made.labels_mut().insert(RUN_LABEL.into(), "s1.0".into());
+        assert_eq!(plan(Some(&made), &[&done, &waiting], false), Plan::Nothing);
+        let mut both = done.clone();
+        both.status = None;
+        both.spec = job.spec.clone();
+        assert!(
+            matches!(
+                plan(Some(&made), &[&both, &waiting], false),
+                Plan::Replace { .. }
+            ),
+            "every child Job suspended before any finished: replaced"
+        );
+    }
+
+    #[test]
+    fn a_jobset_child_with_a_restart_label_that_is_no_number_has_no_run() {
+        let mut j = child("gang-w-0", "j1", 100, "s1", 0);
+        j.labels_mut()
+            .insert(JOBSET_RESTART_LABEL.into(), "0.x-".into());
+        assert_eq!(run_of_job(&j), None);
+        assert!(label_value(
+            "4b3c2d1e-0000-4000-8000-000000000001.4294967295"
+        ));
+        assert!(!label_value("a.b."));
+        assert!(!label_value(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn a_jobsets_replicated_jobs_started_in_order_cannot_be_one_gang() {
+        let template = serde_json::json!({ "spec": { "parallelism": 1,
+            "template": { "metadata": { "labels": { "zkgate.io/barrier": "gang" } } } } });
+        let in_order = serde_json::json!({ "spec": {
+        "startupPolicy": { "startupPolicyOrder": "InOrder" },
+        "replicatedJobs": [
+            { "name": "driver", "template": template },
+            { "name": "workers", "template": template },
+        ]}});
+        let why = size_over_replicated_jobs(&in_order, "gang").unwrap_err();
+        assert!(
+            why.contains("InOrder") && why.contains("zkgate.io/after"),
+            "{why}"
+        );
+        let depends = serde_json::json!({ "spec": { "replicatedJobs": [
+            { "name": "driver", "template": template },
+            { "name": "workers", "template": template,
+              "dependsOn": [{ "name": "driver", "status": "Ready" }] },
+        ]}});
+        let why = size_over_replicated_jobs(&depends, "gang").unwrap_err();
+        assert!(why.contains("depends on driver"), "{why}");
+        let overflow = serde_json::json!({ "spec": { "replicatedJobs": [
+            { "name": "a", "replicas": 2_000_000_000u64, "template": template },
+            { "name": "b", "replicas": 2_000_000_000u64, "template": template },
+            { "name": "c", "replicas": 1_000_000_000u64, "template": template },
+        ]}});
+        assert!(size_over_replicated_jobs(&overflow, "gang").is_err());
     }
 
     #[test]

@@ -725,18 +725,22 @@ impl Webhook {
             }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
             let ours = super::runs::run_of_pod(pod);
+            // What JobSet's pods must say for zkgate to keep them one gang.
+            if let Some(why) = super::runs::jobset_pod_refusal(&labels) {
+                return Err(why);
+            }
             // A pod that says it is of a JobSet's run (by the labels JobSet
             // gives its pods, which whoever makes a pod can write) must be
             // of a Job that says so too.
-            if let (Some(run), Some(job)) = (&ours, inject::job_of(pod)) {
-                if *run != job.uid {
+            let jobset_job = match (&ours, inject::job_of(pod)) {
+                (Some(run), Some(job)) if labels.contains_key(super::runs::JOBSET_UID_LABEL) => {
                     let found = jobs
                         .get_opt(&job.name)
                         .await
                         .map_err(|e| unreadable("Job", e))?
                         .filter(|j| j.metadata.uid.as_deref() == Some(job.uid.as_str()));
                     let theirs = found.as_ref().and_then(super::runs::run_of_job);
-                    if theirs.as_ref().map(|r| &r.id) != Some(run) {
+                    let Some(theirs) = theirs.filter(|r| r.id == *run && r.of_jobset()) else {
                         return Err(format!(
                             "the pod's labels {} and {} say it is of JobSet run {run}, but its Job {} (uid {}) is not of that run",
                             super::runs::JOBSET_UID_LABEL,
@@ -744,9 +748,11 @@ impl Webhook {
                             job.name,
                             job.uid
                         ));
-                    }
+                    };
+                    Some(theirs)
                 }
-            }
+                _ => None,
+            };
             if let Some(found) = api
                 .get_opt(barrier)
                 .await
@@ -800,8 +806,16 @@ impl Webhook {
                     }
                     Ok(())
                 };
-                let (Some((holder, run)), Some(ours)) = (holder, ours) else {
+                let Some((holder, run)) = holder else {
                     return agrees();
+                };
+                // A Barrier zkgate made for a run takes that run's pods
+                // only: a pod of no Job would add itself to their gang.
+                let Some(ours) = ours else {
+                    return Err(format!(
+                        "the pod's label {BARRIER_LABEL}={barrier} names the Barrier zkgate made for {} {} (run {run}), and the pod is of no Job: only that run's pods take part in it. Give the pod a {BARRIER_LABEL} label of its own, with a Barrier made for it",
+                        holder.kind, holder.name
+                    ));
                 };
                 if run == ours {
                     return agrees();
@@ -844,6 +858,21 @@ impl Webhook {
                 j.metadata.uid.as_deref() == Some(owner.uid.as_str())
                     && super::jobs::barrier_label(j) == Some(barrier.as_str())
             });
+            // A JobSet's Barrier is made only if the JobSet can be sized:
+            // say why not here, where the user sees it (the Job's events),
+            // rather than leave the pod waiting for a Barrier nobody makes.
+            if let (true, Some(run)) = (labelled, &jobset_job) {
+                match super::runs::jobset_size(&self.client, namespace, &run.owner, barrier).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(why)) => {
+                        return Err(format!(
+                            "{missing}, and zkgate cannot make it for JobSet {}: {why}",
+                            run.owner.name
+                        ))
+                    }
+                    Err(e) => return Err(unreadable("JobSet", e)),
+                }
+            }
             if !labelled {
                 return Err(format!(
                     "{missing}, and its Job {} (uid {}) {}: create the Barrier first",
