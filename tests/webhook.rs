@@ -345,10 +345,12 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
     let second = h.create_pod(second).await.unwrap();
     assert_eq!(second.spec.unwrap().init_containers.unwrap().len(), 1);
 
-    // Written by hand with zkgate already: left alone.
-    let mut by_hand = pod_of("by-hand", json!({ "zkgate.io/barrier": "train" }));
+    // Written by hand with zkgate already, on a Barrier of its own (the
+    // Job's Barrier takes only that run's pods): left alone.
+    h.barrier("by-hand", 1).await;
+    let mut by_hand = pod_of("by-hand", json!({ "zkgate.io/barrier": "by-hand" }));
     by_hand["spec"]["initContainers"] = json!([{
-        "name": "barrier", "image": "ghcr.io/zkgate/zkgate:0.2.0", "args": ["barrier", "enter", "train"]
+        "name": "barrier", "image": "ghcr.io/zkgate/zkgate:0.2.0", "args": ["barrier", "enter", "by-hand"]
     }]);
     let by_hand = h.create_pod(by_hand).await.unwrap();
     let inits = by_hand.spec.unwrap().init_containers.unwrap();
