@@ -59,6 +59,7 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
     let object_ref = object.clone();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let started = std::time::Instant::now();
+    let object = with_finalizer(&api, object).await?;
     let result = finalizer(&api, FINALIZER, object, |event| async {
         match event {
             // The namespace's credentials first: its pods' nodes are
@@ -110,6 +111,59 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
         ctx.failures.succeeded(&key(object_ref.as_ref()));
     }
     result
+}
+
+/// `object` with zkgate's finalizer: added (by the same patch as kube's
+/// finalizer helper, which fails rather than duplicate a finalizer someone
+/// added meanwhile) to a resource that lacks it and is not being deleted,
+/// so that a new resource gets its finalizer, its znodes and its first
+/// status in one reconcile. The helper alone adds the finalizer and stops,
+/// and the finalizer's update is no trigger: the controller reconciles on
+/// changes of generation (see `controller` in the module above).
+async fn with_finalizer<K: Reconciled>(api: &Api<K>, object: Arc<K>) -> Result<Arc<K>, Error> {
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation, TestOperation};
+    if object.meta().deletion_timestamp.is_some()
+        || object.finalizers().iter().any(|f| f == FINALIZER)
+    {
+        return Ok(object);
+    }
+    let (test, add): (serde_json::Value, _) = if object.finalizers().is_empty() {
+        (
+            serde_json::Value::Null,
+            (
+                PointerBuf::from_tokens(["metadata", "finalizers"]),
+                vec![FINALIZER].into(),
+            ),
+        )
+    } else {
+        (
+            object.finalizers().into(),
+            (
+                PointerBuf::from_tokens(["metadata", "finalizers", "-"]),
+                FINALIZER.into(),
+            ),
+        )
+    };
+    let patch = json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: PointerBuf::from_tokens(["metadata", "finalizers"]),
+            value: test,
+        }),
+        PatchOperation::Add(AddOperation {
+            path: add.0,
+            value: add.1,
+        }),
+    ]);
+    let mut updated = api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await?;
+    updated.managed_fields_mut().clear();
+    Ok(Arc::new(updated))
 }
 
 /// The credential rotation `object` asks for by annotation, if any.

@@ -81,6 +81,9 @@ pub async fn follow(session: &Session, layout: &Layout, triggers: Triggers) -> R
             }
             continue;
         }
+        if own_creation(layout, &event) {
+            continue;
+        }
         let now = Instant::now();
         match layout.resource_of(&event.path) {
             Some((ResourceKind::Barrier, namespace, name)) => {
@@ -97,6 +100,26 @@ pub async fn follow(session: &Session, layout: &Layout, triggers: Triggers) -> R
             None => {}
         }
     }
+}
+
+/// Whether `event` is the creation of a resource's own node (a barrier or
+/// lock node), which only the controller makes, in a reconcile that looks
+/// at the node after making it: a trigger would repeat that look (the
+/// second of the two reconciles a new resource cost). Any other path (a
+/// registration, a hold, `ready`) and any deletion or data change of the
+/// node still triggers; a node made again after a deletion was preceded by
+/// the deletion's own trigger.
+fn own_creation(layout: &Layout, event: &zk::WatchedEvent) -> bool {
+    event.event_type == zk::EventType::NodeCreated
+        && layout
+            .resource_of(&event.path)
+            .is_some_and(|(kind, namespace, name)| {
+                let own = match kind {
+                    ResourceKind::Barrier => layout.barrier(&namespace, &name),
+                    ResourceKind::Lock => layout.lock(&namespace, &name),
+                };
+                own.is_ok_and(|own| own == event.path)
+            })
 }
 
 /// Passes on at most one trigger per key per interval: the first at once,
