@@ -1642,8 +1642,10 @@ async fn each_change_costs_one_status_write() {
 /// status write (both the controller's own) triggers another. Failed
 /// before: three reconciles for each new resource (the finalizer, then the
 /// znodes and status, then a look that found nothing left to write), a
-/// third of the cold first sync at 10,000 resources. A change of spec
-/// still triggers one, and a deletion removes the finalizer.
+/// third of the cold first sync at 10,000 resources. A finalizer someone
+/// removed is put back at once, and a status someone else wrote is
+/// corrected at once; a change of spec still triggers a reconcile, and a
+/// deletion removes the znodes and the finalizer.
 #[tokio::test]
 async fn a_new_resource_is_reconciled_once() {
     let api = tokio::task::spawn_blocking(support::kube::PrivateApiServer::start)
@@ -1721,6 +1723,44 @@ async fn a_new_resource_is_reconciled_once() {
         lease_reconciles >= NEW as f64 && lease_reconciles <= most,
         "{lease_reconciles} reconciles for {NEW} new LockLeases"
     );
+
+    // A finalizer someone removed is put back at once (not at the next
+    // periodic look, minutes later).
+    barriers
+        .patch(
+            "b2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "b2's finalizer back", || async {
+        let b = barriers.get("b2").await.ok()?;
+        b.finalizers()
+            .iter()
+            .any(|f| f == "zkgate.io/znodes")
+            .then_some(())
+    })
+    .await;
+
+    // A status someone else wrote is corrected at once (not at the next
+    // periodic look, minutes later): a forged `Completed` would lift the
+    // Barriers that start after this one.
+    let phase = barriers.get("b3").await.unwrap().status.unwrap().phase;
+    assert_ne!(phase, Some(BarrierPhase::Completed));
+    barriers
+        .patch_status(
+            "b3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "phase": "Completed" } })),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "b3's status written again", || async {
+        let b = barriers.get("b3").await.ok()?;
+        (b.status?.phase == phase).then_some(())
+    })
+    .await;
 
     // A change of spec is seen (x, in the barrier node's data).
     let before = settled("Barrier").await;

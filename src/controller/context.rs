@@ -59,12 +59,17 @@ pub struct Context {
 #[derive(Debug)]
 pub struct StatusMemory<S> {
     last: std::sync::Mutex<std::collections::HashMap<String, S>>,
+    /// The last status written per uid, as the API server hands it back:
+    /// how the controller tells its own writes, coming back through the
+    /// watch, from anyone else's (see `super::worth`).
+    written: std::sync::Mutex<std::collections::HashMap<String, S>>,
 }
 
 impl<S> Default for StatusMemory<S> {
     fn default() -> Self {
         StatusMemory {
             last: Default::default(),
+            written: Default::default(),
         }
     }
 }
@@ -85,9 +90,32 @@ impl<S: Clone + Default> StatusMemory<S> {
             .insert(uid.to_owned(), status.clone());
     }
 
+    /// `status` (in the form the API server hands back) was written for
+    /// `uid`, or found already there.
+    pub fn written(&self, uid: &str, status: &S) {
+        self.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_owned(), status.clone());
+    }
+
+    /// Whether `status`, read back for `uid`, is the last one this term
+    /// wrote (or found there).
+    pub fn is_written(&self, uid: &str, status: Option<&S>) -> bool
+    where
+        S: PartialEq,
+    {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        written.get(uid) == status
+    }
+
     /// The resource is gone.
     pub fn forget(&self, uid: &str) {
         self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        self.written
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);

@@ -26,6 +26,7 @@ mod removal;
 pub mod runs;
 pub mod status;
 pub mod webhook;
+mod worth;
 mod zkevents;
 
 use std::net::SocketAddr;
@@ -559,25 +560,28 @@ fn controller<K: reconciler::Reconciled>(
     stop: &CancellationToken,
     ctx: Arc<Context>,
 ) -> impl std::future::Future<Output = ()> {
-    use kube::runtime::{predicates, reflector, Predicate, WatchStreamExt};
+    use kube::runtime::{reflector, WatchStreamExt};
     let (reader, writer) = reflector::store();
-    // A resource's own changes trigger a reconcile when its generation
-    // (its spec, or its deletion) or its annotations (a rotation asked
-    // for) changed: not its status, which is the controller's own write,
-    // nor its finalizer, which the reconcile that added it goes on past
-    // (`reconciler::with_finalizer`). A new resource is so reconciled once,
-    // not three times (the finalizer, the znodes and status, a look that
-    // finds nothing to write), which was a third of the cold first sync at
-    // 10,000 resources. The store still holds every version.
+    // Only the changes worth a reconcile (see `worth`): a new resource is
+    // reconciled once, not once more for each of the controller's own
+    // writes. The store still holds every version.
+    let mut worth = worth::Worth::default();
+    let memory = ctx.clone();
+    let own = move |object: &K| {
+        object
+            .uid()
+            .is_some_and(|uid| K::memory(&memory).is_written(&uid, object.status()))
+    };
     let resources = watcher(resources, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
-        .applied_objects()
-        .predicate_filter(
-            predicates::generation.combine(predicates::annotations),
-            Default::default(),
-        );
+        .filter_map(move |event| {
+            futures::future::ready(match event {
+                Ok(event) => worth.event(event, &own).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        });
     let kind = K::kind(&());
     Controller::for_stream(resources, reader)
         .with_config(
