@@ -1586,19 +1586,10 @@ async fn each_change_costs_one_status_write() {
     let ns = namespace(&client).await;
     let zk = isolated_connect();
     let _controller = ControllerProcess::start_on(&api.kubeconfig(), &ns, &zk, "writes");
-    // The count once the writes have stopped (unchanged over a second: a
-    // write the controller's own write triggers comes within milliseconds).
-    let settled = || async {
-        let mut last = support::kube::api_requests(&client, "APPLY", "barriers", "status").await;
-        let mut stable = 0;
-        while stable < 4 {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            let now = support::kube::api_requests(&client, "APPLY", "barriers", "status").await;
-            stable = if now == last { stable + 1 } else { 0 };
-            last = now;
-        }
-        last
-    };
+    // The count once the writes have stopped (a write the controller's own
+    // write triggers comes within milliseconds).
+    let settled =
+        || support::settled(|| support::kube::api_requests(&client, "APPLY", "barriers", "status"));
     let before = settled().await;
     let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     let b: Barrier = serde_json::from_value(json!({ "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier", "metadata": { "name": "g" }, "spec": { "participants": 9 } })).unwrap();
@@ -1665,18 +1656,8 @@ async fn a_new_resource_is_reconciled_once() {
                 .unwrap_or(0.0)
         }
     };
-    // The count once the reconciles have stopped (unchanged over a second).
-    let settled = |kind: &'static str| async move {
-        let mut last = reconciles(kind).await;
-        let mut stable = 0;
-        while stable < 4 {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            let now = reconciles(kind).await;
-            stable = if now == last { stable + 1 } else { 0 };
-            last = now;
-        }
-        last
-    };
+    // The count once the reconciles have stopped.
+    let settled = |kind: &'static str| support::settled(move || reconciles(kind));
     eventually(WITHIN, "the controller's metrics", || async {
         controller.metric("zkgate_leader").await
     })

@@ -120,6 +120,28 @@ where
     }
 }
 
+/// The count `read` gives once it has stopped changing: the same for a
+/// second (four looks a quarter second apart). For counts of work that
+/// follows a change within milliseconds (requests, reconciles); fails the
+/// test if the count still changes after a minute.
+pub async fn settled<F, Fut>(read: F) -> f64
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = f64>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = read().await;
+    let mut stable = 0;
+    while stable < 4 {
+        assert!(Instant::now() < deadline, "the count kept changing: {last}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = read().await;
+        stable = if now == last { stable + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 /// Whether process `pid` has ended: gone, or a zombie nobody reaped yet.
 pub fn process_ended(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
