@@ -49,17 +49,23 @@ impl Seen {
         object.annotations().hash(&mut hasher);
         object.labels().hash(&mut hasher);
         let metadata = hasher.finish();
-        let mut hasher = DefaultHasher::new();
-        serde_json::to_vec(&object.status())
-            .unwrap_or_default()
-            .hash(&mut hasher);
         Seen {
             generation: object.meta().generation,
             metadata,
             finalized: object.finalizers().iter().any(|f| f == FINALIZER),
-            status: hasher.finish(),
+            status: digest(object.status()),
         }
     }
+}
+
+/// A digest of a status (of its JSON: the status types hold no maps, so
+/// equal statuses serialize alike), stable within the process.
+pub fn digest<S: Serialize>(status: Option<&S>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(&status)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The filter: the watch's events in, the objects worth a reconcile out.
