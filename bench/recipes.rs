@@ -328,12 +328,20 @@ async fn main() {
             let last_enter = Instant::now();
             tasks.push(enter(observer.clone(), count - 1));
             let (mut released, mut done) = (last_enter, last_enter);
+            let mut waiters = Vec::with_capacity(count);
             for t in tasks {
                 let (r, d) = t.await.expect("task");
                 released = released.max(r);
                 done = done.max(d);
+                waiters.push(ms(r.saturating_duration_since(last_enter)));
             }
             let release_ms = ms(released - last_enter);
+            // Where the release goes: the last participant's own enter (its
+            // round and the opening's transaction, on a server still busy
+            // with the gang's arrivals), then the others' notifications.
+            let opener_ms = waiters.pop().expect("the last participant");
+            waiters.sort_by(f64::total_cmp);
+            let waiter_p50_ms = percentile(&waiters, 0.5);
             // The floor under any release on this machine: the same N
             // sessions each watch a node that one of them then makes; from
             // the create call until every session was notified (no request
@@ -352,7 +360,7 @@ async fn main() {
                 }));
             }
             let made = Instant::now();
-            all[0]
+            all[count - 1]
                 .client()
                 .create(
                     "/floor",
@@ -361,17 +369,74 @@ async fn main() {
                 )
                 .await
                 .expect("create");
+            let floor_create_ms = ms(made.elapsed());
             let mut notified = made;
             for w in watching {
                 notified = notified.max(w.await.expect("task"));
             }
             let floor_ms = ms(notified - made);
+            // The same floor after the same arrivals: N-1 of the sessions
+            // each watch a node and register, in one pipelined round as an
+            // arrival does; once N-1 registrations are listed (staged as the
+            // barrier is) the last session makes the node. The barrier's
+            // clock starts while this one process is still taking in the
+            // arrivals' replies; the quiet floor above starts on an idle
+            // one. What the barrier adds over this floor is its own logic.
+            let anyone = zk::Acls::anyone_all();
+            all[0]
+                .client()
+                .create(
+                    "/arrivals",
+                    b"",
+                    &zk::CreateMode::Persistent.with_acls(anyone),
+                )
+                .await
+                .expect("create");
+            let mut waiting = Vec::new();
+            for (i, s) in all.iter().enumerate().take(count - 1) {
+                let s = s.clone();
+                waiting.push(tokio::spawn(async move {
+                    let client = s.client();
+                    let node = format!("/arrivals/p{i:05}");
+                    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+                    let watch_f = client.check_and_watch_stat("/gate");
+                    let create_f = client.create(&node, b"", &ephemeral);
+                    let (stat, watcher) = watch_f.await.expect("watch");
+                    assert!(stat.is_none());
+                    create_f.await.expect("register");
+                    watcher.changed().await;
+                    Instant::now()
+                }));
+            }
+            while observer
+                .client()
+                .list_children("/arrivals")
+                .await
+                .expect("list")
+                .len()
+                < count - 1
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let made = Instant::now();
+            observer
+                .client()
+                .create("/gate", b"", &zk::CreateMode::Persistent.with_acls(anyone))
+                .await
+                .expect("create");
+            let mut notified = made;
+            for w in waiting {
+                notified = notified.max(w.await.expect("task"));
+            }
+            let loaded_floor_ms = ms(notified - made);
             println!(
                 "{}",
                 serde_json::json!({
                     "impl": "zkgate", "scenario": format!("barrier-{count}"), "ops": count,
                     "seconds": (done - started).as_secs_f64(), "ops_per_sec": count as f64 / (done - started).as_secs_f64(),
                     "release_ms": release_ms, "round_ms": ms(done - started), "watch_floor_ms": floor_ms,
+                    "loaded_floor_ms": loaded_floor_ms,
+                    "opener_ms": opener_ms, "waiter_p50_ms": waiter_p50_ms, "floor_create_ms": floor_create_ms,
                     "p50_ms": 0.0, "p99_ms": 0.0, "handoff_p50_ms": 0.0, "handoff_p99_ms": 0.0,
                 })
             );
