@@ -1742,6 +1742,29 @@ async fn a_new_resource_is_reconciled_once() {
         (b.status?.phase == phase).then_some(())
     })
     .await;
+    // And so is a field the controller's status leaves out (a Barrier
+    // not yet open has no `completedAt`, no `reason`, no participants):
+    // applying its own status takes only the fields it names, and would
+    // leave these to whoever wrote them.
+    let before = barriers.get("b4").await.unwrap().status.unwrap();
+    barriers
+        .patch_status(
+            "b4",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "completedAt": "2026-01-01T00:00:00Z",
+                "reason": "TimedOut",
+                "participants": [{ "id": "forged" }],
+                "restarts": 7,
+            } })),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "b4's forged fields removed", || async {
+        let b = barriers.get("b4").await.ok()?;
+        (b.status? == before).then_some(())
+    })
+    .await;
 
     // A change of spec is seen (x, in the barrier node's data).
     let before = settled("Barrier").await;

@@ -96,7 +96,7 @@ impl<S: Clone + Default> StatusMemory<S> {
     /// `uid`, or found already there.
     pub fn written(&self, uid: &str, status: &S)
     where
-        S: serde::Serialize,
+        S: std::fmt::Debug,
     {
         self.written
             .lock()
@@ -108,7 +108,7 @@ impl<S: Clone + Default> StatusMemory<S> {
     /// wrote (or found there).
     pub fn is_written(&self, uid: &str, status: Option<&S>) -> bool
     where
-        S: serde::Serialize,
+        S: std::fmt::Debug,
     {
         let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         written.get(uid) == Some(&super::worth::digest(status))
@@ -220,5 +220,26 @@ mod tests {
         );
         memory.forget("u");
         assert!(!memory.is_written("u", Some(&open)));
+    }
+
+    #[test]
+    fn a_status_that_differs_only_below_the_second_is_someone_elses() {
+        // The API server keeps what a client writes, fractions of a second
+        // included; the controller writes whole seconds.
+        let ours: BarrierStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Open", "entered": 3, "left": 0,
+            "openedAt": "2026-12-03T10:00:00Z"
+        }))
+        .unwrap();
+        let forged: BarrierStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Open", "entered": 3, "left": 0,
+            "openedAt": "2026-12-03T10:00:00.999Z"
+        }))
+        .unwrap();
+        assert_ne!(forged, ours);
+        let memory = StatusMemory::<BarrierStatus>::default();
+        memory.written("u", &ours);
+        assert!(memory.is_written("u", Some(&ours)));
+        assert!(!memory.is_written("u", Some(&forged)));
     }
 }

@@ -31,7 +31,15 @@ pub trait Reconciled:
     + Sync
     + 'static
     + HasStatus<
-        Status: Clone + Default + PartialEq + Serialize + DeserializeOwned + Capped + Send + Sync,
+        Status: Clone
+                    + Default
+                    + PartialEq
+                    + Debug
+                    + Serialize
+                    + DeserializeOwned
+                    + Capped
+                    + Send
+                    + Sync,
     >
 {
     /// The statuses this term applied to objects of this kind.
@@ -288,7 +296,9 @@ fn as_read_back<S: Serialize + serde::de::DeserializeOwned>(status: &S) -> Resul
     Ok(serde_json::from_value(serde_json::to_value(status)?)?)
 }
 
-/// Writes `status` by server-side apply with the controller's field manager.
+/// Writes `status` by server-side apply with the controller's field
+/// manager, then removes what someone else wrote beside it (see
+/// [`left_by_others`]).
 async fn write_status<K: Reconciled>(
     object: &K,
     namespace: &str,
@@ -296,18 +306,59 @@ async fn write_status<K: Reconciled>(
     ctx: &Context,
 ) -> Result<(), Error> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let status = serde_json::to_value(status)?;
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &object.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let stored = api
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    let stored = serde_json::to_value(stored.status())?;
+    if let Some(removal) = left_by_others(&status, &stored) {
+        tracing::info!(object = %key(object), ?removal, "removing status fields someone else wrote");
+        let patch = serde_json::json!({ "status": removal });
+        api.patch_status(
+            &object.name_any(),
+            &PatchParams {
+                field_manager: Some(MANAGER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    }
     Ok(())
+}
+
+/// The fields of `stored` that `ours` leaves out, as a merge patch that
+/// removes them (`null` each), or `None` if there are none. Server-side
+/// apply takes over only the fields it names: a field another field
+/// manager wrote (a forged `completedAt` beside a status that has none,
+/// participants where nobody entered) would stay. Lists are atomic in the
+/// CRDs, so an applied list replaces theirs whole; objects are merged, so
+/// they are looked into.
+fn left_by_others(
+    ours: &serde_json::Value,
+    stored: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    use serde_json::{Map, Value};
+    let (Value::Object(ours), Value::Object(stored)) = (ours, stored) else {
+        return None;
+    };
+    let removal: Map<String, Value> = stored
+        .iter()
+        .filter_map(|(field, theirs)| match ours.get(field) {
+            None => Some((field.clone(), Value::Null)),
+            Some(mine) => left_by_others(mine, theirs).map(|inner| (field.clone(), inner)),
+        })
+        .collect();
+    (!removal.is_empty()).then_some(Value::Object(removal))
 }
 
 /// Rewrites a node whose data could not be read (someone wrote garbage) with
@@ -444,4 +495,31 @@ where
         ctx.record(object, &note).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::left_by_others;
+    use serde_json::json;
+
+    #[test]
+    fn fields_someone_else_wrote_beside_the_controllers_status_are_removed() {
+        let ours = json!({ "phase": "Waiting", "entered": 1, "held": { "by": "a" } });
+        let stored = json!({
+            "phase": "Waiting", "entered": 1, "completedAt": "2026-01-01T00:00:00Z",
+            "held": { "by": "a", "forged": true }, "participants": [{ "id": "x" }]
+        });
+        assert_eq!(
+            left_by_others(&ours, &stored),
+            Some(json!({
+                "completedAt": null, "held": { "forged": null }, "participants": null
+            }))
+        );
+        assert_eq!(left_by_others(&ours, &ours), None, "nothing but ours");
+        assert_eq!(
+            left_by_others(&ours, &serde_json::Value::Null),
+            None,
+            "no status"
+        );
+    }
 }

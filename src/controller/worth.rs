@@ -20,14 +20,15 @@
 //! one version at a time: "has the finalizer" would fire on the
 //! controller's own adding of it too), hence this small stateful filter.
 
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::fmt::{self, Debug, Write as _};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
 
 use kube::core::object::HasStatus;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
 
 use super::context::FINALIZER;
 
@@ -39,12 +40,12 @@ struct Seen {
     /// A hash of the annotations and labels.
     metadata: u64,
     finalized: bool,
-    /// A hash of the status's JSON.
+    /// A digest of the status (see [`digest`]).
     status: u64,
 }
 
 impl Seen {
-    fn of<K: Resource + HasStatus<Status: Serialize>>(object: &K) -> Seen {
+    fn of<K: Resource + HasStatus<Status: Debug>>(object: &K) -> Seen {
         let mut hasher = DefaultHasher::new();
         object.annotations().hash(&mut hasher);
         object.labels().hash(&mut hasher);
@@ -58,14 +59,28 @@ impl Seen {
     }
 }
 
-/// A digest of a status (of its JSON: the status types hold no maps, so
-/// equal statuses serialize alike), stable within the process.
-pub fn digest<S: Serialize>(status: Option<&S>) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    serde_json::to_vec(&status)
-        .unwrap_or_default()
-        .hash(&mut hasher);
+/// A digest of a status, stable within the process: of its `Debug` form,
+/// which keeps what its JSON drops (a time's fraction of a second: a
+/// status someone wrote that differs from the controller's only there is
+/// still someone else's), and prints equal statuses alike (the status types
+/// hold no maps). Keyed at random once per process, so that nobody can
+/// work out a status that collides with one the controller writes.
+pub fn digest<S: Debug>(status: Option<&S>) -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    let mut hasher = KEYS.get_or_init(RandomState::new).build_hasher();
+    // Writing into a hasher cannot fail.
+    let _ = write!(Hashing(&mut hasher), "{status:?}");
     hasher.finish()
+}
+
+/// Feeds what is formatted into a hasher, without a string in between.
+struct Hashing<'a, H>(&'a mut H);
+
+impl<H: Hasher> fmt::Write for Hashing<'_, H> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
 }
 
 /// The filter: the watch's events in, the objects worth a reconcile out.
@@ -81,7 +96,7 @@ pub struct Worth {
 impl Worth {
     /// The object of `event` if it is worth a reconcile; `own` tells
     /// whether an object's status is the last one the controller wrote.
-    pub fn event<K: Resource + HasStatus<Status: Serialize>>(
+    pub fn event<K: Resource + HasStatus<Status: Debug>>(
         &mut self,
         event: watcher::Event<K>,
         own: impl Fn(&K) -> bool,
@@ -114,7 +129,7 @@ impl Worth {
         }
     }
 
-    fn worth<K: Resource + HasStatus<Status: Serialize>>(
+    fn worth<K: Resource + HasStatus<Status: Debug>>(
         &mut self,
         object: K,
         own: impl Fn(&K) -> bool,
