@@ -1773,8 +1773,25 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
     );
 }
 
-/// The last commit whose chart is 0.1.0 (CRDs in Helm's `crds/` folder).
-const CHART_0_1: &str = "8e226ecc64c389981ed965f599a8fccccda5777e";
+/// The previous release (chart and crate 0.1.0, CRDs in Helm's `crds/`
+/// folder): its commit and its own zkgate binary, built from this
+/// repository's history by scripts/previous-release (once, cached).
+fn previous_release() -> (String, PathBuf) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/previous-release");
+    let ask = |what: &str| {
+        let out = Command::new(&script)
+            .arg(what)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/previous-release {what} failed"
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    (ask("commit"), PathBuf::from(ask("bin")))
+}
 
 /// The chart as it was at `commit`, from this repository's history, in
 /// `dir` (returns the chart's path).
@@ -1805,20 +1822,33 @@ fn chart_at(commit: &str, dir: &Path) -> PathBuf {
     dir.join("charts/zkgate")
 }
 
-/// Issue 29: upgrading from the previous chart (0.1, its CRDs in Helm's
-/// `crds/` folder, which the release does not own) as
-/// docs/src/operations/upgrade.md says, its commands run as written, while
-/// a gang waits for its last member and a lock is held with another
-/// waiting: the controller is replaced mid-way (as the rollout replaces
-/// its pods). Nobody is released early: the gang's command runs only once
-/// its last member comes after the upgrade, and the waiter gets the lock
-/// only when the holder lets it go, with a higher fencing token. The
-/// CRDs are the release's afterwards (kept on uninstall).
+/// Issue 29: upgrading from the previous release (0.1: its chart, whose
+/// CRDs are in Helm's `crds/` folder, which the release does not own, and
+/// its own controller and participants) as docs/src/operations/upgrade.md
+/// says, its commands run as written, while a gang waits for its last
+/// member and a lock is held with another waiting, all three 0.1
+/// participants: the 0.1 controller is replaced mid-way by today's (as the
+/// rollout replaces its pods). Nobody is released early: the gang's command
+/// runs only once its last member (today's binary) comes after the
+/// upgrade, and the 0.1 waiter gets the lock only when the 0.1 holder lets
+/// it go, with a higher fencing token. The CRDs are the release's
+/// afterwards (kept on uninstall).
 #[tokio::test]
 async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let dir = tempfile::tempdir().unwrap();
-    let previous = chart_at(CHART_0_1, dir.path());
+    let (previous_commit, previous_zkgate) = previous_release();
+    let today_zkgate = PathBuf::from(env!("CARGO_BIN_EXE_zkgate"));
+    let version = Command::new(&previous_zkgate)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        "zkgate 0.1.0",
+        "the previous release's binary"
+    );
+    let previous = chart_at(&previous_commit, dir.path());
     let (server, client, zk) = release_on_own_api_server(&previous).await;
     let kubeconfig = server.kubeconfig();
     let ns = namespace(&client).await;
@@ -1827,8 +1857,10 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
         barriers.list(&Default::default()).await.ok()
     })
     .await;
-    let start = || support::kube::ControllerProcess::start_with(&kubeconfig, &zk, "upgrade", &[]);
-    let mut controller = start();
+    let start = |bin: &Path| {
+        support::kube::ControllerProcess::start_binary(bin, &kubeconfig, &zk, "upgrade", &[])
+    };
+    let mut controller = start(&previous_zkgate);
     let gang: Barrier = serde_json::from_value(json!({
         "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
         "metadata": { "name": "gang" }, "spec": { "participants": 2 }
@@ -1854,9 +1886,10 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
     // Each command writes when it started (and the lock's, its token).
     let records = dir.path().join("records");
     std::fs::create_dir(&records).unwrap();
-    let member = |id: &str| {
+    let member = |bin: &Path, id: &str| {
         let file = records.join(id);
-        let mut cmd = support::zkgate(
+        let mut cmd = support::zkgate_binary(
+            bin,
             &zk,
             &[
                 "barrier",
@@ -1880,8 +1913,9 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
         cmd.spawn().unwrap()
     };
     let holder_release = records.join("release");
-    let lock_run = |id: &str, command: String| {
-        let mut cmd = support::zkgate(
+    let lock_run = |bin: &Path, id: &str, command: String| {
+        let mut cmd = support::zkgate_binary(
+            bin,
             &zk,
             &[
                 "lock",
@@ -1899,8 +1933,9 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
             .stderr(Stdio::piped());
         cmd.spawn().unwrap()
     };
-    let first = member("first");
+    let first = member(&previous_zkgate, "first");
     let holder = lock_run(
+        &previous_zkgate,
         "holder",
         format!(
             "echo $ZKGATE_FENCING_TOKEN > {tokens}/holder; while [ ! -f {release} ]; do sleep 0.1; done",
@@ -1913,6 +1948,7 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
     })
     .await;
     let waiter = lock_run(
+        &previous_zkgate,
         "waiter",
         format!("echo $ZKGATE_FENCING_TOKEN > {}/waiter", records.display()),
     );
@@ -1936,7 +1972,7 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
         "the documented upgrade failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _controller = start();
+    let _controller = start(&today_zkgate);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
         let annotations = crds
@@ -1975,7 +2011,7 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
         "the waiter got the lock while it was held"
     );
 
-    let last = member("last");
+    let last = member(&today_zkgate, "last");
     for (name, child) in [("first", first), ("last", last)] {
         let (code, log) = support::finished(child, Duration::from_secs(60)).await;
         assert_eq!(code, 0, "{name}: {log}");

@@ -1,7 +1,7 @@
 //! The real kube-apiserver + etcd that `scripts/test` starts for the run
 //! (`ZKGATE_TEST_KUBECONFIG`), and the controller as a process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -201,7 +201,26 @@ impl ControllerProcess {
         id: &str,
         extra: &[&str],
     ) -> ControllerProcess {
-        Self::spawn(kubeconfig, zookeeper, id, extra, Stdio::inherit())
+        Self::spawn(
+            Path::new(env!("CARGO_BIN_EXE_zkgate")),
+            kubeconfig,
+            zookeeper,
+            id,
+            extra,
+            Stdio::inherit(),
+        )
+    }
+
+    /// [`ControllerProcess::start_with`] running the zkgate binary `bin`
+    /// (another release's, for an upgrade).
+    pub fn start_binary(
+        bin: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        zookeeper: &str,
+        id: &str,
+        extra: &[&str],
+    ) -> ControllerProcess {
+        Self::spawn(bin, kubeconfig, zookeeper, id, extra, Stdio::inherit())
     }
 
     /// [`ControllerProcess::start_with`], its log (standard error) handed
@@ -216,12 +235,20 @@ impl ControllerProcess {
         tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
     ) {
         use tokio::io::AsyncBufReadExt;
-        let mut controller = Self::spawn(kubeconfig, zookeeper, id, extra, Stdio::piped());
+        let mut controller = Self::spawn(
+            Path::new(env!("CARGO_BIN_EXE_zkgate")),
+            kubeconfig,
+            zookeeper,
+            id,
+            extra,
+            Stdio::piped(),
+        );
         let stderr = controller.child.stderr.take().expect("piped");
         (controller, tokio::io::BufReader::new(stderr).lines())
     }
 
     fn spawn(
+        bin: &std::path::Path,
         kubeconfig: &std::path::Path,
         zookeeper: &str,
         id: &str,
@@ -229,7 +256,7 @@ impl ControllerProcess {
         stderr: Stdio,
     ) -> ControllerProcess {
         let metrics_port = super::zookeeper::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        let child = Command::new(bin)
             .args(["controller", "--zookeeper", zookeeper, "--id", id])
             .args([
                 "--metrics-addr",

@@ -15,6 +15,7 @@ pub mod tls;
 pub mod zookeeper;
 
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -260,7 +261,13 @@ pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<(u16, Stri
 /// `zkgate ARGS...` against `connect` (with the TLS pass's certificates
 /// when it names TLS servers), logging warnings, killed when dropped.
 pub fn zkgate(connect: &str, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    zkgate_binary(Path::new(env!("CARGO_BIN_EXE_zkgate")), connect, args)
+}
+
+/// [`zkgate`] running the zkgate binary `bin` (another release's, for an
+/// upgrade).
+pub fn zkgate_binary(bin: &Path, connect: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
     cmd.args(args)
         .env("ZKGATE_ZOOKEEPER", connect)
         .envs(tls_env(connect))
