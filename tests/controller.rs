@@ -1800,6 +1800,48 @@ async fn a_new_resource_is_reconciled_once() {
     .await;
 }
 
+/// A count past what the controller reads (`participants` and `permits`
+/// are `u32`) is refused by the API server, and the controller goes on.
+/// Failed before: the API server stored it (it checks no integer's
+/// `format`), and the controller's watch, which reads every Barrier of its
+/// namespaces as one list, could not read it: one tenant's Barrier stopped
+/// the controller for every namespace.
+#[tokio::test]
+async fn a_count_too_large_for_the_controller_is_refused_by_the_api_server() {
+    use kube::api::{ApiResource, DynamicObject};
+    let s = setup().await;
+    for (resource, kind, spec) in [
+        (
+            ApiResource::erase::<Barrier>(&()),
+            "Barrier",
+            json!({ "participants": 5_000_000_000u64 }),
+        ),
+        (
+            ApiResource::erase::<LockLease>(&()),
+            "LockLease",
+            json!({ "mode": "Semaphore", "permits": 5_000_000_000u64 }),
+        ),
+    ] {
+        let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.ns, &resource);
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "zkgate.io/v1alpha1", "kind": kind,
+            "metadata": { "name": "huge" }, "spec": spec
+        }))
+        .unwrap();
+        let made = api.create(&PostParams::default(), &object).await;
+        if made.is_ok() {
+            // Not left for the other tests' controllers to choke on.
+            api.delete("huge", &DeleteParams::default()).await.unwrap();
+        }
+        assert!(
+            matches!(&made, Err(kube::Error::Api(e)) if e.code == 422),
+            "a {kind} of 5,000,000,000: {made:?}"
+        );
+    }
+    create_barrier(&s, "fine", json!({ "participants": 2 })).await;
+    barrier_where(&s, "fine", "its status", |b| b.status.is_some()).await;
+}
+
 /// A Barrier sized by its Job (`spec.jobRef`): nothing in ZooKeeper and a
 /// status saying why until the Job exists; then the smaller of the Job's
 /// parallelism and completions, following the Job until the barrier opens,

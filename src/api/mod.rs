@@ -55,6 +55,37 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 /// Every CRD zkgate serves, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![Barrier::crd(), LockLease::crd()]
+        .into_iter()
+        .map(bound_unsigned)
+        .collect()
+}
+
+/// `crd` with a `maximum` on every `uint32` field that has none. The API
+/// server checks no integer's `format`: it would store a count of five
+/// billion, which the controller's watch cannot read, and since the watch
+/// reads every object of a kind as one list, one tenant's object would stop
+/// the controller for every namespace.
+fn bound_unsigned(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                if fields.get("format").and_then(|f| f.as_str()) == Some("uint32") {
+                    fields
+                        .entry("maximum")
+                        .or_insert_with(|| serde_json::json!(f64::from(u32::MAX)));
+                }
+                fields.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    walk(&mut value);
+    // The same CRD with one more number: it reads back.
+    serde_json::from_value(value).unwrap_or(crd)
 }
 
 /// A CRD as YAML, as `crds/` holds it.
@@ -71,6 +102,35 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_unsigned_field_is_bounded_by_what_the_controller_reads() {
+        let mut unbounded = Vec::new();
+        for crd in crds() {
+            let value = serde_json::to_value(&crd).unwrap();
+            let mut stack = vec![("".to_owned(), &value)];
+            while let Some((path, value)) = stack.pop() {
+                match value {
+                    serde_json::Value::Object(fields) => {
+                        if fields.get("format").and_then(|f| f.as_str()) == Some("uint32") {
+                            let max = fields.get("maximum").and_then(|m| m.as_f64());
+                            if max.is_none_or(|m| m > f64::from(u32::MAX)) {
+                                unbounded.push(path.clone());
+                            }
+                        }
+                        for (k, v) in fields {
+                            stack.push((format!("{path}.{k}"), v));
+                        }
+                    }
+                    serde_json::Value::Array(items) => {
+                        stack.extend(items.iter().map(|v| (format!("{path}[]"), v)))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(unbounded.is_empty(), "unbounded: {unbounded:?}");
+    }
 
     #[test]
     fn the_duration_pattern_and_the_parser_agree() {
