@@ -1,4 +1,5 @@
-//! End to end on a real one-node Kubernetes 1.20 (`scripts/cluster`: a
+//! End to end on a real one-node Kubernetes (`scripts/cluster`: the newest
+//! supported release built from Go modules, a
 //! kubelet on containerd + runc, the scheduler, the controller-manager's Job
 //! and garbage-collector controllers, kube-proxy): the chart installed with
 //! the locally built image, the controller in its own pods with the chart's
@@ -122,7 +123,7 @@ impl Cluster {
     }
 
     /// `kubectl apply -f -` of `manifest` in `namespace` (the cluster's
-    /// kubectl, 1.20 like the server).
+    /// kubectl, the server's release).
     fn apply(&self, namespace: &str, manifest: &str) {
         if let Err(e) = self.apply_as(None, namespace, manifest) {
             panic!("kubectl apply failed: {e}\n{manifest}");
@@ -162,9 +163,9 @@ impl Cluster {
     }
 
     /// An example's manifest as a user on this cluster runs it: the local
-    /// images, this cluster's ZooKeeper, and without the fields 1.20 lacks
-    /// (Indexed completion, 1.21+). Each replacement must apply, so that an
-    /// example drifting from what this test runs fails here.
+    /// images and this cluster's ZooKeeper, nothing else changed. Each
+    /// replacement must apply, so that an example drifting from what this
+    /// test runs fails here.
     fn example(&self, path: &str, extra: &[(&str, &str)]) -> String {
         let file = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("examples")
@@ -175,7 +176,6 @@ impl Cluster {
             ("ghcr.io/zkgate/zkgate:0.2.0", "zkgate:local"),
             ("busybox:1.36", "workload:local"),
             ("zookeeper.zookeeper.svc:2181", zookeeper.as_str()),
-            ("  completionMode: Indexed\n", ""),
         ];
         for (from, to) in local {
             text = text.replace(from, to);
@@ -646,10 +646,9 @@ async fn a_labelled_job_made_again_gang_starts_again_on_a_barrier_of_its_own() {
 async fn each_run_of_a_labelled_cronjob_gang_starts_on_a_barrier_of_its_own() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    // batch/v1beta1: the cluster's API server is 1.20.
     c.apply(
         &ns.name,
-        r#"apiVersion: batch/v1beta1
+        r#"apiVersion: batch/v1
 kind: CronJob
 metadata:
   name: nightly
@@ -798,7 +797,7 @@ async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with
     })
     .await;
     let id = container.trim_start_matches("containerd://");
-    let out = Command::new("ctr")
+    let out = Command::new(kube_bin("ctr"))
         .arg("-a")
         .arg(c.dir.join("containerd/containerd.sock"))
         .args(["-n", "k8s.io", "tasks", "kill", "--signal", "SIGTERM", id])
@@ -1378,8 +1377,7 @@ fn most_at_once(holds: &[Hold]) -> usize {
 
 /// Issue 29, item 4: the cronjob-semaphore example. Two runs of the
 /// CronJob overlap (their Jobs made from its `jobTemplate` as the CronJob
-/// controller makes them, owned by it; `batch/v1beta1` on this 1.20
-/// cluster), 6 pods in all on one Semaphore of 2 permits through the
+/// controller makes them, owned by it), 6 pods in all on one Semaphore of 2 permits through the
 /// one-label lock: never more than 2 exports at once across both runs, and
 /// at some moment 2.
 #[tokio::test]
@@ -1395,17 +1393,14 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
     );
     let manifest = c.example(
         "cronjob-semaphore/cronjob.yaml",
-        &[
-            ("apiVersion: batch/v1\n", "apiVersion: batch/v1beta1\n"),
-            (
-                "sleep 20'",
-                "echo from-us $(now-us); sleep 3; echo until-us $(now-us)'",
-            ),
-        ],
+        &[(
+            "sleep 20'",
+            "echo from-us $(now-us); sleep 3; echo until-us $(now-us)'",
+        )],
     );
     c.apply(&ns.name, &manifest);
     let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("batch", "v1beta1", "CronJob"),
+        &GroupVersionKind::gvk("batch", "v1", "CronJob"),
         "cronjobs",
     );
     let cronjobs: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &ns.name, &resource);
@@ -1416,7 +1411,7 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
         job["metadata"] = json!({
             "name": run,
             "ownerReferences": [{
-                "apiVersion": "batch/v1beta1", "kind": "CronJob", "name": "nightly-export",
+                "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly-export",
                 "uid": cronjob.uid().unwrap(), "controller": true, "blockOwnerDeletion": true
             }]
         });
