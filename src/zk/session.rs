@@ -269,12 +269,16 @@ impl Session {
         let client = match options.connect.chroot() {
             None => client,
             Some(chroot) => {
-                if client
-                    .check_stat(chroot)
-                    .await
-                    .map_err(|e| ZkError::from_client("check", chroot, e))?
-                    .is_none()
-                {
+                let there = match client.check_stat(chroot).await {
+                    Ok(stat) => stat.is_some(),
+                    // ZooKeeper 3.9 checks READ on an `exists` of a node
+                    // that is there (3.8 checks nothing): refused, it is
+                    // there, and ours to use as far as the ACLs below allow
+                    // (another credential's chroot, say).
+                    Err(zk::Error::NoAuth) => true,
+                    Err(e) => return Err(ZkError::from_client("check", chroot, e)),
+                };
+                if !there {
                     let create = zk::CreateMode::Persistent.with_acls((&node_acls[..]).into());
                     match client.mkdir(chroot, &create).await {
                         Ok(()) | Err(zk::Error::NodeExists) => {}
