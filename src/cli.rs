@@ -28,6 +28,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `--native-sidecars`: from the API server's version, or as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NativeSidecars {
+    /// Read the API server's version as the webhook starts.
+    Auto,
+    /// The server runs native sidecars.
+    True,
+    /// It does not: the sidecar forms are refused.
+    False,
+}
+
 /// Log formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -188,6 +199,12 @@ pub struct WebhookArgs {
     /// injected containers ask it first for their credentials.
     #[arg(long, env = "ZKGATE_POD_IP")]
     pub pod_ip: Option<String>,
+    /// Whether the API server runs native sidecars (init containers with
+    /// `restartPolicy: Always`, Kubernetes 1.29+), which the barrier's and
+    /// the lock's sidecar forms are: `auto` reads the server's version as
+    /// the webhook starts; `true` or `false` says so instead.
+    #[arg(long, env = "ZKGATE_NATIVE_SIDECARS", value_enum, default_value_t = NativeSidecars::Auto)]
+    pub native_sidecars: NativeSidecars,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -301,6 +318,11 @@ impl ControllerArgs {
             handout_url: w.handout_url.clone(),
             pod_ip: w.pod_ip.clone(),
             scope: self.watch_namespace.clone(),
+            native_sidecars: match w.native_sidecars {
+                NativeSidecars::Auto => None,
+                NativeSidecars::True => Some(true),
+                NativeSidecars::False => Some(false),
+            },
         }))
     }
 }

@@ -243,8 +243,8 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "the quick-start ZooKeeper by a name pods of every namespace resolve"
     );
     assert!(
-        custom.contains("apiVersion: policy/v1beta1"),
-        "a 1.20 cluster gets policy/v1beta1"
+        custom.contains("apiVersion: policy/v1\n"),
+        "every supported cluster serves policy/v1"
     );
     assert!(custom.contains("secretKeyRef") && custom.contains("ZKGATE_WATCH_NAMESPACE"));
     // Issue 25, item 4: with a controller credential the controller writes

@@ -504,13 +504,20 @@ async fn each_run_of_a_labelled_job_gets_a_barrier_of_its_own() {
         "the running Job keeps its Barrier"
     );
 
-    // The run is over: the other Job's run gets the Barrier.
+    // The run is over: the other Job's run gets the Barrier. (A finished
+    // Job's status as the API server takes it: started, completed, its
+    // success criteria met.)
+    let now = "2026-01-01T00:00:00Z";
     jobs.patch_status(
         "train",
         &PatchParams::default(),
-        &Patch::Merge(
-            json!({ "status": { "conditions": [{ "type": "Complete", "status": "True" }] } }),
-        ),
+        &Patch::Merge(json!({ "status": {
+            "startTime": now, "completionTime": now,
+            "conditions": [
+                { "type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now },
+                { "type": "Complete", "status": "True", "lastTransitionTime": now }
+            ]
+        } })),
     )
     .await
     .unwrap();
@@ -859,6 +866,10 @@ async fn a_bad_label_is_refused_with_the_reason() {
         message.contains("zkgate.io/lock-mode") && message.contains("read or write"),
         "{message}"
     );
+    // Every supported API server runs native sidecars: the sidecar form is
+    // an init container that restarts Always, its startup probe gating the
+    // worker.
+    h.barrier("train", 1).await;
     let sidecar = h
         .create_pod(json!({
             "metadata": {
@@ -869,13 +880,23 @@ async fn a_bad_label_is_refused_with_the_reason() {
             "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
         }))
         .await
-        .expect_err("this API server (1.20) runs no native sidecars");
-    assert!(sidecar.to_string().contains("native sidecars"), "{sidecar}");
+        .expect("the sidecar form, where the server runs native sidecars");
+    let inits = sidecar.spec.unwrap().init_containers.unwrap();
+    let gate = inits
+        .iter()
+        .find(|c| {
+            c.args
+                .as_ref()
+                .is_some_and(|a| a[..2] == ["barrier", "sidecar"])
+        })
+        .expect("a barrier sidecar");
+    assert_eq!(gate.restart_policy.as_deref(), Some("Always"), "{gate:?}");
+    assert!(gate.startup_probe.is_some(), "{gate:?}");
     assert_eq!(
         controller
             .metric("zkgate_webhook_admissions_total{outcome=\"refused\"}")
             .await,
-        Some(2.0)
+        Some(1.0)
     );
     drop(controller);
     h.done().await;

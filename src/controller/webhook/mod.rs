@@ -96,6 +96,9 @@ pub struct WebhookOptions {
     /// one: pods elsewhere are left as they are (nothing would reconcile
     /// their Barrier, so they would wait forever).
     pub scope: Option<String>,
+    /// Whether the server runs native sidecars, if said
+    /// (`--native-sidecars`); otherwise read from its version.
+    pub native_sidecars: Option<bool>,
 }
 
 struct Webhook {
@@ -134,7 +137,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
-    injection.native_sidecars = native_sidecars(&client).await;
+    injection.native_sidecars = match options.native_sidecars {
+        Some(said) => said,
+        None => native_sidecars(&client).await,
+    };
     label_for_selector(&client, options.scope.as_deref()).await;
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
