@@ -102,8 +102,7 @@ Which namespaces' objects the webhooks see (given the root context).
 {{- if .Values.controller.watchNamespace -}}
 # Only the watched namespace (nothing reconciles elsewhere): a webhook
 # that is down holds up no labelled pod of any other namespace. By its
-# name label, which the controller puts on it where the API server does
-# not (before 1.21).
+# name label, which the API server puts on every namespace.
 namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name
@@ -113,10 +112,9 @@ namespaceSelector:
       operator: NotIn
       values: ["disabled"]
 {{- else -}}
-# kube-system excluded: by its name label where the API server sets it
-# (1.21+), and by zkgate.io/webhook=disabled, which the controller puts
-# on kube-system where it does not (1.20). Any namespace labelled
-# zkgate.io/webhook=disabled is left alone.
+# kube-system excluded by its name label (which the API server puts on
+# every namespace). Any namespace labelled zkgate.io/webhook=disabled is
+# left alone too.
 namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name

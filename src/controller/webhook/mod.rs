@@ -141,7 +141,6 @@ pub async fn run(
         Some(said) => said,
         None => native_sidecars(&client).await,
     };
-    label_for_selector(&client, options.scope.as_deref()).await;
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
         .context("cannot get the webhook's serving certificate")?;
@@ -219,64 +218,12 @@ pub async fn run(
         .with_context(|| format!("cannot serve the webhook on {}", options.addr))
 }
 
-/// The label by which the chart's `namespaceSelector` excludes a namespace
-/// from admission, beside `kubernetes.io/metadata.name`: API servers before
-/// 1.21 do not set that one, so on them only this label keeps kube-system's
-/// labelled pods away from the webhook (and from a webhook that is down).
+/// The label by which the chart's `namespaceSelector` leaves a namespace
+/// out of admission (beside kube-system, by its `kubernetes.io/metadata.name`):
+/// its pods are never sent to the webhook.
 pub const EXCLUDED_LABEL: &str = "zkgate.io/webhook";
 /// [`EXCLUDED_LABEL`]'s value that excludes.
 pub const EXCLUDED_VALUE: &str = "disabled";
-/// The namespace admission never touches.
-const SYSTEM_NAMESPACE: &str = "kube-system";
-
-/// The label API servers from 1.21 put on every namespace: its name.
-const NAME_LABEL: &str = "kubernetes.io/metadata.name";
-
-/// Where the API server does not label namespaces with their names (before
-/// 1.21), gives the chart's `namespaceSelector` what it selects by: with a
-/// watched namespace (`scope`), that namespace's name label (the selector
-/// takes only it); otherwise [`EXCLUDED_LABEL`] on kube-system (the
-/// selector leaves it out). One namespace, one label; a failure is logged,
-/// not fatal (the chart grants the patch).
-async fn label_for_selector(client: &kube::Client, scope: Option<&str>) {
-    use k8s_openapi::api::core::v1::Namespace;
-    use kube::api::{Patch, PatchParams};
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let (namespace, key, value, unlabelled) = match scope {
-        Some(scope) => (
-            scope,
-            NAME_LABEL,
-            scope,
-            "the webhook does not reach its labelled pods",
-        ),
-        None => (
-            SYSTEM_NAMESPACE,
-            EXCLUDED_LABEL,
-            EXCLUDED_VALUE,
-            "its labelled pods reach the webhook",
-        ),
-    };
-    let labels = match namespaces.get(namespace).await {
-        Ok(ns) => ns.metadata.labels.unwrap_or_default(),
-        Err(e) => {
-            warn!(error = %e, "cannot read {namespace}'s labels: on API servers before 1.21 {unlabelled}");
-            return;
-        }
-    };
-    if labels.get(NAME_LABEL).map(String::as_str) == Some(namespace)
-        || labels.get(key).map(String::as_str) == Some(value)
-    {
-        return;
-    }
-    let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
-    match namespaces
-        .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => info!("labelled {namespace} {key}={value}: this API server does not label namespaces with their names, and the webhook's namespaceSelector goes by it"),
-        Err(e) => warn!(error = %e, "cannot label {namespace} {key}={value}: on this API server {unlabelled}"),
-    }
-}
 
 /// Whether the API server runs native sidecars (init containers with
 /// `restartPolicy: Always`): 1.29 and later.
