@@ -14,6 +14,8 @@
 
 #[path = "e2e/hostile_tenants.rs"]
 mod hostile_tenants;
+#[path = "e2e/sidecars.rs"]
+mod sidecars;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -264,6 +266,21 @@ impl Cluster {
         )
         .await
         .unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
+    }
+
+    /// The log of `pod`'s container `container`, or `None` while there is
+    /// none (the container has not started).
+    async fn logs_if_any(&self, namespace: &str, pod: &str, container: &str) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        pods.logs(
+            pod,
+            &LogParams {
+                container: Some(container.to_owned()),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .ok()
     }
 
     /// Waits until the Job has `n` succeeded pods; fails early when one failed.
