@@ -14,6 +14,8 @@
 
 #[path = "e2e/hostile_tenants.rs"]
 mod hostile_tenants;
+#[path = "e2e/queues.rs"]
+mod queues;
 #[path = "e2e/sidecars.rs"]
 mod sidecars;
 mod support;
@@ -285,13 +287,19 @@ impl Cluster {
 
     /// Waits until the Job has `n` succeeded pods; fails early when one failed.
     async fn job_succeeded(&self, namespace: &str, name: &str, n: i32) {
+        self.job_succeeded_after(namespace, name, n, 0).await
+    }
+
+    /// [`Cluster::job_succeeded`] for a Job that may have counted up to
+    /// `failed` failed pods before (a Job controller may count those a
+    /// suspension deleted; 1.37's counts none): fails early past that.
+    async fn job_succeeded_after(&self, namespace: &str, name: &str, n: i32, failed: i32) {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
         eventually(WITHIN, &format!("Job {name} to succeed"), || async {
             let job = jobs.get(name).await.ok()?;
             let status = job.status?;
-            assert_eq!(
-                status.failed.unwrap_or(0),
-                0,
+            assert!(
+                status.failed.unwrap_or(0) <= failed,
                 "a pod of Job {name} failed: {}",
                 self.describe(namespace).await
             );
@@ -471,6 +479,21 @@ impl Cluster {
         jobs: &[(&str, i32)],
         init: &str,
     ) -> Barrier {
+        self.gang_of_started_together_after(namespace, barrier_name, selector, jobs, init, 0)
+            .await
+    }
+
+    /// [`Cluster::gang_of_started_together`] for Jobs that counted
+    /// `failed` failed pods before (see [`Cluster::job_succeeded_after`]).
+    async fn gang_of_started_together_after(
+        &self,
+        namespace: &str,
+        barrier_name: &str,
+        selector: &str,
+        jobs: &[(&str, i32)],
+        init: &str,
+        failed: i32,
+    ) -> Barrier {
         let n: i32 = jobs.iter().map(|(_, n)| n).sum();
         let session = support::session(&self.zookeeper()).await;
         let barrier = Layout::new(ROOT)
@@ -504,7 +527,8 @@ impl Cluster {
             panic!("{barrier}: {e}");
         }
         for (job, pods) in jobs {
-            self.job_succeeded(namespace, job, *pods).await;
+            self.job_succeeded_after(namespace, job, *pods, failed)
+                .await;
         }
         let pods = self.pods(namespace, selector).await;
         assert_eq!(pods.len(), n as usize, "{}", self.describe(namespace).await);

@@ -1,0 +1,179 @@
+//! Issue 41, item 4: what a queue does to a labelled Job, on real pods.
+//! Kueue holds a Job with `spec.suspend` until it admits it, and preempts
+//! it by suspending it again (the Job controller deletes its pods) and
+//! resumes it later; the controller-manager here runs the real Job
+//! controller, so the test suspends and resumes the Job as Kueue does.
+
+use kube::api::{Patch, PatchParams};
+
+use super::*;
+
+/// A labelled Job of 4 created suspended, as Kueue makes it; each worker
+/// prints its start and works for as long as its pod template's
+/// annotation `e2e.zkgate.io/work` says (seconds; read through the
+/// downward API, so that a resume can change it as Kueue changes a
+/// suspended Job's template), stopping at SIGTERM.
+const QUEUED_JOB: &str = r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: queued}
+spec:
+  suspend: true
+  completions: 4
+  parallelism: 4
+  backoffLimit: 10
+  template:
+    metadata:
+      labels: {zkgate.io/barrier: queued}
+      annotations: {e2e.zkgate.io/work: "600"}
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 10
+      containers:
+        - name: worker
+          image: workload:local
+          env:
+            - name: WORK
+              valueFrom: {fieldRef: {fieldPath: "metadata.annotations['e2e.zkgate.io/work']"}}
+          command: ["sh", "-c", "echo started-at-us $(now-us); trap 'exit 143' TERM; sleep $WORK & wait $!"]
+"#;
+
+/// Kueue's life of a Job, on a labelled one: created suspended (no pods,
+/// no Barrier), admitted (resumed), its gang started; then preempted
+/// (suspended while its workers run: the Job controller deletes the pods)
+/// and admitted again. A suspended run that made no progress gives up its
+/// Barrier: the first run's Barrier is deleted and its znodes removed
+/// before the resume, none is made while the Job is suspended, and the
+/// resumed pods meet again on a Barrier made again for the same run (the
+/// Job's uid): its `ready` was made after all four resumed pods
+/// registered, and no resumed worker started before it. Nothing passes
+/// the first opening.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    c.apply(&ns.name, QUEUED_JOB);
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    let session = support::session(&c.zookeeper()).await;
+    let znode = Layout::new(ROOT)
+        .unwrap()
+        .barrier(&ns.name, "queued")
+        .unwrap();
+    let ready = format!("{znode}/ready");
+    // `exists` needs no permission: the test reads no data under the ACLs.
+    let stat = |path: String| {
+        let session = &session;
+        async move { session.client().check_stat(&path).await.unwrap() }
+    };
+    let patch = |body: serde_json::Value| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.patch("queued", &PatchParams::default(), &Patch::Merge(body))
+                .await
+        }
+    };
+    let uid = jobs.get("queued").await.unwrap().uid().unwrap();
+    assert!(c.pods(&ns.name, "job-name=queued").await.is_empty());
+
+    // Admitted: the gang starts.
+    patch(json!({ "spec": { "suspend": false } }))
+        .await
+        .unwrap();
+    let first = c
+        .barrier(&ns.name, "queued", "the first run's Barrier to open", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Open)
+        })
+        .await;
+    assert_eq!(
+        zkgate::controller::runs::run_of(&first).as_deref(),
+        Some(uid.as_str())
+    );
+    let first_ready = stat(ready.clone()).await.expect("the first run's ready");
+    let first_pods = eventually(WITHIN, "the first run's 4 workers to run", || async {
+        let pods = c.pods(&ns.name, "job-name=queued").await;
+        let mut running = Vec::new();
+        for pod in &pods {
+            let name = pod.name_any();
+            let log = c.logs_if_any(&ns.name, &name, "worker").await?;
+            let started = times(&log, "started-at-us");
+            running.push((name, started.first().copied()?));
+        }
+        (running.len() == 4).then_some(running)
+    })
+    .await;
+    for (pod, at) in &first_pods {
+        assert!(
+            *at >= first_ready.ctime * 1000,
+            "{pod} started at {at} us, before the first opening ({} ms)",
+            first_ready.ctime
+        );
+    }
+
+    // Preempted while the workers run.
+    patch(json!({ "spec": { "suspend": true } })).await.unwrap();
+    eventually(
+        WITHIN,
+        "the first run's pods, its Barrier and its znodes gone",
+        || async {
+            let pods = c.pods(&ns.name, "job-name=queued").await;
+            let barrier = barriers.get_opt("queued").await.ok()?;
+            (pods.is_empty() && barrier.is_none() && stat(znode.clone()).await.is_none())
+                .then_some(())
+        },
+    )
+    .await;
+    // Suspended, and its start time reset, its template may change (the
+    // shorter work lets the resumed run complete).
+    let failed = eventually(WITHIN, "the Job's start time reset", || async {
+        let status = jobs.get("queued").await.ok()?.status?;
+        status
+            .start_time
+            .is_none()
+            .then(|| status.failed.unwrap_or(0))
+    })
+    .await;
+    eprintln!("the Job counted {failed} failed pods after its suspension");
+    assert!(
+        barriers.get_opt("queued").await.unwrap().is_none(),
+        "a Barrier was made for a suspended Job"
+    );
+
+    // Admitted again.
+    patch(json!({ "spec": {
+        "suspend": false,
+        "template": { "metadata": { "annotations": { "e2e.zkgate.io/work": "2" } } }
+    } }))
+    .await
+    .unwrap();
+    let again = c
+        .gang_of_started_together_after(
+            &ns.name,
+            "queued",
+            "job-name=queued",
+            &[("queued", 4)],
+            "zkgate-barrier",
+            failed,
+        )
+        .await;
+    assert_ne!(again.uid(), first.uid(), "a Barrier made again");
+    assert_eq!(
+        zkgate::controller::runs::run_of(&again).as_deref(),
+        Some(uid.as_str()),
+        "of the same run"
+    );
+    let status = again.status.unwrap();
+    assert_eq!((status.entered, status.left), (4, 4), "{status:?}");
+    let opened = status.opened_at.expect("openedAt").0.as_millisecond();
+    assert!(
+        opened >= first_ready.ctime,
+        "the resumed run's Barrier says it opened at {opened} ms, not after the first opening"
+    );
+    for pod in c.pods(&ns.name, "job-name=queued").await {
+        assert!(
+            !first_pods.iter().any(|(p, _)| *p == pod.name_any()),
+            "a first-run pod is still there"
+        );
+    }
+}
