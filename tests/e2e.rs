@@ -12,6 +12,8 @@
 //! `ZKGATE_TEST_CLUSTER` to its directory and runs them with
 //! `--run-ignored all`; run by hand without `ZKGATE_TEST_CLUSTER` they fail.
 
+#[path = "e2e/failure_policy.rs"]
+mod failure_policy;
 #[path = "e2e/hostile_tenants.rs"]
 mod hostile_tenants;
 #[path = "e2e/queues.rs"]
