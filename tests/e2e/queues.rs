@@ -177,3 +177,98 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
         );
     }
 }
+
+/// A labelled Job suspended while its pods wait at the barrier (3 of 4:
+/// a ResourceQuota of 3 pods keeps the Job controller from making the
+/// 4th), as Kueue preempts a gang that could not all start. The run gives
+/// up its Barrier (deleted with the waiters' registrations) and, resumed
+/// with room for all 4, meets on a Barrier made again: its `ready` was
+/// made after all four new registrations, and no worker started before.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_job_suspended_while_its_pods_wait_at_the_barrier_meets_again_on_a_new_one() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: three-pods}\nspec: {hard: {pods: \"3\"}}\n",
+    );
+    c.apply(
+        &ns.name,
+        &QUEUED_JOB
+            .replace("suspend: true", "suspend: false")
+            .replace(r#"e2e.zkgate.io/work: "600""#, r#"e2e.zkgate.io/work: "2""#),
+    );
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    let session = support::session(&c.zookeeper()).await;
+    let znode = Layout::new(ROOT)
+        .unwrap()
+        .barrier(&ns.name, "queued")
+        .unwrap();
+    let stat = |path: String| {
+        let session = &session;
+        async move { session.client().check_stat(&path).await.unwrap() }
+    };
+    let waiting = c
+        .barrier(&ns.name, "queued", "3 pods waiting at the barrier", |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.entered == 3 && s.phase == Some(BarrierPhase::Waiting))
+        })
+        .await;
+    assert_eq!(stat(format!("{znode}/ready")).await, None);
+    assert_eq!(
+        c.pods(&ns.name, "job-name=queued").await.len(),
+        3,
+        "the quota lets 3 pods be made: {}",
+        c.describe(&ns.name).await
+    );
+    let patch = |body: serde_json::Value| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.patch("queued", &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .unwrap()
+        }
+    };
+    patch(json!({ "spec": { "suspend": true } })).await;
+    eventually(
+        WITHIN,
+        "the waiting pods, their Barrier and its znodes gone",
+        || async {
+            let pods = c.pods(&ns.name, "job-name=queued").await;
+            let barrier = barriers.get_opt("queued").await.ok()?;
+            (pods.is_empty() && barrier.is_none() && stat(znode.clone()).await.is_none())
+                .then_some(())
+        },
+    )
+    .await;
+    let failed = eventually(WITHIN, "the Job's start time reset", || async {
+        let status = jobs.get("queued").await.ok()?.status?;
+        status
+            .start_time
+            .is_none()
+            .then(|| status.failed.unwrap_or(0))
+    })
+    .await;
+    // Room for the whole gang, and admitted again.
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(c.client.clone(), &ns.name)
+        .delete("three-pods", &DeleteParams::default())
+        .await
+        .unwrap();
+    patch(json!({ "spec": { "suspend": false } })).await;
+    let again = c
+        .gang_of_started_together_after(
+            &ns.name,
+            "queued",
+            "job-name=queued",
+            &[("queued", 4)],
+            "zkgate-barrier",
+            failed,
+        )
+        .await;
+    assert_ne!(again.uid(), waiting.uid(), "a Barrier made again");
+    let status = again.status.unwrap();
+    assert_eq!((status.entered, status.left), (4, 4), "{status:?}");
+}
