@@ -243,7 +243,7 @@ async fn the_lock_sidecar_example_takes_turns_with_increasing_fencing_tokens() {
 /// ends, `stopped-us T` when `lock watch` stopped it (SIGTERM). The trap
 /// ignores TERM first, so that its own `now-us` is not stopped with the
 /// rest of the command's tree.
-const WATCHED_HOLD: &str = r#"echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; trap "trap \"\" TERM; echo stopped-us \$(now-us); exit 143" TERM; sleep 8 & wait $!; echo until-us $(now-us)'"#;
+const WATCHED_HOLD: &str = r#"echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; trap "trap \"\" TERM; echo stopped-us \$(now-us); exit 143" TERM; sleep 12 & wait $!; echo until-us $(now-us)'"#;
 
 /// A hold a pod's log tells: (from, until or stopped, token, pod) and
 /// whether it was stopped.
@@ -481,7 +481,7 @@ async fn a_barrier_sidecar_killed_after_the_opening_does_not_release_the_gang_ag
             "gang-sidecar/job.yaml",
             &[(
                 "echo worker $JOB_COMPLETION_INDEX starts with the whole gang; sleep 30",
-                "echo started-at-us $(now-us); sleep 25",
+                "echo started-at-us $(now-us); sleep 40",
             )],
         ),
     );
