@@ -5,7 +5,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{children, eventually, isolated_connect, session};
+use support::{children, eventually, isolated_connect, session, session_with_timeout};
 use tokio::time::Instant;
 use zkgate::zk::{BarrierData, DoubleBarrier, EnterOptions, ParticipantData, Session, ZkError};
 
@@ -483,4 +483,263 @@ async fn a_held_barrier_opens_only_when_its_owner_lifts_the_hold() {
             .unwrap();
     }
     assert!(children(&owner, BARRIER).await.contains(&"ready".into()));
+}
+
+/// Curator's GH-1290: Curator's double barrier returned from `enter` on any
+/// wake-up of its wait, a spurious one or the SyncConnected event a
+/// reconnect hands every watcher, without counting again, so a participant
+/// passed with too few entered. zkgate's waiters must count again on every
+/// wake-up and pass only with all 4 in: `spurious` is woken by its progress
+/// timer every 50 ms (and is cut with a round in flight, which fails with
+/// ConnectionLoss and is sent again once SyncConnected), `watching`
+/// waits on its watches alone (so the watches its reconnect registers again
+/// are what wake it, for a change made while it was cut off). What wakes
+/// them: participants that join and leave (a withdrawal rewrites the
+/// barrier's data and makes and deletes `ready`: both watches fire, the
+/// opening's own notification among them), one that joins and goes, a
+/// hold set and lifted, the connection cut and found again.
+#[tokio::test]
+async fn enter_passes_only_with_the_count_whatever_wakes_it() {
+    use std::cell::Cell;
+    use support::proxy::{op, Proxy};
+    use zkgate::zk::SessionState;
+
+    let (direct, spurious_route, spurious_proxy) = support::proxy::routes().await;
+    let chroot = support::chroot_of(&direct);
+    let watching_proxy = Proxy::start(support::shared_zookeeper()).await;
+    let watching_route = format!("{}{chroot}", watching_proxy.address());
+    let owner = session(&direct).await;
+    let barrier = support::barrier_made(&owner, BARRIER, 4).await;
+    // Sessions that outlive a few seconds cut off, each through its own
+    // proxy (which counts its rounds: one `ready` check each).
+    let spurious = session_with_timeout(&spurious_route, Duration::from_secs(10)).await;
+    let watching = session_with_timeout(&watching_route, Duration::from_secs(10)).await;
+    let ready_path = format!("{BARRIER}/ready");
+    let rounds = |proxy: &Proxy| proxy.forwarded(&[op::EXISTS], &ready_path);
+    // Every state each session goes through.
+    let states = |s: &Session| {
+        let mut watcher = s.watch_state();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let state = watcher.changed().await;
+                log.lock().unwrap().push(state);
+            }
+        });
+        seen
+    };
+    let (spurious_states, watching_states) = (states(&spurious), states(&watching));
+
+    let timer = EnterOptions {
+        progress_every: Some(Duration::from_millis(50)),
+        ..EnterOptions::default()
+    };
+    let first = barrier.enter(&spurious, "a-spurious", &timer, within(120));
+    let watches_only = EnterOptions::default();
+    let second = barrier.enter(&watching, "b-watching", &watches_only, within(120));
+    tokio::pin!(first, second);
+    let stage = Cell::new("registering");
+    // A participant that joins and leaves: enters, and gives up before
+    // the count is reached (its withdrawal wakes every waiter).
+    let join_and_leave = |id: &'static str| {
+        let direct = direct.clone();
+        async move {
+            let s = session(&direct).await;
+            let deadline = Some(Instant::now() + Duration::from_millis(300));
+            let err = DoubleBarrier::new(BARRIER)
+                .enter(&s, id, &EnterOptions::default(), deadline)
+                .await
+                .expect_err("nobody can pass with 3 of 4");
+            assert!(matches!(err, ZkError::Timeout { .. }), "{id}: {err}");
+        }
+    };
+    let wakeups = |s: &Session| s.stats().watch_wakeups();
+    // `watching` waits on its watches, set on the server: its last round
+    // sent (one per wake-up after the first) and its watch of the barrier
+    // node there (a change made before would go unseen, read by the round).
+    let barrier_on_server = format!("{chroot}{BARRIER}");
+    let idle = || {
+        eventually(
+            Duration::from_secs(10),
+            "watching waits on its watches",
+            || async {
+                let sent = rounds(&watching_proxy) as u64 == wakeups(&watching) + 1;
+                let set = support::watchers_of(&barrier_on_server).contains(&watching.id());
+                (sent && set).then_some(())
+            },
+        )
+    };
+    let events = async {
+        eventually(
+            Duration::from_secs(10),
+            "both waiters registered",
+            || async {
+                (children(&owner, BARRIER).await == ["a-spurious", "b-watching"]).then_some(())
+            },
+        )
+        .await;
+
+        stage.set("spurious wake-ups (the progress timer)");
+        let before = rounds(&spurious_proxy);
+        eventually(Duration::from_secs(10), "5 rounds on the timer", || async {
+            (rounds(&spurious_proxy) >= before + 5).then_some(())
+        })
+        .await;
+
+        stage.set("a participant that joined and left");
+        idle().await;
+        let before = wakeups(&watching);
+        join_and_leave("c-left").await;
+        eventually(
+            Duration::from_secs(10),
+            "woken by its withdrawal",
+            || async { (wakeups(&watching) > before).then_some(()) },
+        )
+        .await;
+
+        stage.set("a participant that joined and went");
+        let open =
+            zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+        let gone = format!("{BARRIER}/c-gone");
+        owner.client().create(&gone, b"", &open).await.unwrap();
+        owner.client().delete(&gone, None).await.unwrap();
+
+        stage.set("a hold set and lifted");
+        idle().await;
+        let before = wakeups(&watching);
+        assert!(barrier.set_held(&owner, Some("a test")).await.unwrap());
+        assert!(barrier.set_held(&owner, None).await.unwrap());
+        eventually(Duration::from_secs(10), "woken by the hold", || async {
+            (wakeups(&watching) > before).then_some(())
+        })
+        .await;
+
+        stage.set("the connection cut and found again");
+        idle().await;
+        // `spurious` is cut with a round on its way: its next `ready` check
+        // is held at the proxy (which stalls), and so fails with the
+        // connection. Both reconnects are held back while the barrier
+        // changes (a withdrawal: data rewritten, `ready` made and deleted).
+        spurious_proxy.stall_at(&[op::EXISTS], &ready_path);
+        tokio::time::timeout(Duration::from_secs(10), spurious_proxy.stalled_at())
+            .await
+            .expect("spurious sends a round on its timer");
+        watching_proxy.stall();
+        let before = (rounds(&spurious_proxy), rounds(&watching_proxy));
+        for proxy in [&spurious_proxy, &watching_proxy] {
+            proxy.cut_all();
+        }
+        for (name, seen) in [
+            ("spurious", &spurious_states),
+            ("watching", &watching_states),
+        ] {
+            eventually(
+                Duration::from_secs(10),
+                &format!("{name} disconnected"),
+                || async {
+                    seen.lock()
+                        .unwrap()
+                        .contains(&SessionState::Disconnected)
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+        join_and_leave("c-left-while-cut").await;
+        for proxy in [&spurious_proxy, &watching_proxy] {
+            proxy.resume();
+        }
+        for (name, seen) in [
+            ("spurious", &spurious_states),
+            ("watching", &watching_states),
+        ] {
+            eventually(
+                Duration::from_secs(20),
+                &format!("{name} reconnected"),
+                || async {
+                    let seen = seen.lock().unwrap();
+                    let cut = seen.iter().position(|s| *s == SessionState::Disconnected)?;
+                    seen[cut..].contains(&SessionState::Connected).then_some(())
+                },
+            )
+            .await;
+        }
+        // Both went round again: `spurious` on its timer (its round cut
+        // off retried), `watching` woken by the watch its reconnect set
+        // again on the barrier's changed data (or, had its last round
+        // still been on the way, by that round's connection loss).
+        eventually(
+            Duration::from_secs(10),
+            "both counted again after the reconnect",
+            || async {
+                (rounds(&spurious_proxy) >= before.0 + 3 && rounds(&watching_proxy) > before.1)
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(
+            !children(&owner, BARRIER).await.contains(&"ready".into()),
+            "nothing opened the barrier"
+        );
+    };
+    tokio::select! {
+        outcome = &mut first => panic!(
+            "the waiter woken by its timer passed with too few entered, at {}: {outcome:?}",
+            stage.get()
+        ),
+        outcome = &mut second => panic!(
+            "the waiter woken by its watches passed with too few entered, at {}: {outcome:?}",
+            stage.get()
+        ),
+        () = events => {}
+    }
+    for seen in [&spurious_states, &watching_states] {
+        assert!(
+            !seen.lock().unwrap().iter().any(|s| s.is_terminal()),
+            "a session ended: {:?}",
+            seen.lock().unwrap()
+        );
+    }
+
+    // The last two enter: everyone passes, after the last registration.
+    let last = |id: &'static str| {
+        let direct = direct.clone();
+        tokio::spawn(async move {
+            let s = session(&direct).await;
+            let entered = DoubleBarrier::new(BARRIER)
+                .enter(&s, id, &EnterOptions::default(), within(30))
+                .await
+                .expect("the last two enter");
+            (s, entered)
+        })
+    };
+    let last = [last("c"), last("d")];
+    for (name, outcome) in [("spurious", first.await), ("watching", second.await)] {
+        let entered = outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(entered.participants, 4, "{name}");
+    }
+    let mut sessions = Vec::new();
+    for l in last {
+        sessions.push(l.await.unwrap());
+    }
+    let czxid = |path: String| {
+        let owner = &owner;
+        async move {
+            owner
+                .client()
+                .check_stat(&path)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{path} is there"))
+                .czxid
+        }
+    };
+    let ready = czxid(ready_path.clone()).await;
+    for id in ["a-spurious", "b-watching", "c", "d"] {
+        assert!(
+            czxid(format!("{BARRIER}/{id}")).await < ready,
+            "`ready` was made after {id}'s registration"
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! zkgate and Apache Curator 5.4 (Debian's jars) on the same paths: locks
-//! exclude each other in both directions; barriers count each other.
+//! zkgate and Apache Curator 5.9 (with the ZooKeeper 3.9 client: Maven
+//! Central's jars, `scripts/maven-jars`) on the same paths: locks exclude
+//! each other in both directions; barriers count each other.
 
 mod support;
 
@@ -27,8 +28,10 @@ impl Curator {
         let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/CuratorPeer.java");
         let mut child = Command::new("java")
             .args([
+                // slf4j-simple logs to stderr: warnings only.
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-cp",
-                "/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar",
+                support::curator_classpath(),
                 source,
                 connect,
             ])
@@ -36,7 +39,7 @@ impl Curator {
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .expect("java (Debian's libcurator-recipes-java) must be installed");
+            .expect("java must be installed (scripts/install-deps)");
         let stdin = child.stdin.take().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut peer = Curator {

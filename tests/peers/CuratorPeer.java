@@ -1,4 +1,4 @@
-// A Curator 5.4 participant driven line by line on stdin, for interop tests.
+// A Curator 5.9 participant driven line by line on stdin, for interop tests.
 // Commands: mutex PATH | read PATH | write PATH | release | barrier PATH X | leave | quit
 //           semaphore PATH MAX QTY (InterProcessSemaphoreV2 with a fixed maximum)
 //           shared PATH COUNTPATH QTY (its maximum from a SharedCount) | return (its leases)

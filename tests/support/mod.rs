@@ -67,6 +67,30 @@ pub fn tls_env(connect: &str) -> Vec<(&'static str, std::path::PathBuf)> {
     }
 }
 
+/// A Java class path with Apache Curator 5.9 and the ZooKeeper 3.9 client
+/// (with slf4j-simple: set `org.slf4j.simpleLogger.defaultLogLevel`), the
+/// jars `scripts/maven-jars` fetched from Maven Central (it fetches them
+/// the first time: `scripts/install-deps` and `scripts/test` call it).
+pub fn curator_classpath() -> &'static str {
+    static CLASSPATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CLASSPATH.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/maven-jars");
+        let out = std::process::Command::new(script)
+            .arg("classpath")
+            .output()
+            .expect("run scripts/maven-jars");
+        assert!(
+            out.status.success(),
+            "scripts/maven-jars failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("a class path")
+            .trim()
+            .to_owned()
+    })
+}
+
 /// Connects a session with a short session timeout.
 pub async fn session(connect: &str) -> Session {
     session_with_timeout(connect, Duration::from_secs(4)).await
