@@ -848,6 +848,44 @@ async fn with_the_webhook_down_unlabelled_pods_pass_and_labelled_ones_wait() {
     h.done().await;
 }
 
+/// `--native-sidecars=false` (a cluster said to run none, whatever its
+/// API server's version): the sidecar form is refused with the reason,
+/// and the init form still admitted.
+#[tokio::test]
+async fn told_there_are_no_native_sidecars_the_webhook_refuses_the_sidecar_form() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h.controller_and(&zk, &["--native-sidecars", "false"]).await;
+    h.barrier("train", 2).await;
+    let refused = h
+        .create_pod(json!({
+            "metadata": {
+                "name": "sidecar",
+                "labels": { "zkgate.io/barrier": "train" },
+                "annotations": { "zkgate.io/barrier-form": "sidecar" }
+            },
+            "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
+        }))
+        .await
+        .expect_err("no native sidecars, by the flag")
+        .to_string();
+    assert!(
+        refused.contains("native sidecars") && refused.contains("init form"),
+        "{refused}"
+    );
+    let init = h
+        .create_pod(pod_of("member", json!({ "zkgate.io/barrier": "train" })))
+        .await
+        .expect("the init form needs no sidecars");
+    let inits = init.spec.unwrap().init_containers.unwrap();
+    assert!(
+        inits.iter().all(|c| c.restart_policy.is_none()),
+        "{inits:?}"
+    );
+    drop(controller);
+    h.done().await;
+}
+
 /// A label naming no valid resource is refused, with the reason.
 #[tokio::test]
 async fn a_bad_label_is_refused_with_the_reason() {

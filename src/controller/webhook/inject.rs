@@ -166,7 +166,7 @@ pub enum Refusal {
     #[error("the wrap form runs container {0:?}'s command under `zkgate barrier run`, but it has no explicit `command` (an image's entrypoint cannot be read at admission): give the container its command")]
     NoCommand(String),
     /// The sidecar form on an API server without native sidecars.
-    #[error("annotation {BARRIER_FORM_ANNOTATION}=sidecar needs native sidecars (Kubernetes 1.29 or later); this API server has none: use the init form")]
+    #[error("annotation {BARRIER_FORM_ANNOTATION}=sidecar needs native sidecars (Kubernetes 1.29 or later), which this cluster runs none of (by its API server's version, or the controller's --native-sidecars=false): use the init form")]
     NoNativeSidecars,
     /// `zkgate.io/timeout` is not a duration.
     #[error(

@@ -137,9 +137,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
+    let served = native_sidecars(&client).await;
     injection.native_sidecars = match options.native_sidecars {
+        Some(true) if !served => {
+            // An API server without them drops `restartPolicy: Always`: the
+            // sidecar becomes an init container that never ends.
+            warn!("--native-sidecars=true, but this API server's version runs none: pods in a sidecar form will wait in Init for ever");
+            true
+        }
         Some(said) => said,
-        None => native_sidecars(&client).await,
+        None => served,
     };
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
