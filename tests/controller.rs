@@ -277,7 +277,7 @@ async fn registrations_of_init_containers_are_removed_when_their_pods_end() {
     assert_eq!(children(&observer, &path).await, ["ready"]);
 }
 
-/// Found on the real cluster (issue 13): a kubelet 1.20 SIGKILLs the init
+/// Found on the real cluster (issue 13, kubelet 1.20): a kubelet SIGKILLs the init
 /// containers of a pod being deleted (its cleanup counts a pod whose main
 /// containers never ran as terminated) and never sends SIGTERM, so the
 /// registration outlives the process for as long as the pod object stays

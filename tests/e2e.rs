@@ -764,9 +764,9 @@ spec:
 
 /// Pods leaving while their init containers wait at the barrier.
 ///
-/// Deleted: a kubelet 1.20 SIGKILLs the init containers of a pod being
-/// deleted (no SIGTERM: its cleanup takes a pod whose main containers never
-/// ran for terminated), so the controller removes the registration as soon
+/// Deleted: a kubelet may SIGKILL the init containers of a pod being
+/// deleted (1.20's did, with no SIGTERM: its cleanup took a pod whose main
+/// containers never ran for terminated), so the controller removes the registration as soon
 /// as the pod is Terminating, and the Barrier's status stops counting it.
 ///
 /// Stopped by the runtime (SIGTERM to the container's PID 1, which is
@@ -1481,7 +1481,7 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
 }
 
 /// Issue 29, items 4 and 5, on real pods: the jobset example. JobSet's
-/// controller cannot run on this 1.20 cluster, so the test makes the
+/// controller does not run on this cluster yet, so the test makes the
 /// JobSet (checked against upstream's CRD) and then its child Jobs exactly
 /// as that controller makes them; the real Job controller, kubelet and
 /// zkgate do the rest. One Barrier for the whole JobSet, sized over its

@@ -1153,8 +1153,7 @@ async fn served_chart_webhooks(
 }
 
 /// The chart's own webhook configuration on an API server of the test's
-/// own (the configuration covers every namespace), 1.20 like the local
-/// cluster: a labelled pod in kube-system is never sent to the webhook,
+/// own (the configuration covers every namespace): a labelled pod in kube-system is never sent to the webhook,
 /// neither while it serves (the pod is admitted without injection) nor
 /// while it is down (admitted, not refused); the same pod in another
 /// namespace is injected while it serves and refused while it is down, so
@@ -1333,9 +1332,8 @@ async fn the_controllers_own_barriers_pass_the_barrier_webhook_and_a_cycle_fails
 }
 
 /// Issue 25, item 6: with `controller.watchNamespace` the chart's webhook
-/// configuration covers only that namespace. On a 1.20 API server (no
-/// name labels: the controller labels the watched namespace with its
-/// name), with the webhook down: a labelled pod of another namespace is
+/// configuration covers only that namespace (by its name label, which
+/// the API server sets). With the webhook down: a labelled pod of another namespace is
 /// admitted as it is (nothing reconciles it there; before, the chart's
 /// selector sent it to the webhook and it was refused), while one of the
 /// watched namespace is refused.

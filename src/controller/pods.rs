@@ -37,8 +37,8 @@ pub enum PodFate {
     /// Still running (or not started yet): keep the registration.
     Alive,
     /// Being deleted (a deletion timestamp) and not finished: it will
-    /// start no container it has not started. A kubelet 1.20 SIGKILLs the
-    /// init containers of such a pod without a SIGTERM, so an init
+    /// start no container it has not started. A kubelet may SIGKILL the
+    /// init containers of such a pod without a SIGTERM (1.20's did), so an init
     /// container's registration outlives its process until the pod is gone.
     Terminating,
     /// Finished (Succeeded or Failed).
