@@ -1,4 +1,4 @@
-// Curator 5.4's side of the benchmarks: the same scenarios as bench/recipes.rs,
+// Curator 5.9's side of the benchmarks: the same scenarios as bench/recipes.rs,
 // one per run, one JSON line out.
 //   java -cp <curator jars> CuratorBench SCENARIO CONNECT N [SESSIONS]
 import java.util.ArrayList;
@@ -6,6 +6,7 @@ import java.util.Collections;
 import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
@@ -23,8 +24,16 @@ public class CuratorBench {
     static CuratorFramework client(String connect) throws Exception {
         CuratorFramework c = CuratorFrameworkFactory.newClient(connect, 30000, 10000, new RetryNTimes(3, 100));
         c.start();
-        c.blockUntilConnected();
+        connected(c, connect);
         return c;
+    }
+
+    // Fails the run instead of waiting for ever (a TLS handshake that never
+    // succeeds is retried without end).
+    static void connected(CuratorFramework c, String connect) throws Exception {
+        if (!c.blockUntilConnected(60, TimeUnit.SECONDS)) {
+            throw new IllegalStateException("no connection to ZooKeeper at " + connect + " within 60 s");
+        }
     }
 
     static double pct(List<Double> sorted, double p) {
@@ -46,7 +55,7 @@ public class CuratorBench {
         int sessions = args.length > 3 ? Integer.parseInt(args[3]) : 8;
         CuratorFramework root = CuratorFrameworkFactory.newClient(args[1], new RetryNTimes(3, 100));
         root.start();
-        root.blockUntilConnected();
+        connected(root, args[1]);
         root.create().forPath(connect.substring(args[1].length()));
         root.close();
         switch (scenario) {
