@@ -223,6 +223,18 @@ impl Hooked {
     }
 }
 
+/// A pod in the barrier's sidecar form, labelled with `barrier`.
+fn sidecar_pod_of(barrier: &str) -> serde_json::Value {
+    json!({
+        "metadata": {
+            "name": "sidecar",
+            "labels": { "zkgate.io/barrier": barrier },
+            "annotations": { "zkgate.io/barrier-form": "sidecar" }
+        },
+        "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
+    })
+}
+
 fn pod_of(name: &str, labels: serde_json::Value) -> serde_json::Value {
     json!({
         "metadata": { "name": name, "labels": labels },
@@ -858,14 +870,7 @@ async fn told_there_are_no_native_sidecars_the_webhook_refuses_the_sidecar_form(
     let controller = h.controller_and(&zk, &["--native-sidecars", "false"]).await;
     h.barrier("train", 2).await;
     let refused = h
-        .create_pod(json!({
-            "metadata": {
-                "name": "sidecar",
-                "labels": { "zkgate.io/barrier": "train" },
-                "annotations": { "zkgate.io/barrier-form": "sidecar" }
-            },
-            "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
-        }))
+        .create_pod(sidecar_pod_of("train"))
         .await
         .expect_err("no native sidecars, by the flag")
         .to_string();
@@ -909,14 +914,7 @@ async fn a_bad_label_is_refused_with_the_reason() {
     // worker.
     h.barrier("train", 1).await;
     let sidecar = h
-        .create_pod(json!({
-            "metadata": {
-                "name": "sidecar",
-                "labels": { "zkgate.io/barrier": "train" },
-                "annotations": { "zkgate.io/barrier-form": "sidecar" }
-            },
-            "spec": { "containers": [{ "name": "worker", "image": "busybox" }] }
-        }))
+        .create_pod(sidecar_pod_of("train"))
         .await
         .expect("the sidecar form, where the server runs native sidecars");
     let inits = sidecar.spec.unwrap().init_containers.unwrap();
