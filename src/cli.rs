@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::agent::barrier::BarrierCommand;
+use crate::agent::in_place::PodRecord;
 use crate::agent::lock::{LockCommand, Side};
 use crate::agent::ready::ReadinessOptions;
 use crate::agent::{AgentError, Exit, Participant};
@@ -28,15 +29,27 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// `--native-sidecars`: from the API server's version, or as given.
+/// `--native-sidecars`, `--in-place-restart`: whether the cluster runs a
+/// feature, from the API server's version or as given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum NativeSidecars {
+pub enum ServerFeature {
     /// Read the API server's version as the webhook starts.
     Auto,
-    /// The server runs native sidecars.
+    /// The cluster runs it.
     True,
-    /// It does not: the sidecar forms are refused.
+    /// It does not: the forms that need it are refused.
     False,
+}
+
+impl ServerFeature {
+    /// `None` for `auto` (read the version), else what was said.
+    fn said(self) -> Option<bool> {
+        match self {
+            ServerFeature::Auto => None,
+            ServerFeature::True => Some(true),
+            ServerFeature::False => Some(false),
+        }
+    }
 }
 
 /// Log formats.
@@ -70,6 +83,11 @@ pub enum Command {
     Install {
         /// The directory.
         dir: PathBuf,
+        /// Beside a barrier sidecar in rounds: also mark a new life of the
+        /// pod's containers in the sidecar's --pod-dir (this init container
+        /// runs again after each in-place restart, before the sidecar).
+        #[arg(long)]
+        pod_dir: Option<PathBuf>,
     },
     /// Show Barriers and LockLeases and who waits for whom: one in detail
     /// (for a Barrier, which expected pods have not registered and why;
@@ -203,8 +221,16 @@ pub struct WebhookArgs {
     /// `restartPolicy: Always`, Kubernetes 1.29+), which the barrier's and
     /// the lock's sidecar forms are: `auto` reads the server's version as
     /// the webhook starts; `true` or `false` says so instead.
-    #[arg(long, env = "ZKGATE_NATIVE_SIDECARS", value_enum, default_value_t = NativeSidecars::Auto)]
-    pub native_sidecars: NativeSidecars,
+    #[arg(long, env = "ZKGATE_NATIVE_SIDECARS", value_enum, default_value_t = ServerFeature::Auto)]
+    pub native_sidecars: ServerFeature,
+    /// Whether the cluster restarts a pod's containers in place on a
+    /// container's exit (`restartPolicyRules` with `RestartAllContainers`,
+    /// on by default from Kubernetes 1.36), which the barrier's sidecar
+    /// form in rounds (`onParticipantLoss: RestartGang`) needs: `auto`
+    /// reads the server's version as the webhook starts; `true` or `false`
+    /// says so instead.
+    #[arg(long, env = "ZKGATE_IN_PLACE_RESTART", value_enum, default_value_t = ServerFeature::Auto)]
+    pub in_place_restart: ServerFeature,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -312,17 +338,15 @@ impl ControllerArgs {
                 root: self.root.clone(),
                 handout: None,
                 native_sidecars: false,
+                in_place_restart: false,
             },
             handout,
             service: w.webhook_service.clone(),
             handout_url: w.handout_url.clone(),
             pod_ip: w.pod_ip.clone(),
             scope: self.watch_namespace.clone(),
-            native_sidecars: match w.native_sidecars {
-                NativeSidecars::Auto => None,
-                NativeSidecars::True => Some(true),
-                NativeSidecars::False => Some(false),
-            },
+            native_sidecars: w.native_sidecars.said(),
+            in_place_restart: w.in_place_restart.said(),
         }))
     }
 }
@@ -367,6 +391,23 @@ pub enum BarrierAction {
         /// terminationGracePeriodSeconds).
         #[arg(long, env = "ZKGATE_GRACE_PERIOD", default_value = "25s", value_parser = duration)]
         grace_period: Duration,
+        /// Take part in a Barrier's rounds (onParticipantLoss: RestartGang)
+        /// from a pod that restarts all its containers in place on this
+        /// sidecar's exit 7 and on any main container's failure, and whose
+        /// main containers run `zkgate barrier stopping` as their preStop
+        /// hook: the directory (an emptyDir of the pod's, shared with that
+        /// hook) where the sidecar keeps its record across restarts. The
+        /// webhook's sidecar form sets all of it up.
+        #[arg(long, env = "ZKGATE_POD_DIR")]
+        pod_dir: Option<PathBuf>,
+    },
+    /// preStop hook of the main containers beside a barrier sidecar in
+    /// rounds: records that the kubelet is stopping the pod (its member is
+    /// lost, not completed). Needs no ZooKeeper connection.
+    Stopping {
+        /// The sidecar's --pod-dir.
+        #[arg(long, env = "ZKGATE_POD_DIR")]
+        pod_dir: PathBuf,
     },
     /// Enter, run the command, leave; exit with the command's status.
     Run {
@@ -912,7 +953,7 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             }
             Ok(0)
         }
-        Command::Install { dir } => {
+        Command::Install { dir, pod_dir } => {
             let failed = |e: std::io::Error| {
                 AgentError::new(
                     Exit::Internal,
@@ -926,6 +967,9 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             std::fs::copy(&me, &tmp).map_err(failed)?;
             std::fs::rename(&tmp, &target).map_err(failed)?;
             tracing::info!(to = %target.display(), "installed");
+            if let Some(pod_dir) = pod_dir {
+                PodRecord::mark_new_life(&pod_dir)?;
+            }
             Ok(0)
         }
         Command::Guard {
@@ -959,12 +1003,15 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 barrier: b,
                 readiness,
                 grace_period,
+                pod_dir,
             } => {
                 let (p, stop) = b.common.participant().await?;
+                let record = pod_dir.map(PodRecord::new);
                 b.command(&p)?
-                    .sidecar(stop, &readiness.options(), grace_period)
+                    .sidecar(stop, &readiness.options(), grace_period, record.as_ref())
                     .await
             }
+            BarrierAction::Stopping { pod_dir } => PodRecord::mark_stopping(&pod_dir).map(|()| 0),
             BarrierAction::Run {
                 barrier: b,
                 kill_grace,

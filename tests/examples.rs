@@ -350,6 +350,7 @@ fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
             ca: "CA".into(),
         }),
         native_sidecars: true,
+        in_place_restart: true,
     };
     let injected = inject(&pod, &injection)
         .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))

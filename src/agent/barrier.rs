@@ -6,10 +6,12 @@ use tracing::{info, warn};
 
 use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
+use super::in_place::{Opened, PodRecord};
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::zk::{
-    DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier, HoldMonitor, RoundEnd, Session,
+    BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier, HoldMonitor, RoundEnd,
+    Session,
 };
 
 /// How often a waiting participant logs its progress.
@@ -201,21 +203,10 @@ impl<'a> BarrierCommand<'a> {
         result.map(|_| 0)
     }
 
-    /// Connects and enters with an ephemeral registration (sidecar, run),
+    /// Enters with an ephemeral registration (sidecar, run) on `session`,
     /// unless stopped first; on failure the session is closed. Stopped as
     /// the barrier opened with us, it leaves (the others count us, and
     /// wait for us to leave) and reports the signal.
-    async fn enter_ephemeral(
-        &self,
-        stop: &mut Termination,
-    ) -> Result<(Session, Entered), AgentError> {
-        let session = stop
-            .unless_stopped("connecting", self.participant.connect())
-            .await?;
-        self.enter_ephemeral_on(session, stop).await
-    }
-
-    /// [`BarrierCommand::enter_ephemeral`] on `session`, closed on failure.
     async fn enter_ephemeral_on(
         &self,
         session: Session,
@@ -269,14 +260,45 @@ impl<'a> BarrierCommand<'a> {
     /// `sidecar`: enters with an ephemeral node, reports ready once open,
     /// holds the session while the pod runs, and leaves on SIGTERM within
     /// `grace`. SIGTERM before the barrier opened removes the registration.
+    /// On a barrier in rounds it takes part only given `in_place` (the
+    /// record of a pod whose containers restart in place on its exit 7:
+    /// see [`super::in_place`]); without, it is refused (exit 2).
     pub async fn sidecar(
         &self,
         mut stop: Termination,
         readiness: &ReadinessOptions,
         grace: Duration,
+        in_place: Option<&PodRecord>,
     ) -> Result<i32, AgentError> {
         let readiness = Readiness::start(readiness).await?;
-        let (session, entered) = self.enter_ephemeral(&mut stop).await?;
+        let session = stop
+            .unless_stopped("connecting", self.participant.connect())
+            .await?;
+        if let Some(record) = in_place {
+            match self.peek(&session, &mut stop).await {
+                Ok(Some(data)) if data.round.is_some() => {
+                    let outcome = self
+                        .sidecar_in_rounds(&session, &mut stop, &readiness, grace, record)
+                        .await;
+                    readiness.clear();
+                    if matches!(&outcome, Err(e) if e.exit == Exit::Restart) {
+                        // Our registration of the round that ended stays
+                        // until the pod's next life withdraws it, once the
+                        // kubelet has stopped the commands.
+                        session.abandon();
+                    } else {
+                        close(session).await;
+                    }
+                    return outcome;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    close(session).await;
+                    return Err(e);
+                }
+            }
+        }
+        let (session, entered) = self.enter_ephemeral_on(session, &mut stop).await?;
         readiness.set_ready()?;
         let outcome = tokio::select! {
             _ = stop.received() => {
@@ -292,6 +314,191 @@ impl<'a> BarrierCommand<'a> {
         };
         close(session).await;
         outcome
+    }
+
+    /// The barrier node's data once it is there (with a controller, which
+    /// makes it; without, `None` when missing: ours to make), unless
+    /// stopped first: how to enter (in rounds, say).
+    async fn peek(
+        &self,
+        session: &Session,
+        stop: &mut Termination,
+    ) -> Result<Option<BarrierData>, AgentError> {
+        let creating = self.participants.is_some();
+        let peek = async {
+            let data = if creating {
+                self.barrier.data_if_there(session).await
+            } else {
+                self.barrier
+                    .data_when_there(session, self.run.as_deref())
+                    .await
+            };
+            data.map_err(|e| self.participant.explain(e))
+        };
+        stop.unless_stopped(
+            &format!("waiting for the barrier {}", self.barrier.path()),
+            peek,
+        )
+        .await
+    }
+
+    /// `sidecar` on a barrier in rounds, in a pod whose containers restart
+    /// in place on our exit 7 and on a main container's failure (see
+    /// [`super::in_place`]). Finding a round recorded as opened, a
+    /// sidecar before us let the commands start in it and is gone: that
+    /// round ends (unless it is finishing); in a new life of the pod's
+    /// containers (no command runs) we withdraw that sidecar's
+    /// registration and meet the gang in the next round, otherwise we exit
+    /// 7, so that no command of it runs on. Then it joins the current
+    /// round, as `run` does, records the opening and reports ready (the
+    /// main containers start), and holds until:
+    /// - the round ends (a member failed, was lost or restarted): exit 7,
+    ///   our registration left for the next life to withdraw;
+    /// - SIGTERM with the `preStop` mark (the pod is killed): the round
+    ///   ends for the others, exit 143;
+    /// - SIGTERM without it (the main containers all completed): the round
+    ///   is marked finishing and we leave it with the others, exit 0;
+    /// - our registration is lost: exit 7 (the others' round ends with it).
+    async fn sidecar_in_rounds(
+        &self,
+        session: &Session,
+        stop: &mut Termination,
+        readiness: &Readiness,
+        grace: Duration,
+        record: &PodRecord,
+    ) -> Result<i32, AgentError> {
+        let p = self.participant;
+        let gang = GangBarrier::new(self.barrier.path());
+        // A mark of before our pod's last in-place restart (a liveness
+        // kill runs preStop too) says nothing of this life.
+        record.clear_stopping();
+        let new_life = record.take_new_life()?;
+        if let Some(Opened { round: k, node }) = record.opened()? {
+            let why = if new_life {
+                format!("{}'s containers restarted in round {k}", p.id)
+            } else {
+                format!("{}'s barrier sidecar restarted in round {k}", p.id)
+            };
+            info!(barrier = %gang.path(), round = k, new_life, "a sidecar before us let the commands start in this round: ending it");
+            let end = gang
+                .end_round(session, k, &why)
+                .await
+                .map_err(|e| p.explain(e))?;
+            let restarting = matches!(end, RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded);
+            if new_life {
+                // The kubelet removed every container of the round's life
+                // before ours started: none of its commands runs.
+                self.withdraw(session, &node).await?;
+                record.clear_opened();
+            } else if restarting {
+                // The commands may run on: the kubelet stops them on our
+                // exit, and the next life withdraws the registration.
+                return Err(AgentError::new(
+                    Exit::Restart,
+                    format!(
+                        "round {k} of the barrier {} ended ({why}) while the pod's commands may still run: restarting the pod's containers to meet the gang in the next round",
+                        gang.path()
+                    ),
+                ));
+            } else {
+                record.clear_opened();
+            }
+            match end {
+                RoundEnd::Finishing => {
+                    return Err(failed_barrier(
+                        &gang,
+                        &format!("round {k} is finishing (a member completed), so the gang cannot restart for us"),
+                    ))
+                }
+                RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                    return Err(failed_barrier(&gang, &reason))
+                }
+                RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
+                    info!(barrier = %gang.path(), round = k, "the pod's containers restarted: meeting the gang in the next round");
+                }
+            }
+        }
+        let mut uid = None;
+        let Joined {
+            k,
+            round,
+            entered,
+            members,
+        } = loop {
+            if let Some(joined) = self.join_round(session, stop, &gang, &mut uid).await? {
+                break joined;
+            }
+        };
+        // Recorded before the main containers can start: a sidecar after
+        // us then knows they may be running.
+        record.set_opened(k, &entered.node)?;
+        record.tell_round(k, rank_of(&members, &p.id), members.len())?;
+        readiness.set_ready()?;
+        info!(barrier = %gang.path(), round = k, "round open: the main containers start");
+        let restart = |what: String| {
+            AgentError::new(
+                Exit::Restart,
+                format!(
+                    "{what}: restarting the pod's containers to meet the gang in the next round"
+                ),
+            )
+        };
+        let over = tokio::select! {
+            exit = stop.received() => Ok(Err(exit)),
+            over = gang.round_over(session, k, &members) => over.map(Ok),
+            reason = self.registration(session, &entered).lost() => {
+                readiness.clear();
+                // Kept: the next life ends the round, in case nobody did.
+                return Err(restart(format!(
+                    "our registration in round {k} of the barrier {} was lost: {reason} (servers {}); the others' round ends with it",
+                    gang.path(),
+                    p.connect_string()
+                )));
+            }
+        };
+        readiness.clear();
+        match over.map_err(|e| p.explain(e))? {
+            Ok(why) => {
+                // Not withdrawn: the commands run until the kubelet stops
+                // them on our exit; the next life withdraws it.
+                Err(restart(format!(
+                    "round {k} of the barrier {} ended ({why})",
+                    gang.path()
+                )))
+            }
+            Err(exit) if record.stopping() => {
+                let why = format!("{}'s pod is being stopped", p.id);
+                self.end_round(session, &gang, k, &why, &entered.node)
+                    .await?;
+                record.clear_opened();
+                Err(AgentError::new(
+                    exit,
+                    format!(
+                        "stopped by {} with the pod (its preStop ran): round {k} of the barrier {} was ended for the others",
+                        exit.signal_name(),
+                        gang.path()
+                    ),
+                ))
+            }
+            Err(_) => {
+                record.clear_opened();
+                if gang
+                    .start_leaving(session, k)
+                    .await
+                    .map_err(|e| p.explain(e))?
+                {
+                    info!(barrier = %gang.path(), round = k, "the main containers completed; leaving the round");
+                    self.leave_at(&round, session, Some(tokio::time::Instant::now() + grace))
+                        .await?;
+                    return Ok(0);
+                }
+                self.withdraw(session, &entered.node).await?;
+                Err(failed_barrier(
+                    &gang,
+                    &format!("the main containers completed as round {k} ended: the gang meets again without this pod, whose commands cannot run again"),
+                ))
+            }
+        }
     }
 
     /// `run`: enters, runs `command`, leaves; returns the command's exit
@@ -311,23 +518,7 @@ impl<'a> BarrierCommand<'a> {
         // A barrier in rounds is entered round by round. Without a
         // controller (`--participants`), a missing node is ours to make,
         // a plain one; with one, we wait for it to say which it is.
-        let creating = self.participants.is_some();
-        let peek = async {
-            let data = if creating {
-                self.barrier.data_if_there(&session).await
-            } else {
-                self.barrier
-                    .data_when_there(&session, self.run.as_deref())
-                    .await
-            };
-            data.map_err(|e| self.participant.explain(e))
-        };
-        let found = stop
-            .unless_stopped(
-                &format!("waiting for the barrier {}", self.barrier.path()),
-                peek,
-            )
-            .await;
+        let found = self.peek(&session, &mut stop).await;
         match found {
             Ok(Some(data)) if data.round.is_some() => {
                 let outcome = self
@@ -398,125 +589,24 @@ impl<'a> BarrierCommand<'a> {
     ) -> Result<i32, AgentError> {
         let p = self.participant;
         let gang = GangBarrier::new(self.barrier.path());
-        let failed = |reason: &str| {
-            AgentError::new(
-                Exit::Failed,
-                format!(
-                    "barrier {} failed: {reason}; see the Barrier's status and events",
-                    gang.path()
-                ),
-            )
-        };
-        let deleted = || {
-            p.explain(crate::zk::ZkError::Deleted {
-                path: gang.path().to_owned(),
-            })
-        };
         // The barrier we found (`run` waited for it): one of another uid
         // later is a new Barrier of the same name, and ours was deleted.
         let mut uid = None;
-        'rounds: loop {
-            let top = self
-                .barrier
-                .data_if_there(session)
-                .await
-                .map_err(|e| p.explain(e))?
-                .ok_or_else(deleted)?;
-            if uid.get_or_insert_with(|| top.uid.clone()) != &top.uid {
-                return Err(deleted());
-            }
-            if let Some(reason) = &top.failed {
-                return Err(failed(reason));
-            }
-            let k = top.round.unwrap_or_default();
-            let round = gang.round(k);
-            let (entered, stopped) = self.enter_at(&round, session, false, stop).await?;
-            if let Some(exit) = stopped {
-                // Counted as we were stopped: the others wait for us to
-                // leave, and this round ends with us gone.
-                let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                self.end_round(session, &gang, k, &why, &entered.node)
-                    .await?;
-                return Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path())));
-            }
-            if !gang
-                .counted(session, k, &entered.node)
-                .await
-                .map_err(|e| p.explain(e))?
-            {
-                // Round k opened without us: we restarted after it began.
-                let why = format!("{} restarted after round {k} opened", p.id);
-                info!(barrier = %gang.path(), round = k, "the round opened without us: ending it, to meet again in the next");
-                match self.end_round(session, &gang, k, &why, &entered.node).await? {
-                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => continue,
-                    RoundEnd::Finishing => {
-                        return Err(failed(&format!(
-                            "round {k} is finishing (a member completed), so the gang cannot restart for us"
-                        )))
-                    }
-                    RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
-                        return Err(failed(&reason))
-                    }
-                }
-            }
-            let mut entered = entered;
-            if let Some(before) = k.checked_sub(1) {
-                // No command of this round while one of the round before
-                // still runs (a member whose pod is stopping, which this
-                // round went on without, may take its grace period).
-                let outcome = tokio::select! {
-                    emptied = gang.await_round_empty(session, before) => emptied.map_err(|e| p.explain(e)),
-                    reason = self.registration(session, &entered).lost() => Err(self.registration_lost(reason, "")),
-                    exit = stop.received() => Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path()))),
-                };
-                if let Err(e) = outcome {
-                    if let Some(exit) = stop.asked_to_stop() {
-                        let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                        self.end_round(session, &gang, k, &why, &entered.node)
-                            .await?;
-                    }
-                    return Err(e);
-                }
-                // Confirmed afresh: the command's monitor counts from here,
-                // not from the opening, which may be long past.
-                entered.confirmed_at = gang
-                    .confirm(session, &entered.node)
-                    .await
-                    .map_err(|e| p.explain(e))?;
-            }
-            let registration = self.registration(session, &entered);
-            let mut members = loop {
-                if let Some(members) = gang.members(session, k).await.map_err(|e| p.explain(e))? {
-                    break members;
-                }
-                // A member came or went since the opening, and none has
-                // completed: the round is lost before its commands start.
-                // End it (if nobody has).
-                let why = format!("a member of round {k} was lost before its commands started");
-                info!(barrier = %gang.path(), round = k, "{why}: meeting again in the next round");
-                match gang
-                    .end_round(session, k, &why)
-                    .await
-                    .map_err(|e| p.explain(e))?
-                {
-                    // A member completed meanwhile: the round stands, and
-                    // its members are listed again (now with that mark).
-                    RoundEnd::Finishing => continue,
-                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
-                        self.withdraw(session, &entered.node).await?;
-                        continue 'rounds;
-                    }
-                    RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
-                        self.withdraw(session, &entered.node).await?;
-                        return Err(failed(&reason));
-                    }
-                }
+        loop {
+            let Joined {
+                k,
+                round,
+                entered,
+                members,
+            } = match self.join_round(session, stop, &gang, &mut uid).await? {
+                Some(joined) => joined,
+                None => continue,
             };
-            members.sort();
+            let registration = self.registration(session, &entered);
             // What the command is told of its round: which it is (a restart
             // resumes from a checkpoint, say), and its place among the
             // round's members, by id.
-            let rank = members.iter().position(|m| *m == p.id).unwrap_or_default();
+            let rank = rank_of(&members, &p.id);
             let env = [
                 ("ZKGATE_ROUND", k.to_string()),
                 ("ZKGATE_RANK", rank.to_string()),
@@ -618,6 +708,131 @@ impl<'a> BarrierCommand<'a> {
         }
     }
 
+    /// Joins the current round of `gang` (see [`BarrierCommand::run_in_rounds`]):
+    /// enters it, and once it opened with us, waits for the round before to
+    /// be empty (no member of it still running) and lists the round's
+    /// members, by id. `None` when the round was lost before it started for
+    /// us (it opened without us, or a member came or went): meet again in
+    /// the next. `uid` is the Barrier's, from the first look: a node of
+    /// another uid later is a new Barrier of the same name.
+    async fn join_round(
+        &self,
+        session: &Session,
+        stop: &mut Termination,
+        gang: &GangBarrier,
+        uid: &mut Option<Option<String>>,
+    ) -> Result<Option<Joined>, AgentError> {
+        let p = self.participant;
+        let failed = |reason: &str| failed_barrier(gang, reason);
+        let deleted = || {
+            p.explain(crate::zk::ZkError::Deleted {
+                path: gang.path().to_owned(),
+            })
+        };
+        let top = self
+            .barrier
+            .data_if_there(session)
+            .await
+            .map_err(|e| p.explain(e))?
+            .ok_or_else(deleted)?;
+        if uid.get_or_insert_with(|| top.uid.clone()) != &top.uid {
+            return Err(deleted());
+        }
+        if let Some(reason) = &top.failed {
+            return Err(failed(reason));
+        }
+        let k = top.round.unwrap_or_default();
+        let round = gang.round(k);
+        let (entered, stopped) = self.enter_at(&round, session, false, stop).await?;
+        if let Some(exit) = stopped {
+            // Counted as we were stopped: the others wait for us to
+            // leave, and this round ends with us gone.
+            let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+            self.end_round(session, &gang, k, &why, &entered.node)
+                .await?;
+            return Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path())));
+        }
+        if !gang
+            .counted(session, k, &entered.node)
+            .await
+            .map_err(|e| p.explain(e))?
+        {
+            // Round k opened without us: we restarted after it began.
+            let why = format!("{} restarted after round {k} opened", p.id);
+            info!(barrier = %gang.path(), round = k, "the round opened without us: ending it, to meet again in the next");
+            match self.end_round(session, &gang, k, &why, &entered.node).await? {
+                RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => return Ok(None),
+                RoundEnd::Finishing => {
+                    return Err(failed(&format!(
+                        "round {k} is finishing (a member completed), so the gang cannot restart for us"
+                    )))
+                }
+                RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                    return Err(failed(&reason))
+                }
+            }
+        }
+        let mut entered = entered;
+        if let Some(before) = k.checked_sub(1) {
+            // No command of this round while one of the round before
+            // still runs (a member whose pod is stopping, which this
+            // round went on without, may take its grace period).
+            let outcome = tokio::select! {
+                emptied = gang.await_round_empty(session, before) => emptied.map_err(|e| p.explain(e)),
+                reason = self.registration(session, &entered).lost() => Err(self.registration_lost(reason, "")),
+                exit = stop.received() => Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path()))),
+            };
+            if let Err(e) = outcome {
+                if let Some(exit) = stop.asked_to_stop() {
+                    let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+                    self.end_round(session, &gang, k, &why, &entered.node)
+                        .await?;
+                }
+                return Err(e);
+            }
+            // Confirmed afresh: the command's monitor counts from here,
+            // not from the opening, which may be long past.
+            entered.confirmed_at = gang
+                .confirm(session, &entered.node)
+                .await
+                .map_err(|e| p.explain(e))?;
+        }
+        let mut members = loop {
+            if let Some(members) = gang.members(session, k).await.map_err(|e| p.explain(e))? {
+                break members;
+            }
+            // A member came or went since the opening, and none has
+            // completed: the round is lost before its commands start.
+            // End it (if nobody has).
+            let why = format!("a member of round {k} was lost before its commands started");
+            info!(barrier = %gang.path(), round = k, "{why}: meeting again in the next round");
+            match gang
+                .end_round(session, k, &why)
+                .await
+                .map_err(|e| p.explain(e))?
+            {
+                // A member completed meanwhile: the round stands, and
+                // its members are listed again (now with that mark).
+                RoundEnd::Finishing => continue,
+                RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
+                    self.withdraw(session, &entered.node).await?;
+                    return Ok(None);
+                }
+                RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                    self.withdraw(session, &entered.node).await?;
+                    return Err(failed(&reason));
+                }
+            }
+        };
+        members.sort_by(|a, b| by_number(a, b));
+        Ok(Some(Joined {
+            k,
+            round,
+            entered,
+            members,
+        }))
+    }
+
     /// Ends round `k` (see [`GangBarrier::end_round`]) and withdraws our
     /// registration `node` from it, unless the round is finishing (then
     /// our registration stays, for the leave).
@@ -651,6 +866,72 @@ impl<'a> BarrierCommand<'a> {
     }
 }
 
+/// `id`'s place among a round's `members` (sorted [`by_number`]).
+fn rank_of(members: &[String], id: &str) -> usize {
+    members.iter().position(|m| m == id).unwrap_or_default()
+}
+
+/// Orders ids as text, but runs of digits by their value: so the pods of an
+/// Indexed Job (`train-2-x7k2p` before `train-10-b9q4z`) are ranked in the
+/// order of their completion index, as launchers expect of a rank.
+fn by_number(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> impl Iterator<Item = &str> {
+        let mut rest = s;
+        std::iter::from_fn(move || {
+            let first = rest.chars().next()?;
+            let digits = first.is_ascii_digit();
+            let end = rest
+                .find(|c: char| c.is_ascii_digit() != digits)
+                .unwrap_or(rest.len());
+            let (chunk, tail) = rest.split_at(end);
+            rest = tail;
+            Some(chunk)
+        })
+    }
+    let (mut x, mut y) = (chunks(a), chunks(b));
+    loop {
+        let order = match (x.next(), y.next()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return std::cmp::Ordering::Less,
+            (Some(_), None) => return std::cmp::Ordering::Greater,
+            (Some(p), Some(q))
+                if p.starts_with(|c: char| c.is_ascii_digit())
+                    && q.starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                let (p, q) = (p.trim_start_matches('0'), q.trim_start_matches('0'));
+                p.len().cmp(&q.len()).then_with(|| p.cmp(q))
+            }
+            (Some(p), Some(q)) => p.cmp(q),
+        };
+        if order.is_ne() {
+            return order;
+        }
+    }
+}
+
+/// The barrier `gang` failed, for `reason` (exit 4).
+fn failed_barrier(gang: &GangBarrier, reason: &str) -> AgentError {
+    AgentError::new(
+        Exit::Failed,
+        format!(
+            "barrier {} failed: {reason}; see the Barrier's status and events",
+            gang.path()
+        ),
+    )
+}
+
+/// A round joined ([`BarrierCommand::join_round`]).
+struct Joined {
+    /// Its number.
+    k: u32,
+    /// Its double barrier.
+    round: DoubleBarrier,
+    /// Our registration in it.
+    entered: Entered,
+    /// Its members' ids, sorted.
+    members: Vec<String>,
+}
+
 /// Why a command running in a round was stopped.
 enum Interruption {
     /// Our registration was lost.
@@ -659,4 +940,38 @@ enum Interruption {
     RoundOver(String),
     /// Watching the round failed.
     Failed(crate::zk::ZkError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_follow_the_numbers_in_ids_so_an_indexed_jobs_pods_rank_by_index() {
+        let mut ids: Vec<String> = [
+            "ddp-train-10-b9q4z",
+            "ddp-train-2-x7k2p",
+            "ddp-train-0-zzzzz",
+            "ddp-train-1-aaaaa",
+            "ddp-train-02-aaaaa",
+        ]
+        .map(String::from)
+        .to_vec();
+        ids.sort_by(|a, b| by_number(a, b));
+        assert_eq!(
+            ids,
+            [
+                "ddp-train-0-zzzzz",
+                "ddp-train-1-aaaaa",
+                "ddp-train-02-aaaaa",
+                "ddp-train-2-x7k2p",
+                "ddp-train-10-b9q4z"
+            ]
+        );
+        assert_eq!(rank_of(&ids, "ddp-train-10-b9q4z"), 4);
+        // Text without numbers sorts as text; a prefix comes first.
+        assert_eq!(by_number("a", "b"), std::cmp::Ordering::Less);
+        assert_eq!(by_number("pod", "pod-1"), std::cmp::Ordering::Less);
+        assert_eq!(by_number("x9", "x9"), std::cmp::Ordering::Equal);
+    }
 }

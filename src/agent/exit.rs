@@ -21,6 +21,11 @@ pub enum Exit {
     Unavailable = 5,
     /// The lock was lost (revoked, or the session expired while held).
     LockLost = 6,
+    /// A barrier sidecar in rounds: its round ended, and the pod's
+    /// containers are to restart in place to meet the gang again (the
+    /// kubelet's `RestartAllContainers` on this exit; see
+    /// [`super::in_place`]).
+    Restart = 7,
     /// Stopped by SIGINT while waiting; our registration was removed
     /// (128 + the signal's number, as a shell reports it).
     Interrupted = 130,

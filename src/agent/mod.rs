@@ -7,6 +7,7 @@ pub mod barrier;
 pub mod child;
 pub mod exit;
 pub mod guardian;
+pub mod in_place;
 pub mod lock;
 pub mod ready;
 

@@ -141,7 +141,7 @@ pub enum ZkError {
     /// A barrier in rounds (`onParticipantLoss: RestartGang`) entered or
     /// left as a plain double barrier: only a participant that enters each
     /// round and can stop its command when the gang restarts may take part.
-    #[error("barrier {path} meets in rounds (onParticipantLoss: RestartGang): only `zkgate barrier run NAME -- COMMAND` takes part in it (it enters each round, and stops the command when the gang restarts); the init container and sidecar forms cannot")]
+    #[error("barrier {path} meets in rounds (onParticipantLoss: RestartGang): only `zkgate barrier run NAME -- COMMAND` takes part in it (it enters each round, and stops the command when the gang restarts), or `zkgate barrier sidecar NAME --pod-dir DIR` in a pod that restarts its containers in place (the webhook's sidecar form, Kubernetes 1.36+); the init container cannot, nor a sidecar without --pod-dir")]
     InRounds {
         /// The barrier node.
         path: String,

@@ -390,6 +390,19 @@ impl Session {
         &self.stats
     }
 
+    /// Leaves the session to the server, for a process that is about to
+    /// exit: no close is sent, so its ephemeral nodes stay until the
+    /// session times out on the server, unless another session removes
+    /// them first. What a participant whose registration must outlive it
+    /// does (a barrier sidecar in rounds, whose pod's next life withdraws
+    /// it). Clean-ups still under way on it are dropped with it.
+    pub fn abandon(self) {
+        // Dropping the client would send the close (the connection task
+        // sends one when its last handle goes); forgotten, it never does,
+        // and the process's exit ends the connection.
+        std::mem::forget(self);
+    }
+
     /// Ends the session on the server and waits until the server confirmed,
     /// so ephemeral nodes are removed now. Clean-up requests still running on
     /// the session (from cancelled recipes) finish first.

@@ -10,8 +10,13 @@
 //!   copied into the pod by the init container `zkgate-install`).
 //! - `zkgate.io/on-participant-loss: RestartGang` (+ `zkgate.io/max-restarts:
 //!   N`) on a Job's pod template: the Barrier made for the Job restarts its
-//!   gang together (the wrap form, which this implies, is the one that can
-//!   stop the command).
+//!   gang together. The wrap form, which this implies, stops the command
+//!   itself; the sidecar form (Kubernetes 1.36+) has the kubelet restart
+//!   the pod's containers in place ([`crate::agent::in_place`]): the
+//!   sidecar gets `restartPolicyRules` restarting them all on its exit 7,
+//!   every main container the same on any failure and a `preStop` hook
+//!   (`zkgate barrier stopping`) that tells a killed pod from a completed
+//!   one, and both share the emptyDir [`POD_VOLUME`].
 //! - `zkgate.io/lock: NAME` (+ `zkgate.io/lock-mode: read|write` on a
 //!   ReadWrite LockLease) → an init container `zkgate lock acquire NAME`;
 //!   the fencing token is in `/var/run/zkgate/fencing-token` in every
@@ -32,15 +37,16 @@
 //! hand that carries the label `zkgate.io/credentials: "true"`.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements,
-    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, Container, ContainerRestartRule, ContainerRestartRuleOnExitCodes,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, LifecycleHandler, ObjectFieldSelector,
+    Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::super::{BARRIER_LABEL, LOCK_LABEL};
+use crate::agent::exit::Exit;
 use crate::api::parse_duration;
 use crate::layout::DEFAULT_ROOT;
 
@@ -70,6 +76,15 @@ pub const INSTALL_CONTAINER: &str = "zkgate-install";
 pub const BIN_VOLUME: &str = "zkgate-bin";
 /// Where [`BIN_VOLUME`] is mounted.
 pub const BIN_DIR: &str = "/var/run/zkgate-bin";
+/// The sidecar form in rounds: the volume the sidecar keeps its record in
+/// across the pod's in-place restarts, written by the main containers'
+/// `preStop` hook too.
+pub const POD_VOLUME: &str = "zkgate-pod";
+/// Where [`POD_VOLUME`] is mounted.
+pub const POD_DIR: &str = "/var/run/zkgate-pod";
+/// What the kubelet's in-place restart of all of a pod's containers is
+/// asked for by (`restartPolicyRules[].action`).
+const RESTART_ALL: &str = "RestartAllContainers";
 /// How long the injected containers wait (e.g. `15m`) [default: no limit].
 pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
 /// The injected container that waits for the Barrier.
@@ -106,6 +121,9 @@ pub struct Injection {
     pub handout: Option<HandoutTarget>,
     /// Whether the API server runs native sidecars (1.29 and later).
     pub native_sidecars: bool,
+    /// Whether the cluster restarts a pod's containers in place on a
+    /// container's exit (1.36 and later): the sidecar form in rounds.
+    pub in_place_restart: bool,
 }
 
 /// Where the credential handout is and how to check it.
@@ -147,11 +165,24 @@ pub enum Refusal {
     /// `zkgate.io/max-restarts` is not a count.
     #[error("annotation {MAX_RESTARTS_ANNOTATION}={0:?} must be a whole number from 0 to 100")]
     InvalidMaxRestarts(String),
-    /// RestartGang with a form that cannot stop the command.
-    #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang needs the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, the default with it): an init container or a sidecar cannot stop the command when the gang restarts")]
+    /// RestartGang with the init form, which cannot stop the command.
+    #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang needs the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, the default with it) or, on Kubernetes 1.36+, the sidecar form: an init container cannot stop the command when the gang restarts")]
     RestartNeedsWrap,
-    /// The wrap form and a lock on one pod.
-    #[error("the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, or {ON_LOSS_ANNOTATION}: RestartGang) cannot be combined with the label {LOCK_LABEL}: the lock's init container would hold the lock while the pod waits for its gang; take the lock in the command (zkgate lock run)")]
+    /// RestartGang with the sidecar form on a cluster that restarts no
+    /// pod's containers in place.
+    #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang with {BARRIER_FORM_ANNOTATION}=sidecar needs the kubelet to restart a pod's containers in place (restartPolicyRules with action RestartAllContainers, Kubernetes 1.36 or later), which this cluster does not (by its API server's version, or the controller's --in-place-restart=false): use the wrap form")]
+    NoInPlaceRestart,
+    /// The sidecar form in rounds on a container that says its own restart
+    /// or `preStop`, which the form needs to set.
+    #[error("the sidecar form in rounds sets container {container:?}'s {field} (the kubelet restarts the pod's containers in place through it), and the container has its own: remove it, or use the wrap form")]
+    InPlaceFieldTaken {
+        /// The container.
+        container: String,
+        /// The field it sets.
+        field: &'static str,
+    },
+    /// The wrap form, or rounds, and a lock on one pod.
+    #[error("the wrap form ({BARRIER_FORM_ANNOTATION}: wrap) and rounds ({ON_LOSS_ANNOTATION}: RestartGang) cannot be combined with the label {LOCK_LABEL}: the lock's init container would hold the lock while the pod waits for its gang; take the lock in the command (zkgate lock run)")]
     WrapWithLock,
     /// The wrap form names a container the pod does not have.
     #[error("annotation {WRAP_CONTAINER_ANNOTATION}={0:?} names no container of the pod")]
@@ -201,8 +232,9 @@ pub enum Refusal {
     /// `zkgate.io/after` on a gang that restarts.
     #[error("annotation {AFTER_ANNOTATION} cannot be combined with {ON_LOSS_ANNOTATION}: RestartGang yet")]
     AfterWithRestartGang,
-    /// The init form on a Barrier that restarts its gang.
-    #[error("Barrier {0} restarts its gang (onParticipantLoss: RestartGang), and only `zkgate barrier run` takes part in its rounds: give the pod the wrap form (annotation {BARRIER_FORM_ANNOTATION}: wrap, or {ON_LOSS_ANNOTATION}: RestartGang; the container's explicit command then runs under `barrier run`)")]
+    /// A form that cannot take part in rounds on a Barrier that restarts
+    /// its gang.
+    #[error("Barrier {0} restarts its gang (onParticipantLoss: RestartGang), and only a participant that can stop the pod's commands takes part in its rounds: give the pod the annotation {ON_LOSS_ANNOTATION}: RestartGang (the wrap form by default, the container's explicit command then running under `barrier run`; or with {BARRIER_FORM_ANNOTATION}: sidecar on Kubernetes 1.36+)")]
     NotInRounds(String),
     /// RestartGang asked of a Barrier made without it.
     #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang asks for rounds, but Barrier {barrier} was made with onParticipantLoss: {policy:?}, and a Barrier's policy is fixed when it is made: make the Barrier with RestartGang (delete it and create it again), or drop the annotation")]
@@ -219,7 +251,8 @@ pub enum Refusal {
 pub enum Form {
     /// An init container `zkgate barrier enter` (the default).
     Init,
-    /// A native sidecar `zkgate barrier sidecar` with a startup probe.
+    /// A native sidecar `zkgate barrier sidecar` with a startup probe (in
+    /// rounds, restarting the pod's containers in place).
     Sidecar,
     /// A container's own command under `zkgate barrier run` (the binary
     /// copied into the pod by an init container): the form a gang that
@@ -307,12 +340,16 @@ pub struct Wanted {
     pub run: Option<String>,
     /// The wrap form: the container to wrap, when not the first.
     pub wrap_container: Option<String>,
+    /// Whether the pod takes part in rounds (RestartGang): the wrap form,
+    /// or the sidecar form restarting the pod's containers in place.
+    pub rounds: bool,
 }
 
 /// Reads what `pod`'s labels and annotations ask for, checking every value
 /// (a bad one refuses the pod: better at admission than a pod that never
-/// starts).
-pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
+/// starts). What the cluster runs (native sidecars, in-place restarts) is
+/// `injection`'s.
+pub fn wanted(pod: &Pod, injection: &Injection) -> Result<Wanted, Refusal> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let name = |label: &'static str| -> Result<Option<String>, Refusal> {
@@ -334,9 +371,12 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
     let form = match annotations.get(BARRIER_FORM_ANNOTATION).map(String::as_str) {
         None if restarts => Form::Wrap,
         Some("wrap") => Form::Wrap,
-        Some("init" | "sidecar") if restarts => return Err(Refusal::RestartNeedsWrap),
+        Some("init") if restarts => return Err(Refusal::RestartNeedsWrap),
+        Some("sidecar") if restarts && !injection.in_place_restart => {
+            return Err(Refusal::NoInPlaceRestart)
+        }
         None | Some("init") => Form::Init,
-        Some("sidecar") if native_sidecars => Form::Sidecar,
+        Some("sidecar") if injection.native_sidecars => Form::Sidecar,
         Some("sidecar") => return Err(Refusal::NoNativeSidecars),
         Some(other) => return Err(Refusal::InvalidForm(other.to_owned())),
     };
@@ -357,7 +397,9 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         })?;
     }
     let barrier = name(BARRIER_LABEL)?;
-    if barrier.is_some() && form == Form::Wrap && lock.is_some() {
+    // In rounds (either form) a lock taken once would be held through a
+    // restart while the pod waits for its gang again.
+    if barrier.is_some() && (form == Form::Wrap || restarts) && lock.is_some() {
         return Err(Refusal::WrapWithLock);
     }
     Ok(Wanted {
@@ -366,13 +408,16 @@ pub fn wanted(pod: &Pod, native_sidecars: bool) -> Result<Wanted, Refusal> {
         timeout,
         run: crate::controller::runs::run_of_pod(pod),
         wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
+        rounds: restarts,
     })
 }
 
 /// Whether a participant of `form`, whose pod asks for `asked`, can take
 /// part in the Barrier `barrier` made with `made` (fixed when it was
-/// made): a Barrier in rounds takes only the wrap form (`barrier enter`
-/// and `barrier sidecar` are refused there at run time), and a pod asking
+/// made): a Barrier in rounds takes only a participant that can stop the
+/// pod's commands, the wrap form or the sidecar form given in-place
+/// restarts by asking for rounds (`barrier enter`, and `barrier sidecar`
+/// without `--pod-dir`, are refused there at run time), and a pod asking
 /// for rounds would never restart on a Barrier without them.
 pub fn agrees_with_barrier(
     barrier: &str,
@@ -381,7 +426,8 @@ pub fn agrees_with_barrier(
     form: Form,
 ) -> Result<(), Refusal> {
     use crate::api::OnParticipantLoss::RestartGang;
-    if made == RestartGang && form != Form::Wrap {
+    let in_rounds = form == Form::Wrap || form == Form::Sidecar && asked == RestartGang;
+    if made == RestartGang && !in_rounds {
         return Err(Refusal::NotInRounds(barrier.to_owned()));
     }
     if asked == RestartGang && made != RestartGang {
@@ -457,7 +503,7 @@ pub fn carries_zkgate(pod: &Pod, image: &str) -> bool {
 /// needs nothing (no label, or a zkgate container already there and no
 /// `zkgate.io/credentials` label).
 pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> {
-    let wanted = wanted(pod, injection.native_sidecars)?;
+    let wanted = wanted(pod, injection)?;
     let credentials = match pod
         .metadata
         .labels
@@ -494,20 +540,31 @@ fn add_containers(
     wanted: &Wanted,
 ) -> Result<(), Refusal> {
     add_empty_dir(&mut spec.volumes, RUN_VOLUME, Some("Memory"), "1Mi")?;
-    if let Some((barrier, Form::Wrap)) = &wanted.barrier {
-        wrap(spec, injection, barrier, wanted)?;
+    match &wanted.barrier {
+        Some((barrier, Form::Wrap)) => wrap(spec, injection, barrier, wanted)?,
+        Some((_, Form::Sidecar)) if wanted.rounds => restart_in_place(spec, injection)?,
+        _ => {}
     }
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
     if let Some((barrier, form @ (Form::Init | Form::Sidecar))) = &wanted.barrier {
         let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
         if *form == Form::Sidecar {
-            c.args = Some(args(&[
-                "barrier",
-                "sidecar",
-                barrier,
-                "--ready-file",
-                &format!("{RUN_DIR}/ready"),
-            ]));
+            let mut a = vec![
+                "barrier".to_owned(),
+                "sidecar".to_owned(),
+                barrier.clone(),
+                "--ready-file".to_owned(),
+                format!("{RUN_DIR}/ready"),
+            ];
+            if wanted.rounds {
+                a.extend(["--pod-dir".to_owned(), POD_DIR.to_owned()]);
+                c.volume_mounts
+                    .get_or_insert_with(Vec::new)
+                    .push(pod_mount());
+                // Its round over: every container of the pod restarts.
+                c.restart_policy_rules = Some(vec![restart_all("In", Exit::Restart as i32)]);
+            }
+            c.args = Some(a);
             c.restart_policy = Some("Always".to_owned());
             c.startup_probe = Some(Probe {
                 exec: Some(ExecAction {
@@ -619,8 +676,10 @@ fn wrap(
     if target.liveness_probe.is_some() || target.startup_probe.is_some() {
         return Err(Refusal::ProbeWhileWaiting(target.name.clone()));
     }
-    // On disk (the binary is a few MB; memory would count against the pod).
-    add_empty_dir(&mut spec.volumes, BIN_VOLUME, None, "128Mi")?;
+    install_binary(spec, injection)?;
+    let Some(target) = spec.containers.get_mut(index) else {
+        return Ok(());
+    };
     let binary = format!("{BIN_DIR}/zkgate");
     let mut wrapped = vec![
         binary,
@@ -649,8 +708,98 @@ fn wrap(
     if let Some(run) = &wanted.run {
         env.push(run_env(run));
     }
-    target
-        .volume_mounts
+    mount_binary(target);
+    Ok(())
+}
+
+/// The sidecar form in rounds: every main container restarts the pod's
+/// containers in place when it fails, and tells the sidecar through its
+/// `preStop` hook that the pod is being killed (see
+/// [`crate::agent::in_place`]); the binary the hook runs is copied into
+/// the pod as for the wrap form.
+fn restart_in_place(spec: &mut PodSpec, injection: &Injection) -> Result<(), Refusal> {
+    for c in &spec.containers {
+        let taken = |field| {
+            Err(Refusal::InPlaceFieldTaken {
+                container: c.name.clone(),
+                field,
+            })
+        };
+        if c.restart_policy.is_some() {
+            return taken("restartPolicy");
+        }
+        if c.restart_policy_rules.is_some() {
+            return taken("restartPolicyRules");
+        }
+        if c.lifecycle.as_ref().is_some_and(|l| l.pre_stop.is_some()) {
+            return taken("lifecycle.preStop");
+        }
+    }
+    add_empty_dir(&mut spec.volumes, POD_VOLUME, Some("Memory"), "1Mi")?;
+    install_binary(spec, injection)?;
+    // It runs once per life of the pod's containers, before the sidecar,
+    // and tells it so.
+    if let Some(install) = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .find(|c| c.name == INSTALL_CONTAINER)
+    {
+        install.args = Some(args(&["install", BIN_DIR, "--pod-dir", POD_DIR]));
+        install
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(pod_mount());
+    }
+    for c in &mut spec.containers {
+        // `Never` for itself: a failure restarts all of them, not it alone.
+        c.restart_policy = Some("Never".to_owned());
+        c.restart_policy_rules = Some(vec![restart_all("NotIn", 0)]);
+        c.lifecycle.get_or_insert_with(Default::default).pre_stop = Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(vec![
+                    format!("{BIN_DIR}/zkgate"),
+                    "barrier".to_owned(),
+                    "stopping".to_owned(),
+                    "--pod-dir".to_owned(),
+                    POD_DIR.to_owned(),
+                ]),
+            }),
+            ..Default::default()
+        });
+        mount_binary(c);
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(pod_mount());
+    }
+    Ok(())
+}
+
+/// [`POD_VOLUME`] mounted read-write (the sidecar, the install container
+/// and the main containers' hook all write it).
+fn pod_mount() -> VolumeMount {
+    VolumeMount {
+        name: POD_VOLUME.to_owned(),
+        mount_path: POD_DIR.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// A rule restarting all of the pod's containers in place on the exit
+/// codes `operator` (`In`/`NotIn`) `code`.
+fn restart_all(operator: &str, code: i32) -> ContainerRestartRule {
+    ContainerRestartRule {
+        action: RESTART_ALL.to_owned(),
+        exit_codes: Some(ContainerRestartRuleOnExitCodes {
+            operator: operator.to_owned(),
+            values: Some(vec![code]),
+        }),
+    }
+}
+
+/// Mounts [`BIN_VOLUME`] (read only) in `c`.
+fn mount_binary(c: &mut Container) {
+    c.volume_mounts
         .get_or_insert_with(Vec::new)
         .push(VolumeMount {
             name: BIN_VOLUME.to_owned(),
@@ -658,6 +807,13 @@ fn wrap(
             read_only: Some(true),
             ..Default::default()
         });
+}
+
+/// The volume [`BIN_VOLUME`] and, first of the init containers, the one
+/// that copies the binary into it.
+fn install_binary(spec: &mut PodSpec, injection: &Injection) -> Result<(), Refusal> {
+    // On disk (the binary is a few MB; memory would count against the pod).
+    add_empty_dir(&mut spec.volumes, BIN_VOLUME, None, "128Mi")?;
     let mut install = container(injection, INSTALL_CONTAINER, None);
     install.env = None;
     install.args = Some(args(&["install", BIN_DIR]));
@@ -836,6 +992,7 @@ mod tests {
                 ca: "-----BEGIN CERTIFICATE-----".into(),
             }),
             native_sidecars: true,
+            in_place_restart: true,
         }
     }
 
@@ -1057,6 +1214,7 @@ mod tests {
         ));
         let old = Injection {
             native_sidecars: false,
+            in_place_restart: false,
             ..i.clone()
         };
         assert_eq!(
@@ -1147,6 +1305,189 @@ mod tests {
             spec.containers[1].command.as_deref(),
             Some(&args(&["tail"])[..])
         );
+    }
+
+    #[test]
+    fn the_sidecar_form_in_rounds_restarts_the_pods_containers_in_place() {
+        let i = injection();
+        let pod = commanded(serde_json::json!({
+            "zkgate.io/on-participant-loss": "RestartGang",
+            "zkgate.io/barrier-form": "sidecar",
+        }));
+        assert!(wanted(&pod, &i).unwrap().rounds);
+        let out = inject(&pod, &i).unwrap().unwrap();
+        // Admitted again (a retry): left as it is, nothing added twice.
+        assert_eq!(inject(&out, &i).unwrap(), None);
+        let spec = out.spec.unwrap();
+        let inits = spec.init_containers.clone().unwrap();
+        let names: Vec<_> = inits.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [INSTALL_CONTAINER, BARRIER_CONTAINER]);
+        assert_eq!(
+            inits[0].args.as_deref(),
+            Some(&args(&["install", BIN_DIR, "--pod-dir", POD_DIR])[..]),
+            "the install container marks each new life of the pod's containers"
+        );
+        let sidecar = &inits[1];
+        assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            sidecar.args.as_deref(),
+            Some(
+                &args(&[
+                    "barrier",
+                    "sidecar",
+                    "train",
+                    "--ready-file",
+                    "/var/run/zkgate/ready",
+                    "--pod-dir",
+                    POD_DIR
+                ])[..]
+            )
+        );
+        let rules = sidecar.restart_policy_rules.clone().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].action, "RestartAllContainers");
+        let codes = rules[0].exit_codes.clone().unwrap();
+        assert_eq!(
+            (codes.operator.as_str(), codes.values.as_deref()),
+            ("In", Some(&[7][..]))
+        );
+        let mounted = |c: &Container, volume: &str, path: &str, read_only: Option<bool>| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == volume && m.mount_path == path && m.read_only == read_only)
+        };
+        assert!(mounted(sidecar, POD_VOLUME, POD_DIR, None));
+        assert!(mounted(&inits[0], POD_VOLUME, POD_DIR, None));
+        for c in &spec.containers {
+            assert_eq!(c.restart_policy.as_deref(), Some("Never"), "{}", c.name);
+            let rules = c.restart_policy_rules.clone().unwrap();
+            let codes = rules[0].exit_codes.clone().unwrap();
+            assert_eq!(
+                (
+                    rules[0].action.as_str(),
+                    codes.operator.as_str(),
+                    codes.values.as_deref()
+                ),
+                ("RestartAllContainers", "NotIn", Some(&[0][..])),
+                "{}: any failure restarts them all",
+                c.name
+            );
+            let hook = c.lifecycle.clone().unwrap().pre_stop.unwrap().exec.unwrap();
+            assert_eq!(
+                hook.command.as_deref(),
+                Some(
+                    &args(&[
+                        "/var/run/zkgate-bin/zkgate",
+                        "barrier",
+                        "stopping",
+                        "--pod-dir",
+                        POD_DIR
+                    ])[..]
+                )
+            );
+            assert!(mounted(c, BIN_VOLUME, BIN_DIR, Some(true)), "{}", c.name);
+            assert!(mounted(c, POD_VOLUME, POD_DIR, None), "{}", c.name);
+        }
+        // The commands are the pod's own: the sidecar does not wrap them.
+        assert_eq!(
+            spec.containers[0].command.as_deref(),
+            Some(&args(&["sh", "-c"])[..])
+        );
+        assert_eq!(
+            spec.containers[0].args.as_deref(),
+            Some(&args(&["train.sh"])[..])
+        );
+        let pod_volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == POD_VOLUME)
+            .and_then(|v| v.empty_dir.clone())
+            .expect("the pod's record volume");
+        assert_eq!(pod_volume.medium.as_deref(), Some("Memory"));
+        // Without rounds the sidecar form touches no container of the pod's.
+        let plain = commanded(serde_json::json!({ "zkgate.io/barrier-form": "sidecar" }));
+        let spec = inject(&plain, &i).unwrap().unwrap().spec.unwrap();
+        assert!(spec.containers.iter().all(|c| c.restart_policy.is_none()
+            && c.restart_policy_rules.is_none()
+            && c.lifecycle.is_none()));
+        assert!(!spec.volumes.iter().flatten().any(|v| v.name == POD_VOLUME));
+    }
+
+    #[test]
+    fn the_sidecar_form_in_rounds_refuses_what_it_cannot_restart_with_the_reason() {
+        let sidecar_in_rounds = serde_json::json!({
+            "zkgate.io/on-participant-loss": "RestartGang",
+            "zkgate.io/barrier-form": "sidecar",
+        });
+        let old = Injection {
+            in_place_restart: false,
+            ..injection()
+        };
+        let refusal = inject(&commanded(sidecar_in_rounds.clone()), &old).unwrap_err();
+        assert_eq!(refusal, Refusal::NoInPlaceRestart);
+        assert!(refusal.to_string().contains("1.36"), "{refusal}");
+        for (field, container) in [
+            (
+                "restartPolicy",
+                serde_json::json!({ "restartPolicy": "Always" }),
+            ),
+            (
+                "restartPolicyRules",
+                serde_json::json!({ "restartPolicyRules": [] }),
+            ),
+            (
+                "lifecycle.preStop",
+                serde_json::json!({ "lifecycle": { "preStop": { "exec": { "command": ["sleep", "5"] } } } }),
+            ),
+        ] {
+            let mut pod = serde_json::to_value(commanded(sidecar_in_rounds.clone())).unwrap();
+            for (k, v) in container.as_object().unwrap() {
+                pod["spec"]["containers"][1][k] = v.clone();
+            }
+            let pod: Pod = serde_json::from_value(pod).unwrap();
+            assert_eq!(
+                inject(&pod, &injection()).unwrap_err(),
+                Refusal::InPlaceFieldTaken {
+                    container: "logs".into(),
+                    field
+                }
+            );
+        }
+        // A lock taken by an init container would be held through the
+        // restart while the pod waits for its gang again.
+        let mut locked = commanded(sidecar_in_rounds);
+        locked
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(LOCK_LABEL.into(), "db".into());
+        assert_eq!(
+            inject(&locked, &injection()).unwrap_err(),
+            Refusal::WrapWithLock
+        );
+    }
+
+    #[test]
+    fn a_barrier_in_rounds_takes_the_forms_that_can_stop_the_commands() {
+        use crate::api::OnParticipantLoss::{RestartGang, Wait};
+        let agrees = |made, asked, form| agrees_with_barrier("train", made, asked, form);
+        assert_eq!(agrees(RestartGang, RestartGang, Form::Wrap), Ok(()));
+        assert_eq!(agrees(RestartGang, Wait, Form::Wrap), Ok(()));
+        assert_eq!(agrees(RestartGang, RestartGang, Form::Sidecar), Ok(()));
+        for (asked, form) in [(Wait, Form::Sidecar), (Wait, Form::Init)] {
+            assert_eq!(
+                agrees(RestartGang, asked, form),
+                Err(Refusal::NotInRounds("train".into())),
+                "{form:?} asking {asked:?}"
+            );
+        }
+        assert_eq!(agrees(Wait, Wait, Form::Sidecar), Ok(()));
+        assert!(matches!(
+            agrees(Wait, RestartGang, Form::Sidecar),
+            Err(Refusal::NoRounds { .. })
+        ));
     }
 
     #[test]

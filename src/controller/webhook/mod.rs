@@ -99,6 +99,9 @@ pub struct WebhookOptions {
     /// Whether the server runs native sidecars, if said
     /// (`--native-sidecars`); otherwise read from its version.
     pub native_sidecars: Option<bool>,
+    /// Whether the cluster restarts a pod's containers in place, if said
+    /// (`--in-place-restart`); otherwise read from its version.
+    pub in_place_restart: Option<bool>,
 }
 
 struct Webhook {
@@ -137,17 +140,21 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
     let mut injection = options.injection.clone();
-    let served = native_sidecars(&client).await;
-    injection.native_sidecars = match options.native_sidecars {
-        Some(true) if !served => {
-            // An API server without them drops `restartPolicy: Always`: the
-            // sidecar becomes an init container that never ends.
-            warn!("--native-sidecars=true, but this API server's version runs none: pods in a sidecar form will wait in Init for ever");
-            true
-        }
-        Some(said) => said,
-        None => served,
-    };
+    let minor = served_minor(&client).await;
+    // An API server without native sidecars drops `restartPolicy: Always`:
+    // the sidecar becomes an init container that never ends.
+    injection.native_sidecars = server_feature(
+        options.native_sidecars,
+        minor.is_some_and(|m| m >= NATIVE_SIDECARS_SINCE),
+        "--native-sidecars=true, but this API server's version runs none: pods in a sidecar form will wait in Init for ever",
+    );
+    // One without the gate drops `restartPolicyRules`: the gang's
+    // commands would run on through a restart.
+    injection.in_place_restart = server_feature(
+        options.in_place_restart,
+        minor.is_some_and(|m| m >= IN_PLACE_RESTART_SINCE),
+        "--in-place-restart=true, but this API server's version restarts no pod in place by default: the sidecar form in rounds needs the RestartAllContainersOnContainerExits gate on the API server and on every kubelet",
+    );
     let (first, mut next) = certificates(options.certs.clone(), client.clone(), shutdown.clone())
         .await
         .context("cannot get the webhook's serving certificate")?;
@@ -232,21 +239,39 @@ pub const EXCLUDED_LABEL: &str = "zkgate.io/webhook";
 /// [`EXCLUDED_LABEL`]'s value that excludes.
 pub const EXCLUDED_VALUE: &str = "disabled";
 
-/// Whether the API server runs native sidecars (init containers with
-/// `restartPolicy: Always`): 1.29 and later.
-async fn native_sidecars(client: &kube::Client) -> bool {
+/// The minor version from which native sidecars (init containers with
+/// `restartPolicy: Always`) are on by default.
+const NATIVE_SIDECARS_SINCE: u32 = 29;
+/// The minor version from which the kubelet restarts a pod's containers
+/// in place on a container's exit (`RestartAllContainersOnContainerExits`,
+/// beta and on by default in 1.36).
+const IN_PLACE_RESTART_SINCE: u32 = 36;
+
+/// Whether to use a feature of the API server's: what the flag said, else
+/// whether the server's version has it; saying yes to a server without it
+/// is allowed (a gate may be on by hand) but warned about.
+fn server_feature(said: Option<bool>, served: bool, unserved_warning: &str) -> bool {
+    if said == Some(true) && !served {
+        warn!("{unserved_warning}");
+    }
+    said.unwrap_or(served)
+}
+
+/// The API server's minor version of Kubernetes 1 (a later major counts
+/// as every minor); `None` when it cannot be read (the forms that depend
+/// on it are then refused).
+async fn served_minor(client: &kube::Client) -> Option<u32> {
     match client.apiserver_version().await {
-        Ok(v) => {
-            let minor: u32 = v
-                .minor
+        Ok(v) if v.major.parse::<u32>().is_ok_and(|m| m > 1) => Some(u32::MAX),
+        Ok(v) => Some(
+            v.minor
                 .trim_end_matches(|c: char| !c.is_ascii_digit())
                 .parse()
-                .unwrap_or(0);
-            v.major == "1" && minor >= 29 || v.major.parse::<u32>().is_ok_and(|m| m > 1)
-        }
+                .unwrap_or(0),
+        ),
         Err(e) => {
-            warn!(error = %e, "cannot read the API server's version: the sidecar form is refused");
-            false
+            warn!(error = %e, "cannot read the API server's version: the sidecar forms are refused");
+            None
         }
     }
 }
@@ -731,7 +756,7 @@ impl Webhook {
                         return Ok(());
                     }
                     // Checked by `inject` before: a pod it refused is not here.
-                    let Ok(wanted) = inject::wanted(pod, injection.native_sidecars) else {
+                    let Ok(wanted) = inject::wanted(pod, injection) else {
                         return Ok(());
                     };
                     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
