@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::{eventually, session};
@@ -620,4 +620,260 @@ async fn members_are_those_the_opening_counted_or_none_once_the_round_is_lost() 
     let mut members = gang.members(&a, 0).await.unwrap().expect("members");
     members.sort();
     assert_eq!(members, ["b-first", "c-second"]);
+}
+
+/// One life of a pod's containers in the sidecar form in rounds, as the
+/// kubelet runs them: on a new life, the init container `zkgate install
+/// --pod-dir` first (it marks the life); then the sidecar `zkgate barrier
+/// sidecar g --pod-dir`, whose ready file lets the main containers start.
+async fn sidecar_life(
+    connect: &str,
+    id: &str,
+    pod: &Path,
+    new_life: bool,
+) -> tokio::process::Child {
+    if new_life {
+        let bin = pod.join("bin");
+        let (code, err) = support::output(support::zkgate(
+            connect,
+            &[
+                "install",
+                bin.to_str().unwrap(),
+                "--pod-dir",
+                pod.to_str().unwrap(),
+            ],
+        ))
+        .await;
+        assert_eq!(code, 0, "install: {err}");
+    }
+    support::zkgate(
+        connect,
+        &[
+            "barrier",
+            "sidecar",
+            "g",
+            "--id",
+            id,
+            "--pod-uid",
+            &format!("uid-{id}"),
+            "--session-timeout",
+            "4s",
+            "--timeout",
+            "60s",
+            "--ready-file",
+            pod.join("ready").to_str().unwrap(),
+            "--pod-dir",
+            pod.to_str().unwrap(),
+        ],
+    )
+    .env("ZKGATE_LOG", "info")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start zkgate")
+}
+
+/// The round a pod's main containers were told (`round.env`), once its
+/// sidecar reported ready: (round, rank, members).
+async fn told(pod: &Path) -> (u32, u32, u32) {
+    eventually(
+        Duration::from_secs(30),
+        "the sidecar to report ready",
+        || async {
+            if !pod.join("ready").exists() {
+                return None;
+            }
+            let env = std::fs::read_to_string(pod.join("round.env")).ok()?;
+            let value = |key: &str| -> Option<u32> {
+                env.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{key}=")))?
+                    .parse()
+                    .ok()
+            };
+            Some((
+                value("ZKGATE_ROUND")?,
+                value("ZKGATE_RANK")?,
+                value("ZKGATE_MEMBERS")?,
+            ))
+        },
+    )
+    .await
+}
+
+/// Issue 41, item 4, the sidecar form in rounds with processes standing
+/// for the kubelet. Pod p0's main container fails: the kubelet kills its
+/// sidecar (SIGKILL) and starts a new life, whose sidecar ends round 0.
+/// The others' sidecars exit 7 and leave their registrations of round 0
+/// in place (their commands run until the kubelet stops them); p1's next
+/// life withdraws its own, and p2's pod never comes back (its node died):
+/// a replacement p3 completes round 1's count, but no sidecar of round 1
+/// reports ready while p2's registration of round 0 is there (its session
+/// expires, 4 s). SIGTERM without the preStop mark (the main containers
+/// completed) then has every sidecar leave with the others: exit 0.
+#[tokio::test]
+async fn sidecars_in_rounds_restart_in_place_and_no_round_runs_beside_a_registration_of_the_one_before(
+) {
+    let (connect, admin, gang) = gang(3, Some(3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pod = |id: &str| {
+        let p = dir.path().join(id);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (d0, d1, d2, d3) = (pod("p0"), pod("p1"), pod("p2"), pod("p3"));
+    let mut s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let s1 = sidecar_life(&connect, "p1", &d1, true).await;
+    let s2 = sidecar_life(&connect, "p2", &d2, true).await;
+    let mut ranks = Vec::new();
+    for d in [&d0, &d1, &d2] {
+        let (round, rank, members) = told(d).await;
+        assert_eq!((round, members), (0, 3), "{}", d.display());
+        ranks.push(rank);
+    }
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2], "each pod told its own rank");
+
+    // p0's main container fails: the kubelet kills every container of the
+    // pod with no grace, and runs its init containers again.
+    s0.kill().await.unwrap();
+    s0.wait().await.unwrap();
+    let s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let round_0 = format!("{}/round-0", gang.path());
+    for (id, s) in [("p1", s1), ("p2", s2)] {
+        let (code, err) = ended(s, id).await;
+        assert_eq!(code, 7, "{id}'s round ended: {err}");
+    }
+    let left = support::children(&admin, &round_0).await;
+    for id in ["p1", "p2"] {
+        assert!(
+            left.iter().any(|c| c == id),
+            "{id} withdrew its registration of round 0 before its commands were stopped: {left:?}"
+        );
+    }
+    let data = top(&admin, &gang).await;
+    assert_eq!(data.round, Some(1), "{data:?}");
+    assert!(
+        data.ends.len() == 1 && data.ends[0].contains("p0's containers restarted in round 0"),
+        "{data:?}"
+    );
+    // p1's next life; p2's pod is gone for good, and p3 replaces it.
+    let s1 = sidecar_life(&connect, "p1", &d1, true).await;
+    let s3 = sidecar_life(&connect, "p3", &d3, true).await;
+    let round_1 = format!("{}/round-1", gang.path());
+    eventually(Duration::from_secs(30), "round 1's count", || async {
+        let members = support::children(&admin, &round_1).await;
+        (["p0", "p1", "p3"]
+            .iter()
+            .all(|m| members.iter().any(|c| c == m)))
+        .then_some(())
+    })
+    .await;
+    // Until p2's registration of round 0 goes, no command of round 1 runs.
+    loop {
+        let p2_there = support::children(&admin, &round_0)
+            .await
+            .iter()
+            .any(|c| c == "p2");
+        let ready: Vec<&PathBuf> = [&d0, &d1, &d3]
+            .into_iter()
+            .filter(|d| d.join("ready").exists())
+            .collect();
+        if !p2_there {
+            break;
+        }
+        assert!(
+            ready.is_empty(),
+            "{ready:?} reported ready in round 1 beside p2's registration of round 0"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for d in [&d0, &d1, &d3] {
+        let (round, _, members) = told(d).await;
+        assert_eq!((round, members), (1, 3), "{}", d.display());
+    }
+    // The main containers complete: the kubelet stops the sidecars.
+    let sidecars = [("p0", s0), ("p1", s1), ("p3", s3)];
+    for (_, s) in &sidecars {
+        signal(s, libc::SIGTERM);
+    }
+    for (id, code, err) in all_ended(sidecars.into_iter().collect()).await {
+        assert_eq!(code, 0, "{id} left with the gang: {err}");
+    }
+    assert_eq!(top(&admin, &gang).await.round, Some(1));
+}
+
+/// A pod deleted (its main containers' preStop hook marks it) stops its
+/// sidecar after them: the round ends for the others (exit 7), and the
+/// sidecar exits 143. A sidecar killed alone (OOM) while the commands run
+/// comes back in the same life: it ends the round and exits 7 without
+/// withdrawing its registration, which its pod's next life withdraws.
+#[tokio::test]
+async fn a_sidecar_in_rounds_tells_a_deleted_pod_and_a_crash_from_a_new_life() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1, d2] = ["p0", "p1", "p2"].map(|id| dir.path().join(id));
+    let s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let s1 = sidecar_life(&connect, "p1", &d1, true).await;
+    told(&d0).await;
+    told(&d1).await;
+    // p1's pod is deleted: preStop first, then SIGTERM to the sidecar.
+    let (code, err) = support::output(support::zkgate(
+        &connect,
+        &["barrier", "stopping", "--pod-dir", d1.to_str().unwrap()],
+    ))
+    .await;
+    assert_eq!(code, 0, "stopping: {err}");
+    signal(&s1, libc::SIGTERM);
+    let (code, err) = ended(s1, "p1").await;
+    assert_eq!(code, 143, "{err}");
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 7, "p0's round ended with p1's pod: {err}");
+    let data = top(&admin, &gang).await;
+    assert!(
+        data.round == Some(1) && data.ends[0].contains("p1's pod is being stopped"),
+        "{data:?}"
+    );
+
+    // p0's next life, and p1's replacement p2, meet in round 1.
+    let mut s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let s2 = sidecar_life(&connect, "p2", &d2, true).await;
+    assert_eq!(told(&d0).await.0, 1);
+    assert_eq!(told(&d2).await.0, 1);
+    // p0's sidecar alone is killed while the commands run, and the kubelet
+    // starts it again in the same life (no install ran).
+    s0.kill().await.unwrap();
+    s0.wait().await.unwrap();
+    let s0 = sidecar_life(&connect, "p0", &d0, false).await;
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 7, "{err}");
+    assert!(
+        err.contains("may still run"),
+        "the restarted sidecar says why: {err}"
+    );
+    assert!(
+        d0.join("opened").exists(),
+        "the record stays for the next life"
+    );
+    let (code, err) = ended(s2, "p2").await;
+    assert_eq!(code, 7, "p2's round ended with p0's sidecar: {err}");
+    assert_eq!(top(&admin, &gang).await.round, Some(2));
+    // The next life withdraws p0's registration of round 1 and waits in
+    // round 2 (p2 is not back).
+    let s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let round_1 = format!("{}/round-1", gang.path());
+    eventually(
+        Duration::from_secs(30),
+        "p0's registration of round 1 withdrawn",
+        || async {
+            (!support::children(&admin, &round_1)
+                .await
+                .iter()
+                .any(|c| c == "p0"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(!d0.join("opened").exists());
+    signal(&s0, libc::SIGTERM);
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 143, "stopped while waiting for round 2: {err}");
 }

@@ -62,6 +62,9 @@ use super::ready::{remove, write_atomically};
 const OPENED: &str = "opened";
 /// The file of [`PodRecord::tell_round`], for the main containers.
 pub const ROUND_ENV: &str = "round.env";
+/// The sidecar's ready file in the pod's directory, cleared by
+/// [`PodRecord::mark_new_life`].
+pub const READY: &str = "ready";
 /// The file of [`PodRecord::take_new_life`].
 const NEW_LIFE: &str = "new-life";
 /// The file of [`PodRecord::stopping`].
@@ -162,8 +165,12 @@ impl PodRecord {
     }
 
     /// `zkgate install --pod-dir` (an init container, before the
-    /// sidecar): marks a new life of the pod's containers.
+    /// sidecar): marks a new life of the pod's containers, in which
+    /// nothing is ready yet: the ready file of the life before (the
+    /// sidecar's `--ready-file` is [`READY`] here, for this) goes first,
+    /// before the sidecar starts and its startup probe can read it.
     pub fn mark_new_life(dir: &Path) -> Result<(), AgentError> {
+        remove(&dir.join(READY));
         write_atomically(&dir.join(NEW_LIFE), "")
     }
 
@@ -222,11 +229,16 @@ mod tests {
     }
 
     #[test]
-    fn a_new_life_is_told_once() {
+    fn a_new_life_is_told_once_and_nothing_is_ready_in_it() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let record = PodRecord::new(dir.path());
         assert!(!record.take_new_life().expect("readable"));
+        std::fs::write(dir.path().join(READY), "").expect("written");
         PodRecord::mark_new_life(dir.path()).expect("marked");
+        assert!(
+            !dir.path().join(READY).exists(),
+            "the life before's ready file"
+        );
         assert!(record.take_new_life().expect("taken"));
         assert!(
             !record.take_new_life().expect("readable"),

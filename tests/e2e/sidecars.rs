@@ -560,3 +560,105 @@ async fn a_barrier_sidecar_killed_after_the_opening_does_not_release_the_gang_ag
     assert_eq!(openings, 1, "{reasons:?}");
     eprintln!("the Barrier's events: {reasons:?}");
 }
+
+/// What the workers of the in-place test run: each run appends its round
+/// and times to a file of the pod's own emptyDir (`/log`, which outlives
+/// the containers as the pod is restarted in place, unlike their logs), a
+/// heartbeat every 100 ms while a round-0 command runs (the kubelet kills
+/// those with no grace period: nothing of theirs says when they stopped),
+/// and the last run prints the file. Rank 0 fails in round 0.
+const IN_PLACE_RUNS: &str = ". /var/run/zkgate-pod/round.env; \
+    echo run-start-$ZKGATE_ROUND $(now-us) >> /log/events; \
+    if [ $ZKGATE_ROUND = 0 ]; then (while true; do echo alive-0 $(now-us) >> /log/events; sleep 0.1; done) & fi; \
+    if [ $ZKGATE_ROUND = 0 ] && [ $ZKGATE_RANK = 0 ]; then sleep 2; exit 3; fi; \
+    if [ $ZKGATE_ROUND = 0 ]; then sleep 60; fi; \
+    sleep 1; echo run-stop-$ZKGATE_ROUND $(now-us) >> /log/events; cat /log/events";
+
+/// Issue 41, item 4: `examples/gang-restart-sidecar`, the gang restarting
+/// in place (Kubernetes 1.36+: the kubelet's RestartAllContainers). The
+/// worker of rank 0 fails once after the opening: its pod's containers
+/// restart, the other pods' sidecars exit 7 and theirs restart too, all
+/// three meet in round 1 and complete. No pod was recreated (each pod's
+/// own volume saw both rounds), no pod failed, no command of round 1
+/// started while one of round 0 still ran (its last heartbeat), and the
+/// Barrier says round 1, one restart and why.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn a_restart_gang_job_in_the_sidecar_form_restarts_its_pods_in_place_and_completes() {
+    let c = cluster().await;
+    let ns = c.namespace().await;
+    c.apply(
+        &ns.name,
+        &c.example(
+            "gang-restart-sidecar/job.yaml",
+            &[
+                (
+                    ". /var/run/zkgate-pod/round.env; echo $(hostname) runs as rank $ZKGATE_RANK of $ZKGATE_MEMBERS in round $ZKGATE_ROUND; sleep 30",
+                    IN_PLACE_RUNS,
+                ),
+                (
+                    "            capabilities: {drop: [ALL]}",
+                    "            capabilities: {drop: [ALL]}\n          volumeMounts: [{name: log, mountPath: /log}]\n      volumes: [{name: log, emptyDir: {}}]",
+                ),
+            ],
+        ),
+    );
+    let failed = c
+        .job_succeeded_after_failures(&ns.name, "train-in-place", 3)
+        .await;
+    assert_eq!(failed, 0, "no pod failed: {}", c.describe(&ns.name).await);
+    let barrier = c
+        .barrier(&ns.name, "train-in-place", "round 1 completed", |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.round == Some(1) && s.phase == Some(BarrierPhase::Completed))
+        })
+        .await;
+    let status = barrier.status.unwrap();
+    assert_eq!(status.restarts, 1, "{status:?}");
+    assert!(
+        status.round_ends.len() == 1 && status.round_ends[0].contains("restarted in round 0"),
+        "{status:?}"
+    );
+    let pods = c.pods(&ns.name, "job-name=train-in-place").await;
+    assert_eq!(pods.len(), 3, "no pod was recreated");
+    let mut round_0_alive = Vec::new();
+    let mut round_1_starts = Vec::new();
+    for pod in pods {
+        let name = pod.name_any();
+        let worker = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "worker"))
+            .expect("the worker");
+        assert!(
+            worker.restart_policy_rules.is_some(),
+            "the API server kept the worker's restartPolicyRules: {worker:?}"
+        );
+        let log = c.logs(&ns.name, &name, "worker").await;
+        let (starts_0, starts_1, stops_1) = (
+            times(&log, "run-start-0"),
+            times(&log, "run-start-1"),
+            times(&log, "run-stop-1"),
+        );
+        assert!(
+            starts_0.len() == 1 && starts_1.len() == 1 && stops_1.len() == 1,
+            "{name} did not run once in each round, in the same pod: {log}"
+        );
+        let alive = times(&log, "alive-0");
+        assert!(!alive.is_empty(), "{name}'s round-0 heartbeat: {log}");
+        round_0_alive.extend(alive);
+        round_1_starts.extend(starts_1);
+    }
+    let (last_alive, first_start) = (
+        round_0_alive.iter().max().unwrap(),
+        round_1_starts.iter().min().unwrap(),
+    );
+    assert!(
+        first_start > last_alive,
+        "a command of round 1 started {} us before the last of round 0 was last seen running",
+        last_alive - first_start
+    );
+    let reasons = c.event_reasons(&ns.name).await;
+    assert!(reasons.iter().any(|r| r == "GangRestarted"), "{reasons:?}");
+}

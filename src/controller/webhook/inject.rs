@@ -549,12 +549,21 @@ fn add_containers(
     if let Some((barrier, form @ (Form::Init | Form::Sidecar))) = &wanted.barrier {
         let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
         if *form == Form::Sidecar {
+            // In rounds, in the pod's record, which a new life of its
+            // containers clears before any probe can read it: one left in
+            // the run volume by the life before would let the main
+            // containers start before the gang met again.
+            let ready = if wanted.rounds {
+                format!("{POD_DIR}/ready")
+            } else {
+                format!("{RUN_DIR}/ready")
+            };
             let mut a = vec![
                 "barrier".to_owned(),
                 "sidecar".to_owned(),
                 barrier.clone(),
                 "--ready-file".to_owned(),
-                format!("{RUN_DIR}/ready"),
+                ready.clone(),
             ];
             if wanted.rounds {
                 a.extend(["--pod-dir".to_owned(), POD_DIR.to_owned()]);
@@ -568,12 +577,7 @@ fn add_containers(
             c.restart_policy = Some("Always".to_owned());
             c.startup_probe = Some(Probe {
                 exec: Some(ExecAction {
-                    command: Some(args(&[
-                        BINARY,
-                        "probe",
-                        "--ready-file",
-                        &format!("{RUN_DIR}/ready"),
-                    ])),
+                    command: Some(args(&[BINARY, "probe", "--ready-file", &ready])),
                 }),
                 period_seconds: Some(1),
                 // The probe, not the kubelet, bounds the wait: the
@@ -1337,7 +1341,7 @@ mod tests {
                     "sidecar",
                     "train",
                     "--ready-file",
-                    "/var/run/zkgate/ready",
+                    "/var/run/zkgate-pod/ready",
                     "--pod-dir",
                     POD_DIR
                 ])[..]
