@@ -17,7 +17,7 @@ use serde_json::Value;
 use support::kube::{client, install_crds, install_jobset_crd, kubeconfig, namespace};
 
 /// The examples' folders, and what each must hold at least.
-const EXAMPLES: usize = 16;
+const EXAMPLES: usize = 17;
 
 #[tokio::test]
 async fn every_example_is_accepted_by_the_api_server() {

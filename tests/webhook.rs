@@ -1789,6 +1789,65 @@ async fn a_pods_form_must_agree_with_its_barriers_rounds() {
         asks.contains("plain") && asks.contains("RestartGang") && asks.contains("Wait"),
         "{asks}"
     );
+    let plain_sidecar = refused(
+        h.create_pod(pod(
+            "plain-sidecar",
+            "rounds",
+            json!({ "zkgate.io/barrier-form": "sidecar" }),
+        ))
+        .await
+        .expect_err("the sidecar form without RestartGang on a Barrier in rounds"),
+    );
+    assert!(
+        plain_sidecar.contains("rounds") && plain_sidecar.contains("RestartGang"),
+        "{plain_sidecar}"
+    );
+    // The sidecar form in rounds, where the cluster restarts a pod's
+    // containers in place (1.36+): admitted, and the API server keeps the
+    // restart rules (its gate is on); refused on an older one, saying so.
+    let version = h.client.apiserver_version().await.unwrap();
+    let minor: u32 = version
+        .minor
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap();
+    let in_place = h
+        .create_pod(pod(
+            "in-place",
+            "rounds",
+            json!({ "zkgate.io/barrier-form": "sidecar", "zkgate.io/on-participant-loss": "RestartGang" }),
+        ))
+        .await;
+    if minor >= 36 {
+        let admitted = in_place.unwrap_or_else(|e| panic!("in-place refused: {e}"));
+        let spec = admitted.spec.unwrap();
+        let sidecar = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .find(|c| c.name == "zkgate-barrier")
+            .expect("the sidecar");
+        let rules = sidecar.restart_policy_rules.clone().unwrap_or_default();
+        assert_eq!(
+            rules.first().map(|r| r.action.as_str()),
+            Some("RestartAllContainers"),
+            "the API server kept the sidecar's rule: {sidecar:?}"
+        );
+        let worker = &spec.containers[0];
+        assert_eq!(worker.restart_policy.as_deref(), Some("Never"));
+        assert!(worker.restart_policy_rules.is_some(), "{worker:?}");
+        assert!(
+            worker
+                .lifecycle
+                .as_ref()
+                .and_then(|l| l.pre_stop.as_ref())
+                .is_some(),
+            "{worker:?}"
+        );
+    } else {
+        let e = refused(in_place.expect_err("no in-place restart before 1.36"));
+        assert!(e.contains("1.36"), "{e}");
+    }
     for (name, barrier, annotations) in [
         (
             "wrapped",

@@ -574,7 +574,7 @@ const IN_PLACE_RUNS: &str = ". /var/run/zkgate-pod/round.env; \
     if [ $ZKGATE_ROUND = 0 ]; then sleep 60; fi; \
     sleep 1; echo run-stop-$ZKGATE_ROUND $(now-us) >> /log/events; cat /log/events";
 
-/// Issue 41, item 4: `examples/gang-restart-sidecar`, the gang restarting
+/// Issue 41, item 4: `examples/gang-restart-in-place`, the gang restarting
 /// in place (Kubernetes 1.36+: the kubelet's RestartAllContainers). The
 /// worker of rank 0 fails once after the opening: its pod's containers
 /// restart, the other pods' sidecars exit 7 and theirs restart too, all
@@ -590,7 +590,7 @@ async fn a_restart_gang_job_in_the_sidecar_form_restarts_its_pods_in_place_and_c
     c.apply(
         &ns.name,
         &c.example(
-            "gang-restart-sidecar/job.yaml",
+            "gang-restart-in-place/job.yaml",
             &[
                 (
                     ". /var/run/zkgate-pod/round.env; echo $(hostname) runs as rank $ZKGATE_RANK of $ZKGATE_MEMBERS in round $ZKGATE_ROUND; sleep 30",
