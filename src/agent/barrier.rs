@@ -748,7 +748,7 @@ impl<'a> BarrierCommand<'a> {
             // Counted as we were stopped: the others wait for us to
             // leave, and this round ends with us gone.
             let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-            self.end_round(session, &gang, k, &why, &entered.node)
+            self.end_round(session, gang, k, &why, &entered.node)
                 .await?;
             return Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path())));
         }
@@ -760,7 +760,7 @@ impl<'a> BarrierCommand<'a> {
             // Round k opened without us: we restarted after it began.
             let why = format!("{} restarted after round {k} opened", p.id);
             info!(barrier = %gang.path(), round = k, "the round opened without us: ending it, to meet again in the next");
-            match self.end_round(session, &gang, k, &why, &entered.node).await? {
+            match self.end_round(session, gang, k, &why, &entered.node).await? {
                 RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => return Ok(None),
                 RoundEnd::Finishing => {
                     return Err(failed(&format!(
@@ -785,7 +785,7 @@ impl<'a> BarrierCommand<'a> {
             if let Err(e) = outcome {
                 if let Some(exit) = stop.asked_to_stop() {
                     let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                    self.end_round(session, &gang, k, &why, &entered.node)
+                    self.end_round(session, gang, k, &why, &entered.node)
                         .await?;
                 }
                 return Err(e);
