@@ -402,12 +402,18 @@ pub enum BarrierAction {
         pod_dir: Option<PathBuf>,
     },
     /// preStop hook of the main containers beside a barrier sidecar in
-    /// rounds: records that the kubelet is stopping the pod (its member is
-    /// lost, not completed). Needs no ZooKeeper connection.
+    /// rounds, and (--sidecar) of the sidecar itself: records that the
+    /// kubelet is stopping the pod (with the main containers' mark, its
+    /// member is lost; with the sidecar's alone, it completed). Needs no
+    /// ZooKeeper connection.
     Stopping {
         /// The sidecar's --pod-dir.
         #[arg(long, env = "ZKGATE_POD_DIR")]
         pod_dir: PathBuf,
+        /// The sidecar's own preStop hook: the kubelet ends the pod (with a
+        /// grace period), which it does not in an in-place restart.
+        #[arg(long)]
+        sidecar: bool,
     },
     /// Enter, run the command, leave; exit with the command's status.
     Run {
@@ -1011,7 +1017,9 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                     .sidecar(stop, &readiness.options(), grace_period, record.as_ref())
                     .await
             }
-            BarrierAction::Stopping { pod_dir } => PodRecord::mark_stopping(&pod_dir).map(|()| 0),
+            BarrierAction::Stopping { pod_dir, sidecar } => {
+                PodRecord::mark_stopping(&pod_dir, sidecar).map(|()| 0)
+            }
             BarrierAction::Run {
                 barrier: b,
                 kill_grace,

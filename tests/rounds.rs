@@ -672,6 +672,17 @@ async fn sidecar_life(
     .expect("start zkgate")
 }
 
+/// A `preStop` hook `zkgate barrier stopping` in pod `pod`: a main
+/// container's, or (`sidecar`) the sidecar's own.
+async fn stopping(connect: &str, pod: &Path, sidecar: bool) {
+    let mut args = vec!["barrier", "stopping", "--pod-dir", pod.to_str().unwrap()];
+    if sidecar {
+        args.push("--sidecar");
+    }
+    let (code, err) = support::output(support::zkgate(connect, &args)).await;
+    assert_eq!(code, 0, "stopping: {err}");
+}
+
 /// The round a pod's main containers were told (`round.env`), once its
 /// sidecar reported ready: (round, rank, members).
 async fn told(pod: &Path) -> (u32, u32, u32) {
@@ -732,10 +743,23 @@ async fn sidecars_in_rounds_restart_in_place_and_no_round_runs_beside_a_registra
     ranks.sort();
     assert_eq!(ranks, [0, 1, 2], "each pod told its own rank");
 
-    // p0's main container fails: the kubelet kills every container of the
-    // pod with no grace, and runs its init containers again.
-    s0.kill().await.unwrap();
-    s0.wait().await.unwrap();
+    // p0's main container fails: the kubelet stops every container of the
+    // pod (SIGTERM, SIGKILL 2 s later, no preStop), and runs its init
+    // containers again. The sidecar's SIGTERM without its preStop mark is
+    // no completion: it changes nothing, and leaves the round to the next
+    // life.
+    signal(&s0, libc::SIGTERM);
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 143, "{err}");
+    assert!(
+        d0.join("opened").exists(),
+        "the round is left to the next life: {err}"
+    );
+    let data = top(&admin, &gang).await;
+    assert!(
+        data.round == Some(0) && data.ends.is_empty(),
+        "the SIGTERM of an in-place restart changed the gang: {data:?}"
+    );
     let s0 = sidecar_life(&connect, "p0", &d0, true).await;
     let round_0 = format!("{}/round-0", gang.path());
     for (id, s) in [("p1", s1), ("p2", s2)] {
@@ -790,11 +814,14 @@ async fn sidecars_in_rounds_restart_in_place_and_no_round_runs_beside_a_registra
         let (round, _, members) = told(d).await;
         assert_eq!((round, members), (1, 3), "{}", d.display());
     }
-    // The main containers complete: the kubelet stops the sidecars.
-    let sidecars = [("p0", s0), ("p1", s1), ("p3", s3)];
-    for (_, s) in &sidecars {
+    // The main containers complete: the kubelet ends the pods, running
+    // each sidecar's preStop hook, then SIGTERM.
+    let sidecars = [("p0", s0, &d0), ("p1", s1, &d1), ("p3", s3, &d3)];
+    for (_, s, d) in &sidecars {
+        stopping(&connect, d, true).await;
         signal(s, libc::SIGTERM);
     }
+    let sidecars = sidecars.map(|(id, s, _)| (id, s));
     for (id, code, err) in all_ended(sidecars.into_iter().collect()).await {
         assert_eq!(code, 0, "{id} left with the gang: {err}");
     }
@@ -815,13 +842,10 @@ async fn a_sidecar_in_rounds_tells_a_deleted_pod_and_a_crash_from_a_new_life() {
     let s1 = sidecar_life(&connect, "p1", &d1, true).await;
     told(&d0).await;
     told(&d1).await;
-    // p1's pod is deleted: preStop first, then SIGTERM to the sidecar.
-    let (code, err) = support::output(support::zkgate(
-        &connect,
-        &["barrier", "stopping", "--pod-dir", d1.to_str().unwrap()],
-    ))
-    .await;
-    assert_eq!(code, 0, "stopping: {err}");
+    // p1's pod is deleted: the preStop hooks first (the main containers'
+    // and the sidecar's), then SIGTERM to the sidecar.
+    stopping(&connect, &d1, false).await;
+    stopping(&connect, &d1, true).await;
     signal(&s1, libc::SIGTERM);
     let (code, err) = ended(s1, "p1").await;
     assert_eq!(code, 143, "{err}");
@@ -876,4 +900,75 @@ async fn a_sidecar_in_rounds_tells_a_deleted_pod_and_a_crash_from_a_new_life() {
     signal(&s0, libc::SIGTERM);
     let (code, err) = ended(s0, "p0").await;
     assert_eq!(code, 143, "stopped while waiting for round 2: {err}");
+}
+
+/// A sidecar restarted alone (OOM) while its commands run, in the last
+/// round the gang may have (`maxRestarts: 0`): ending the round fails the
+/// barrier, and still it exits 7, keeping its record, so that the kubelet
+/// stops the commands (an exit 4 would leave them running alone in a
+/// failed gang); the next life then says the barrier failed (exit 4).
+/// And a gang that cannot meet again is failed, saying why.
+#[tokio::test]
+async fn a_sidecar_restarted_alone_in_a_failed_gang_still_has_its_commands_stopped() {
+    let (connect, admin, gang) = gang(2, Some(0)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1] = ["p0", "p1"].map(|id| dir.path().join(id));
+    let mut s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let s1 = sidecar_life(&connect, "p1", &d1, true).await;
+    told(&d0).await;
+    told(&d1).await;
+    s0.kill().await.unwrap();
+    s0.wait().await.unwrap();
+    let s0 = sidecar_life(&connect, "p0", &d0, false).await;
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 7, "{err}");
+    assert!(d0.join("opened").exists(), "kept for the next life");
+    let (code, err) = ended(s1, "p1").await;
+    assert_eq!(code, 7, "{err}");
+    let data = top(&admin, &gang).await;
+    assert!(
+        data.failed
+            .as_deref()
+            .is_some_and(|f| f.contains("RestartLimit")),
+        "{data:?}"
+    );
+    let (code, err) = ended(sidecar_life(&connect, "p0", &d0, true).await, "p0").await;
+    assert_eq!(code, 4, "the next life: {err}");
+    assert!(!d0.join("opened").exists());
+    // A sidecar of the same life that finds its exit 7 not acted on:
+    // the kubelet does not restart pods in place.
+    let (code, err) = ended(sidecar_life(&connect, "p1", &d1, false).await, "p1").await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("does not restart pods in place"), "{err}");
+}
+
+/// `GangBarrier::fail`: the barrier node says why, and a member waiting
+/// in the current round stops with it.
+#[tokio::test]
+async fn failing_a_gang_stops_the_members_waiting_in_its_round() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d0 = dir.path().join("p0");
+    let s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let round_0 = format!("{}/round-0", gang.path());
+    eventually(Duration::from_secs(30), "p0 to wait in round 0", || async {
+        (!support::children(&admin, &round_0).await.is_empty()).then_some(())
+    })
+    .await;
+    gang.fail(&admin, "p1 completed as round 0 ended")
+        .await
+        .expect("fail the gang");
+    let (code, err) = ended(s0, "p0").await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("p1 completed as round 0 ended"), "{err}");
+    assert_eq!(
+        top(&admin, &gang).await.failed.as_deref(),
+        Some("p1 completed as round 0 ended")
+    );
+    // Failed once: a second reason does not replace the first.
+    gang.fail(&admin, "another").await.expect("idempotent");
+    assert_eq!(
+        top(&admin, &gang).await.failed.as_deref(),
+        Some("p1 completed as round 0 ended")
+    );
 }

@@ -6,7 +6,7 @@ use tracing::{info, warn};
 
 use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
-use super::in_place::{Opened, PodRecord};
+use super::in_place::PodRecord;
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::zk::{
@@ -278,11 +278,11 @@ impl<'a> BarrierCommand<'a> {
             match self.peek(&session, &mut stop).await {
                 Ok(Some(data)) if data.round.is_some() => {
                     let outcome = self
-                        .sidecar_in_rounds(&session, &mut stop, &readiness, grace, record)
+                        .sidecar_in_rounds(&session, &mut stop, &readiness, record)
                         .await;
                     readiness.clear();
-                    if matches!(&outcome, Err(e) if e.exit == Exit::Restart) {
-                        // Our registration of the round that ended stays
+                    if matches!(record.opened(), Ok(Some(_))) {
+                        // Our registration of the round recorded stays
                         // until the pod's next life withdraws it, once the
                         // kubelet has stopped the commands.
                         session.abandon();
@@ -354,26 +354,55 @@ impl<'a> BarrierCommand<'a> {
     /// main containers start), and holds until:
     /// - the round ends (a member failed, was lost or restarted): exit 7,
     ///   our registration left for the next life to withdraw;
-    /// - SIGTERM with the `preStop` mark (the pod is killed): the round
-    ///   ends for the others, exit 143;
-    /// - SIGTERM without it (the main containers all completed): the round
-    ///   is marked finishing and we leave it with the others, exit 0;
+    /// - SIGTERM without our `preStop` mark (an in-place restart, or a
+    ///   kill with no grace period): nothing changes in ZooKeeper, the
+    ///   next life (or our session's expiry) ends the round;
+    /// - SIGTERM with it and the main containers' (the pod is killed): the
+    ///   round ends for the others, exit 143;
+    /// - SIGTERM with ours alone (the main containers all completed): the
+    ///   round is marked finishing and we leave it, exit 0; if it had
+    ///   ended, the gang cannot meet again without us, and it fails;
     /// - our registration is lost: exit 7 (the others' round ends with it).
+    ///
+    /// While [`PodRecord::opened`] is there, the caller abandons the
+    /// session rather than closing it (the registration stays).
     async fn sidecar_in_rounds(
         &self,
         session: &Session,
         stop: &mut Termination,
         readiness: &Readiness,
-        grace: Duration,
         record: &PodRecord,
     ) -> Result<i32, AgentError> {
         let p = self.participant;
         let gang = GangBarrier::new(self.barrier.path());
-        // A mark of before our pod's last in-place restart (a liveness
-        // kill runs preStop too) says nothing of this life.
-        record.clear_stopping();
-        let new_life = record.take_new_life()?;
-        if let Some(Opened { round: k, node }) = record.opened()? {
+        let new_life = record.new_life();
+        if new_life {
+            // Marks of before our pod's last in-place restart (a
+            // liveness kill runs preStop too) say nothing of this life.
+            record.clear_marks();
+        } else if record.restart_asked() {
+            return Err(AgentError::new(
+                Exit::Failed,
+                format!(
+                    "a sidecar of this pod exited 7 and the kubelet restarted only the sidecar, not every container of the pod: this node does not restart pods in place (the RestartAllContainersOnContainerExits gate, Kubernetes 1.36+, on the API server and the kubelet), and the pod's commands may run on beside the gang's next round of the barrier {}: use the wrap form",
+                    gang.path()
+                ),
+            ));
+        }
+        let restart = |what: String| {
+            // Asked of the kubelet once per life: a sidecar of the same
+            // life finding this knows the kubelet did not do it.
+            if let Err(e) = record.ask_restart() {
+                return e;
+            }
+            AgentError::new(
+                Exit::Restart,
+                format!(
+                    "{what}: restarting the pod's containers to meet the gang in the next round"
+                ),
+            )
+        };
+        if let Some(k) = record.opened()? {
             let why = if new_life {
                 format!("{}'s containers restarted in round {k}", p.id)
             } else {
@@ -384,25 +413,21 @@ impl<'a> BarrierCommand<'a> {
                 .end_round(session, k, &why)
                 .await
                 .map_err(|e| p.explain(e))?;
-            let restarting = matches!(end, RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded);
+            if !new_life && end != RoundEnd::Finishing {
+                // The commands may run on: the kubelet stops them on our
+                // exit, and the next life withdraws the registration.
+                return Err(restart(format!(
+                    "round {k} of the barrier {} is over ({why}) while the pod's commands may still run",
+                    gang.path()
+                )));
+            }
             if new_life {
                 // The kubelet removed every container of the round's life
                 // before ours started: none of its commands runs.
+                let node = crate::zk::path::join(&gang.round_path(k), &p.id);
                 self.withdraw(session, &node).await?;
-                record.clear_opened();
-            } else if restarting {
-                // The commands may run on: the kubelet stops them on our
-                // exit, and the next life withdraws the registration.
-                return Err(AgentError::new(
-                    Exit::Restart,
-                    format!(
-                        "round {k} of the barrier {} ended ({why}) while the pod's commands may still run: restarting the pod's containers to meet the gang in the next round",
-                        gang.path()
-                    ),
-                ));
-            } else {
-                record.clear_opened();
             }
+            record.clear_opened();
             match end {
                 RoundEnd::Finishing => {
                     return Err(failed_barrier(
@@ -418,12 +443,15 @@ impl<'a> BarrierCommand<'a> {
                 }
             }
         }
+        // Dealt with: a sidecar restarted alone from here on is of a life
+        // whose commands may run (once we report ready).
+        record.end_new_life();
         let mut uid = None;
         let Joined {
             k,
-            round,
             entered,
             members,
+            ..
         } = loop {
             if let Some(joined) = self.join_round(session, stop, &gang, &mut uid).await? {
                 break joined;
@@ -431,18 +459,10 @@ impl<'a> BarrierCommand<'a> {
         };
         // Recorded before the main containers can start: a sidecar after
         // us then knows they may be running.
-        record.set_opened(k, &entered.node)?;
+        record.set_opened(k)?;
         record.tell_round(k, rank_of(&members, &p.id), members.len())?;
         readiness.set_ready()?;
         info!(barrier = %gang.path(), round = k, "round open: the main containers start");
-        let restart = |what: String| {
-            AgentError::new(
-                Exit::Restart,
-                format!(
-                    "{what}: restarting the pod's containers to meet the gang in the next round"
-                ),
-            )
-        };
         let over = tokio::select! {
             exit = stop.received() => Ok(Err(exit)),
             over = gang.round_over(session, k, &members) => over.map(Ok),
@@ -458,14 +478,20 @@ impl<'a> BarrierCommand<'a> {
         };
         readiness.clear();
         match over.map_err(|e| p.explain(e))? {
-            Ok(why) => {
-                // Not withdrawn: the commands run until the kubelet stops
-                // them on our exit; the next life withdraws it.
-                Err(restart(format!(
-                    "round {k} of the barrier {} ended ({why})",
+            // Not withdrawn: the commands run until the kubelet stops them
+            // on our exit; the next life withdraws it.
+            Ok(why) => Err(restart(format!(
+                "round {k} of the barrier {} ended ({why})",
+                gang.path()
+            ))),
+            Err(exit) if !record.ending() => Err(AgentError::new(
+                exit,
+                format!(
+                    "stopped by {} with no preStop of ours (the kubelet restarts the pod's containers in place, or kills them with no grace period): round {k} of the barrier {} is left to the pod's next life, or to our session's expiry",
+                    exit.signal_name(),
                     gang.path()
-                )))
-            }
+                ),
+            )),
             Err(exit) if record.stopping() => {
                 let why = format!("{}'s pod is being stopped", p.id);
                 self.end_round(session, &gang, k, &why, &entered.node)
@@ -481,22 +507,30 @@ impl<'a> BarrierCommand<'a> {
                 ))
             }
             Err(_) => {
-                record.clear_opened();
                 if gang
                     .start_leaving(session, k)
                     .await
                     .map_err(|e| p.explain(e))?
                 {
+                    // The main containers have exited: waiting for the
+                    // others to leave would only hold the pod up.
                     info!(barrier = %gang.path(), round = k, "the main containers completed; leaving the round");
-                    self.leave_at(&round, session, Some(tokio::time::Instant::now() + grace))
-                        .await?;
+                    self.withdraw(session, &entered.node).await?;
+                    record.clear_opened();
                     return Ok(0);
                 }
+                // Our commands cannot run again, and the gang cannot meet
+                // without us: it fails, saying so, rather than wait.
+                let reason = format!(
+                    "{}'s main containers completed as round {k} ended: the gang cannot meet again without it",
+                    p.id
+                );
+                gang.fail(session, &reason)
+                    .await
+                    .map_err(|e| p.explain(e))?;
                 self.withdraw(session, &entered.node).await?;
-                Err(failed_barrier(
-                    &gang,
-                    &format!("the main containers completed as round {k} ended: the gang meets again without this pod, whose commands cannot run again"),
-                ))
+                record.clear_opened();
+                Err(failed_barrier(&gang, &reason))
             }
         }
     }

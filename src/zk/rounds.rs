@@ -273,6 +273,51 @@ impl GangBarrier {
         })
     }
 
+    /// Fails the barrier for `reason`, unless it failed already: for a
+    /// member that can no longer take part, without which the gang cannot
+    /// meet again (one that completed as its round ended). The barrier node
+    /// is marked failed (what a member joining a round reads), and so is
+    /// the current round's node unless it has opened (its waiters stop with
+    /// [`ZkError::BarrierFailed`]).
+    pub async fn fail(&self, session: &Session, reason: &str) -> Result<()> {
+        let client = session.client();
+        for _ in 0..CONTENDED_ATTEMPTS {
+            let Some((mut top, version)) = self.read_top(session).await? else {
+                return Ok(());
+            };
+            if top.failed.is_some() {
+                return Ok(());
+            }
+            top.failed = Some(cap(reason));
+            match client
+                .set_data(&self.path, &top.to_bytes(), Some(version))
+                .await
+            {
+                Ok(_) => {
+                    info!(barrier = %self.path, %reason, "the barrier failed");
+                    let round = self.round(top.round.unwrap_or_default());
+                    return match round.fail(session, reason).await {
+                        Ok(_) => Ok(()),
+                        // Never made, or removed: no one waits there.
+                        Err(ZkError::Zk {
+                            source: zk::Error::NoNode,
+                            ..
+                        }) => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                }
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) if is_connection_loss(&e) => session.await_connected().await?,
+                Err(e) => return Err(ZkError::from_client("fail", &self.path, e)),
+            }
+        }
+        Err(ZkError::Contended {
+            op: "fail",
+            path: self.path.clone(),
+            attempts: CONTENDED_ATTEMPTS,
+        })
+    }
+
     /// Marks round `k` leaving (a member completed) unless it ended: false
     /// when it had ended (the member's success does not stand: the gang
     /// restarts).

@@ -38,9 +38,10 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerRestartRule, ContainerRestartRuleOnExitCodes,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, LifecycleHandler, ObjectFieldSelector,
-    Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -172,6 +173,9 @@ pub enum Refusal {
     /// pod's containers in place.
     #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang with {BARRIER_FORM_ANNOTATION}=sidecar needs the kubelet to restart a pod's containers in place (restartPolicyRules with action RestartAllContainers, Kubernetes 1.36 or later), which this cluster does not (by its API server's version, or the controller's --in-place-restart=false): use the wrap form")]
     NoInPlaceRestart,
+    /// The sidecar form in rounds on a pod with no grace period.
+    #[error("the sidecar form in rounds tells a pod that completed from one restarting in place by the preStop hooks the kubelet runs only with a grace period, and the pod has terminationGracePeriodSeconds: 0: give it a grace period (the default is 30 s), or use the wrap form")]
+    InPlaceNeedsGrace,
     /// The sidecar form in rounds on a container that says its own restart
     /// or `preStop`, which the form needs to set.
     #[error("the sidecar form in rounds sets container {container:?}'s {field} (the kubelet restarts the pod's containers in place through it), and the container has its own: remove it, or use the wrap form")]
@@ -572,6 +576,13 @@ fn add_containers(
                     .push(pod_mount());
                 // Its round over: every container of the pod restarts.
                 c.restart_policy_rules = Some(vec![restart_all("In", Exit::Restart as i32)]);
+                // Run when the kubelet ends the pod with a grace period,
+                // not in an in-place restart: how the sidecar tells them
+                // apart (both stop it with SIGTERM).
+                c.lifecycle = Some(Lifecycle {
+                    pre_stop: Some(pre_stop(BINARY, true)),
+                    ..Default::default()
+                });
             }
             c.args = Some(a);
             c.restart_policy = Some("Always".to_owned());
@@ -722,6 +733,9 @@ fn wrap(
 /// [`crate::agent::in_place`]); the binary the hook runs is copied into
 /// the pod as for the wrap form.
 fn restart_in_place(spec: &mut PodSpec, injection: &Injection) -> Result<(), Refusal> {
+    if spec.termination_grace_period_seconds == Some(0) {
+        return Err(Refusal::InPlaceNeedsGrace);
+    }
     for c in &spec.containers {
         let taken = |field| {
             Err(Refusal::InPlaceFieldTaken {
@@ -759,18 +773,8 @@ fn restart_in_place(spec: &mut PodSpec, injection: &Injection) -> Result<(), Ref
         // `Never` for itself: a failure restarts all of them, not it alone.
         c.restart_policy = Some("Never".to_owned());
         c.restart_policy_rules = Some(vec![restart_all("NotIn", 0)]);
-        c.lifecycle.get_or_insert_with(Default::default).pre_stop = Some(LifecycleHandler {
-            exec: Some(ExecAction {
-                command: Some(vec![
-                    format!("{BIN_DIR}/zkgate"),
-                    "barrier".to_owned(),
-                    "stopping".to_owned(),
-                    "--pod-dir".to_owned(),
-                    POD_DIR.to_owned(),
-                ]),
-            }),
-            ..Default::default()
-        });
+        c.lifecycle.get_or_insert_with(Default::default).pre_stop =
+            Some(pre_stop(&format!("{BIN_DIR}/zkgate"), false));
         mount_binary(c);
         c.volume_mounts
             .get_or_insert_with(Vec::new)
@@ -785,6 +789,21 @@ fn pod_mount() -> VolumeMount {
     VolumeMount {
         name: POD_VOLUME.to_owned(),
         mount_path: POD_DIR.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The `preStop` hook `zkgate barrier stopping` of a main container, or
+/// (`sidecar`) of the sidecar in rounds itself.
+fn pre_stop(binary: &str, sidecar: bool) -> LifecycleHandler {
+    let mut command = args(&[binary, "barrier", "stopping", "--pod-dir", POD_DIR]);
+    if sidecar {
+        command.push("--sidecar".to_owned());
+    }
+    LifecycleHandler {
+        exec: Some(ExecAction {
+            command: Some(command),
+        }),
         ..Default::default()
     }
 }
@@ -1362,6 +1381,28 @@ mod tests {
                 .any(|m| m.name == volume && m.mount_path == path && m.read_only == read_only)
         };
         assert!(mounted(sidecar, POD_VOLUME, POD_DIR, None));
+        let hook = sidecar
+            .lifecycle
+            .clone()
+            .unwrap()
+            .pre_stop
+            .unwrap()
+            .exec
+            .unwrap();
+        assert_eq!(
+            hook.command.as_deref(),
+            Some(
+                &args(&[
+                    BINARY,
+                    "barrier",
+                    "stopping",
+                    "--pod-dir",
+                    POD_DIR,
+                    "--sidecar"
+                ])[..]
+            ),
+            "the sidecar's own hook tells a pod ending from an in-place restart"
+        );
         assert!(mounted(&inits[0], POD_VOLUME, POD_DIR, None));
         for c in &spec.containers {
             assert_eq!(c.restart_policy.as_deref(), Some("Never"), "{}", c.name);
@@ -1459,6 +1500,13 @@ mod tests {
                 }
             );
         }
+        let mut graceless = serde_json::to_value(commanded(sidecar_in_rounds.clone())).unwrap();
+        graceless["spec"]["terminationGracePeriodSeconds"] = serde_json::json!(0);
+        let graceless: Pod = serde_json::from_value(graceless).unwrap();
+        assert_eq!(
+            inject(&graceless, &injection()).unwrap_err(),
+            Refusal::InPlaceNeedsGrace
+        );
         // A lock taken by an init container would be held through the
         // restart while the pod waits for its gang again.
         let mut locked = commanded(sidecar_in_rounds);
