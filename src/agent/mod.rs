@@ -54,11 +54,37 @@ impl Participant {
         self.session.connect.to_string()
     }
 
-    /// Connects, explaining a failure.
+    /// Connects, explaining a failure. With a credential, the nodes the
+    /// session makes also grant READ to the namespace's other credential
+    /// during a rotation's grace window (see [`Participant::readers`]).
     pub async fn connect(&self) -> Result<Session, AgentError> {
-        Session::connect(&self.session)
+        let mut session = Session::connect(&self.session)
             .await
-            .map_err(|e| self.explain(e))
+            .map_err(|e| self.explain(e))?;
+        if self.session.credential.is_some() {
+            let readers = self.readers(&session).await;
+            session.grant_read(&readers);
+        }
+        Ok(session)
+    }
+
+    /// The digest ids the controller publishes in the namespace's node:
+    /// whoever works in the namespace now, and so must be able to look at
+    /// our nodes ([`crate::zk::acl::Readers`]). None when the node is not
+    /// there or says nothing (ACLs off, an older controller), or cannot be
+    /// read: a credential the namespace refuses is said by the command's
+    /// first request, as before.
+    async fn readers(&self, session: &Session) -> Vec<String> {
+        let Ok(node) = self.layout.namespace(&self.namespace) else {
+            return Vec::new();
+        };
+        match session.client().get_data(&node).await {
+            Ok((data, _)) => crate::zk::acl::Readers::parse(&data).readers,
+            Err(e) => {
+                tracing::debug!(%node, error = %e, "no readers of the namespace's nodes to grant");
+                Vec::new()
+            }
+        }
     }
 
     /// Turns a recipe error into the command's error.

@@ -17,6 +17,11 @@
 //! ALL, namespace READ + CREATE + DELETE (register, queue, leave, release;
 //! not change the node's data or ACL). Another namespace's credential gets
 //! nothing, so a pod of `a` cannot enter, delete or fake anything in `b`.
+//! The namespace node's data names the digest ids of the credentials that
+//! work in the namespace now ([`acl::Readers`]): a participant gives each
+//! READ on the nodes it makes, so that during a rotation's grace window
+//! the pods on either credential can look at each other's (ZooKeeper 3.9
+//! checks READ on `exists` and its watch).
 //!
 //! Rotation: annotate any Barrier or LockLease of the namespace
 //! `zkgate.io/rotate-credential` (any value). At that resource's next
@@ -97,6 +102,10 @@ pub struct NamespaceAcls {
     /// pods no power they lack: whoever may register may also make
     /// `ready` or remove a registration; the namespace is the boundary.
     pub barriers: Vec<zk::Acl>,
+    /// Published in the namespace node for the participants, who give
+    /// each of these credentials READ on the nodes they make
+    /// ([`acl::Readers`]). Empty without credentials.
+    pub readers: acl::Readers,
 }
 
 impl NamespaceAcls {
@@ -105,6 +114,7 @@ impl NamespaceAcls {
             dirs: acl::open(),
             resources: acl::open(),
             barriers: acl::open(),
+            readers: acl::Readers::default(),
         }
     }
 
@@ -116,6 +126,7 @@ impl NamespaceAcls {
             dirs: vec![controller.acl(P::ALL)],
             resources: vec![controller.acl(P::ALL)],
             barriers: vec![controller.acl(P::ALL)],
+            readers: acl::Readers::of(namespace.iter().copied()),
         };
         for credential in namespace {
             acls.dirs.push(credential.acl(P::READ));
@@ -826,6 +837,9 @@ async fn protect(
         zk.mkdir_all(dir, &options).await?;
         acl_change::ensure(zk, dir, &acls.dirs).await?;
     }
+    // Before the nodes move: a participant that connects from here on
+    // grants READ to every credential of the grace window.
+    publish_readers(zk, &dirs[0], &acls.readers).await?;
     for (parent, wanted) in [(&dirs[1], &acls.barriers), (&dirs[2], &acls.resources)] {
         for resource in children(zk, parent).await? {
             let resource = format!("{parent}/{resource}");
@@ -843,6 +857,42 @@ async fn protect(
         }
     }
     Ok(())
+}
+
+/// Writes `readers` into the namespace node `node` unless it says so
+/// already (a rewrite would be a write per look).
+async fn publish_readers(zk: &Session, node: &str, readers: &acl::Readers) -> Result<(), Error> {
+    let client = zk.client();
+    let wanted = readers.to_bytes();
+    for _ in 0..crate::zk::CONTENDED_ATTEMPTS {
+        let (data, stat) = zk.retry("read", node, || client.get_data(node)).await?;
+        if acl::Readers::parse(&data) == *readers {
+            return Ok(());
+        }
+        match zk
+            .retry("write", node, || {
+                client.set_data(node, &wanted, Some(stat.version))
+            })
+            .await
+        {
+            Ok(_) => {
+                tracing::debug!(%node, readers = readers.readers.len(), "published the credentials the namespace's participants grant READ to");
+                return Ok(());
+            }
+            // Written meanwhile (a replica that led before us): read again.
+            Err(ZkError::Zk {
+                source: zk::Error::BadVersion,
+                ..
+            }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ZkError::Contended {
+        op: "publish the readers of",
+        path: node.to_owned(),
+        attempts: crate::zk::CONTENDED_ATTEMPTS,
+    }
+    .into())
 }
 
 async fn children(zk: &Session, path: &str) -> Result<Vec<String>, Error> {

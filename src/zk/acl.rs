@@ -79,6 +79,45 @@ impl fmt::Debug for Credential {
     }
 }
 
+/// What the controller publishes in a namespace's node (readable by the
+/// namespace's credentials alone): the digest ids of the credentials that
+/// work in the namespace now (the current one, and during a rotation's
+/// grace window the one it replaced). A participant gives each of them
+/// READ on the nodes it makes (see [`super::Session::grant_read`]): from
+/// ZooKeeper 3.9 on, `exists` and its watch need READ on a node that is
+/// there, and participants on the two credentials of a grace window watch
+/// each other's registrations, `ready` and contenders. ZooKeeper hides the
+/// digests of an ACL from whoever lacks ADMIN on the node, so participants
+/// cannot learn them from the barrier node's ACL. The controller's own id
+/// is not published: it reads with the namespace's credentials, and its
+/// digest would let a tenant guess at a weak controller password offline.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Readers {
+    /// Digest ids (`user:base64(sha1(user:password))`).
+    pub readers: Vec<String>,
+}
+
+impl Readers {
+    /// The readers of `credentials`.
+    pub fn of<'c>(credentials: impl IntoIterator<Item = &'c Credential>) -> Readers {
+        Readers {
+            readers: credentials.into_iter().map(Credential::digest_id).collect(),
+        }
+    }
+
+    /// Parses a namespace node's data: anything else (empty, written by an
+    /// older controller, junk) names no reader.
+    pub fn parse(data: &[u8]) -> Readers {
+        serde_json::from_slice(data).unwrap_or_default()
+    }
+
+    /// Serializes it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // A struct of strings always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 /// The ACL anyone may do anything with: what nodes get without credentials.
 pub fn open() -> Vec<zk::Acl> {
     zk::Acls::anyone_all().to_vec()
@@ -110,6 +149,17 @@ mod tests {
         let c = Credential::parse("super:test\n").unwrap();
         assert_eq!(c.digest_id(), "super:D/InIHSb7yEEbrWz8b9l71RjZJU=");
         assert!(!format!("{c:?}").contains("test"));
+    }
+
+    #[test]
+    fn readers_round_trip_and_junk_names_none() {
+        let (a, b) = (Credential::generate("ns"), Credential::generate("ns"));
+        let readers = Readers::of([&a, &b]);
+        assert_eq!(readers.readers, vec![a.digest_id(), b.digest_id()]);
+        assert_eq!(Readers::parse(&readers.to_bytes()), readers);
+        for junk in [&b""[..], b"junk", b"{\"readers\":1}"] {
+            assert!(Readers::parse(junk).readers.is_empty(), "{junk:?}");
+        }
     }
 
     #[test]

@@ -48,31 +48,41 @@ async fn rewrite_digest(
     new: &Credential,
     keep_old: bool,
 ) -> Result<bool> {
-    let (old_id, new_id) = (old.digest_id(), new.digest_id());
-    let names = |a: &zk::Acl, id: &str| a.scheme() == "digest" && a.id() == id;
     update(session, path, |current| {
-        let has_old = current.iter().any(|a| names(a, &old_id));
-        let has_new = current.iter().any(|a| names(a, &new_id));
-        if !has_old || (keep_old && has_new) {
-            return None;
-        }
-        let mut wanted = Vec::with_capacity(current.len() + 1);
-        for a in current {
-            if names(a, &old_id) {
-                if keep_old {
-                    wanted.push(a.clone());
-                }
-                // Shared during a grace window, `new` is there already.
-                if !has_new {
-                    wanted.push(new.acl(a.permission()));
-                }
-            } else {
-                wanted.push(a.clone());
-            }
-        }
-        Some(wanted)
+        rewritten(current, old, new, keep_old)
     })
     .await
+}
+
+/// `current` with `new` granted what `old` has (and `old`'s entries gone
+/// unless `keep_old`); `None` when `old` has nothing in it or nothing
+/// changes.
+fn rewritten(
+    current: &[zk::Acl],
+    old: &Credential,
+    new: &Credential,
+    keep_old: bool,
+) -> Option<Vec<zk::Acl>> {
+    let (old_id, new_id) = (old.digest_id(), new.digest_id());
+    let names = |a: &zk::Acl, id: &str| a.scheme() == "digest" && a.id() == id;
+    let granted = |id: &str| {
+        current.iter().filter(|a| names(a, id)).fold(None, |p, a| {
+            Some(p.unwrap_or(zk::Permission::NONE) | a.permission())
+        })
+    };
+    let old_permission = granted(&old_id)?;
+    // `new` may be there already with less: a node made during a grace
+    // window grants the other credential READ only
+    // ([`Session::grant_read`]). It gets what `old` has too, or a node of
+    // `old`'s would be left with no one to administer it.
+    let permission = granted(&new_id).map_or(old_permission, |p| p | old_permission);
+    let mut wanted: Vec<zk::Acl> = current
+        .iter()
+        .filter(|a| !names(a, &new_id) && (keep_old || !names(a, &old_id)))
+        .cloned()
+        .collect();
+    wanted.push(new.acl(permission));
+    (!same(current, &wanted)).then_some(wanted)
 }
 
 /// Reads `path`'s ACL and sets what `change` makes of it, if anything,
@@ -114,5 +124,43 @@ async fn update(
         Ok(_) => Ok(true),
         Err(e) if absent(&e) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zk::Permission as P;
+
+    #[test]
+    fn a_rotation_gives_the_new_credential_what_the_old_one_had() {
+        let (old, new) = (Credential::generate("ns"), Credential::generate("ns"));
+        let controller = Credential::generate("controller");
+        let with_old = vec![controller.acl(P::READ), old.acl(P::ALL)];
+        // Shared, then replaced: both ALL in the window, new alone after.
+        let shared = rewritten(&with_old, &old, &new, true).unwrap();
+        assert!(same(
+            &shared,
+            &[controller.acl(P::READ), old.acl(P::ALL), new.acl(P::ALL)]
+        ));
+        assert_eq!(rewritten(&shared, &old, &new, true), None, "idempotent");
+        let replaced = rewritten(&shared, &old, &new, false).unwrap();
+        assert!(same(&replaced, &[controller.acl(P::READ), new.acl(P::ALL)]));
+        assert_eq!(rewritten(&replaced, &old, &new, false), None);
+        // Made by old during the window, granting new READ: new gets ALL.
+        let made_in_window = vec![old.acl(P::ALL), new.acl(P::READ)];
+        let shared = rewritten(&made_in_window, &old, &new, true).unwrap();
+        assert!(same(&shared, &[old.acl(P::ALL), new.acl(P::ALL)]));
+        let replaced = rewritten(&made_in_window, &old, &new, false).unwrap();
+        assert!(same(&replaced, &[new.acl(P::ALL)]));
+        // Made by new during the window, granting old READ: old goes.
+        let by_new = vec![new.acl(P::ALL), old.acl(P::READ)];
+        assert_eq!(rewritten(&by_new, &old, &new, true), None);
+        assert!(same(
+            &rewritten(&by_new, &old, &new, false).unwrap(),
+            &[new.acl(P::ALL)]
+        ));
+        // Nothing of old's: nothing to move.
+        assert_eq!(rewritten(&[new.acl(P::ALL)], &old, &new, false), None);
     }
 }

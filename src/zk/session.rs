@@ -311,9 +311,34 @@ impl Session {
 
     /// The ACL of the nodes the recipes make for this session (their
     /// registrations, contenders, `ready`, parents they create): everything
-    /// for the session's credential, or open to anyone without one.
+    /// for the session's credential (and READ for those given to
+    /// [`Session::grant_read`]), or open to anyone without one.
     pub fn node_acls(&self) -> zk::Acls<'_> {
         (&self.node_acls[..]).into()
+    }
+
+    /// Also gives READ to the digest ids `readers` (but our own) on the
+    /// nodes the recipes make from now on ([`Session::node_acls`]): the
+    /// other credential of a namespace during a rotation's grace window,
+    /// whose participants must see our registrations, `ready` and
+    /// contenders (from ZooKeeper 3.9 on, `exists` and its watch check
+    /// READ). Nothing without a credential of our own: our nodes are open.
+    pub fn grant_read(&mut self, readers: &[String]) {
+        let Some(own) = self.options.credential.as_ref().map(Credential::digest_id) else {
+            return;
+        };
+        for id in readers {
+            let granted = self
+                .node_acls
+                .iter()
+                .any(|a| a.scheme() == "digest" && a.id() == id.as_str());
+            if *id != own && !granted {
+                self.node_acls.push(zk::Acl::new(
+                    zk::Permission::READ,
+                    zk::AuthId::new("digest", id),
+                ));
+            }
+        }
     }
 
     /// Adds another digest credential to the session (the controller holds
