@@ -731,7 +731,7 @@ async fn sidecars_in_rounds_restart_in_place_and_no_round_runs_beside_a_registra
         p
     };
     let (d0, d1, d2, d3) = (pod("p0"), pod("p1"), pod("p2"), pod("p3"));
-    let mut s0 = sidecar_life(&connect, "p0", &d0, true).await;
+    let s0 = sidecar_life(&connect, "p0", &d0, true).await;
     let s1 = sidecar_life(&connect, "p1", &d1, true).await;
     let s2 = sidecar_life(&connect, "p2", &d2, true).await;
     let mut ranks = Vec::new();
