@@ -622,6 +622,17 @@ async fn a_restart_gang_job_in_the_sidecar_form_restarts_its_pods_in_place_and_c
     );
     let pods = c.pods(&ns.name, "job-name=train-in-place").await;
     assert_eq!(pods.len(), 3, "no pod was recreated");
+    let restarts: Vec<(String, Option<i32>)> = pods
+        .iter()
+        .map(|p| {
+            let worker = status_of(p, "worker").map(|s| s.restart_count);
+            (p.name_any(), worker)
+        })
+        .collect();
+    eprintln!(
+        "the workers' restart counts: {restarts:?}; the round ended: {:?}",
+        status.round_ends
+    );
     let mut round_0_alive = Vec::new();
     let mut round_1_starts = Vec::new();
     for pod in pods {
