@@ -858,7 +858,13 @@ impl<'a> BarrierCommand<'a> {
                 }
             }
         };
-        members.sort_by(|a, b| by_number(a, b));
+        // As the barrier says (fixed when it was made), so that members of
+        // two versions of zkgate in one gang rank alike.
+        if top.numeric_ranks {
+            members.sort_by(|a, b| by_number(a, b));
+        } else {
+            members.sort();
+        }
         Ok(Some(Joined {
             k,
             round,

@@ -188,6 +188,7 @@ async fn apply_sized(
         // A gang that restarts together meets in rounds, from round 0.
         round: restarts.then_some(0),
         max_restarts: barrier.spec.max_restarts.filter(|_| restarts),
+        numeric_ranks: restarts,
         held: held.clone(),
         ..BarrierData::default()
     };

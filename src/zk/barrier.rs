@@ -70,6 +70,13 @@ pub struct BarrierData {
     /// kazoo, zkgate before 0.2) opens regardless.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
+    /// A barrier in rounds: its members' ranks order the numbers in their
+    /// ids by value (`pod-2` before `pod-10`), not as text. Written by the
+    /// owner when it makes the barrier, so that every member of one gang
+    /// ranks alike across an upgrade: a barrier made before says nothing,
+    /// and is ranked as text, as the members of then did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub numeric_ranks: bool,
 }
 
 impl BarrierData {
