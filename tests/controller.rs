@@ -2314,6 +2314,17 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
             .is_some_and(|st| st.round == Some(0) && st.phase == Some(BarrierPhase::Waiting))
     })
     .await;
+    // Made by this controller: its members rank the numbers in ids by
+    // value, and every member of its gang reads that from the node.
+    let path = barrier_path(&s.ns, "gang");
+    let (data, _) = session(&s.zk)
+        .await
+        .client()
+        .get_data(&path)
+        .await
+        .unwrap();
+    let data = BarrierData::parse(&path, &data).unwrap().unwrap();
+    assert!(data.numeric_ranks, "{data:?}");
     let dir = tempfile::tempdir().unwrap();
     let members: Vec<_> = ["p0", "p1", "p2"]
         .iter()
