@@ -2317,12 +2317,7 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
     // Made by this controller: its members rank the numbers in ids by
     // value, and every member of its gang reads that from the node.
     let path = barrier_path(&s.ns, "gang");
-    let (data, _) = session(&s.zk)
-        .await
-        .client()
-        .get_data(&path)
-        .await
-        .unwrap();
+    let (data, _) = session(&s.zk).await.client().get_data(&path).await.unwrap();
     let data = BarrierData::parse(&path, &data).unwrap().unwrap();
     assert!(data.numeric_ranks, "{data:?}");
     let dir = tempfile::tempdir().unwrap();
