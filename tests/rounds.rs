@@ -42,34 +42,40 @@ async fn gang(participants: u32, max_restarts: Option<u32>) -> (String, Session,
     (connect, admin, gang)
 }
 
+/// `zkgate barrier ACTION g --id ID` as a member of the gang (its pod
+/// uid, a 4 s session, a 60 s timeout) with `rest` after, its standard
+/// error piped.
+fn gang_member(connect: &str, action: &str, id: &str, rest: &[&str]) -> tokio::process::Child {
+    let uid = format!("uid-{id}");
+    let mut args = vec![
+        "barrier",
+        action,
+        "g",
+        "--id",
+        id,
+        "--pod-uid",
+        &uid,
+        "--session-timeout",
+        "4s",
+        "--timeout",
+        "60s",
+    ];
+    args.extend_from_slice(rest);
+    support::zkgate(connect, &args)
+        .env("ZKGATE_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start zkgate")
+}
+
 /// `zkgate barrier run g --id ID -- sh -c SCRIPT`, its standard error piped.
 fn member(connect: &str, id: &str, script: &str) -> tokio::process::Child {
-    support::zkgate(
+    gang_member(
         connect,
-        &[
-            "barrier",
-            "run",
-            "g",
-            "--id",
-            id,
-            "--pod-uid",
-            &format!("uid-{id}"),
-            "--session-timeout",
-            "4s",
-            "--kill-grace",
-            "2s",
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ],
+        "run",
+        id,
+        &["--kill-grace", "2s", "--", "sh", "-c", script],
     )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("start zkgate")
 }
 
 /// Waits for a member with a deadline: its exit code and its log; one
@@ -646,30 +652,18 @@ async fn sidecar_life(
         .await;
         assert_eq!(code, 0, "install: {err}");
     }
-    support::zkgate(
+    let ready = pod.join("ready");
+    gang_member(
         connect,
+        "sidecar",
+        id,
         &[
-            "barrier",
-            "sidecar",
-            "g",
-            "--id",
-            id,
-            "--pod-uid",
-            &format!("uid-{id}"),
-            "--session-timeout",
-            "4s",
-            "--timeout",
-            "60s",
             "--ready-file",
-            pod.join("ready").to_str().unwrap(),
+            ready.to_str().unwrap(),
             "--pod-dir",
             pod.to_str().unwrap(),
         ],
     )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("start zkgate")
 }
 
 /// A `preStop` hook `zkgate barrier stopping` in pod `pod`: a main
