@@ -10,8 +10,8 @@ use super::in_place::PodRecord;
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::zk::{
-    BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier, HoldMonitor, RoundEnd,
-    Session,
+    when_reachable, within, BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier,
+    HoldMonitor, KeptRegistration, RoundEnd, Session,
 };
 
 /// How often a waiting participant logs its progress.
@@ -568,30 +568,48 @@ impl<'a> BarrierCommand<'a> {
             }
         }
         let (session, entered) = self.enter_ephemeral_on(session, &mut stop).await?;
+        // From here on the command needs nothing of ZooKeeper: an outage,
+        // however long, neither stops nor fails it. Only a registration
+        // known to be gone (deleted by someone else) does.
+        let data = serde_json::to_vec(&self.participant.identity()).unwrap_or_default();
+        let mut kept = KeptRegistration::new(session, entered.node, data);
         let ended = match child::spawn(command, &[], grace) {
-            Ok(child) => {
-                let registration = self.registration(&session, &entered);
-                child::supervise(child, &mut stop, registration.lost(), grace).await
-            }
+            Ok(child) => child::supervise(child, &mut stop, kept.keep(), grace).await,
             Err(e) => Err(e),
         };
         let code = match ended {
             Ok(Ended::Exited(code)) => code,
             Ok(Ended::Interrupted(reason, code)) => {
-                close(session).await;
+                close(kept.into_session()).await;
                 return Err(self.registration_lost(
                     reason,
                     &format!("; the command was terminated (it exited {code})"),
                 ));
             }
             Err(e) => {
-                close(session).await;
+                close(kept.into_session()).await;
                 return Err(e);
             }
         };
         info!(code, "the command exited; leaving the barrier");
-        let left = self.leave_with(&session, self.participant.deadline()).await;
-        close(session).await;
+        let p = self.participant;
+        let deadline = p.deadline();
+        // Leaving needs ZooKeeper: it waits for it (the user's timeout
+        // bounds the wait, as for any leave).
+        let barrier = self.barrier.path();
+        let left = within(
+            deadline,
+            || format!("waiting for everyone to leave the barrier {barrier}"),
+            when_reachable(&mut kept, async |session| {
+                self.barrier.leave(session, &p.id, deadline).await
+            }),
+        )
+        .await
+        .map_err(|e| p.explain(e));
+        if left.is_ok() {
+            info!(barrier = %self.barrier.path(), id = %p.id, "everyone has left");
+        }
+        close(kept.into_session()).await;
         match left {
             Ok(()) => Ok(code),
             // The command's own failure matters more than how leaving went.

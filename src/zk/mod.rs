@@ -12,6 +12,8 @@
 //! - [`Mutex`] and [`ReadWriteLock`]: Curator-compatible locks; a held lock
 //!   is a [`LockHold`] with a fencing token and a [`HoldMonitor`] that tells
 //!   when the hold may be or is lost.
+//! - [`KeptRegistration`]: a registration in an opened barrier, kept
+//!   through any ZooKeeper outage (the work it started goes on).
 //! - [`acl`]: digest [`Credential`]s and ACLs. A session with a credential
 //!   makes every node it creates its credential's alone
 //!   ([`Session::node_acls`]); `tcp+tls://` servers are reached over TLS
@@ -29,6 +31,7 @@ pub mod contender;
 mod error;
 mod guard;
 mod hold;
+mod kept;
 mod lock;
 pub mod path;
 pub mod rounds;
@@ -44,6 +47,7 @@ pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
+pub use kept::{when_reachable, KeptRegistration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock};
 pub use rounds::{GangBarrier, RoundEnd};
 pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};

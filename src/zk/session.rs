@@ -221,12 +221,49 @@ impl Session {
     /// Errors: [`ZkError::Unreachable`] when no server answered in time,
     /// [`ZkError::AuthFailed`] when the credentials were refused.
     pub async fn connect(options: &SessionOptions) -> Result<Session> {
+        Self::connect_as(options, None).await
+    }
+
+    /// Connects again to this session, for a holder that must not take the
+    /// client's word that it expired: the client gives a session up once it
+    /// has not reached a server for 1.4 session timeouts, but the servers
+    /// keep it longer after an outage (a restarted server, or a quorum that
+    /// formed again, gives every session a full timeout from then on). So
+    /// only the server's answer says it is gone. Same options, same node
+    /// ACLs; tries for `connect_timeout`.
+    ///
+    /// Errors: [`ZkError::SessionExpired`] when the server says the session
+    /// is gone (its ephemeral nodes with it); [`ZkError::Unreachable`] when
+    /// no server answered in time; [`ZkError::AuthFailed`].
+    pub async fn resume(&self) -> Result<Session> {
+        let mut resumed =
+            Self::connect_as(&self.options, Some(self.client.session().clone())).await?;
+        resumed.node_acls.clone_from(&self.node_acls);
+        info!(session = %resumed.client.session_id(), "ZooKeeper session resumed");
+        Ok(resumed)
+    }
+
+    /// A new session with this one's options and node ACLs, for a holder
+    /// whose session expired and who must register again.
+    pub async fn reconnect(&self) -> Result<Session> {
+        let mut fresh = Self::connect_as(&self.options, None).await?;
+        fresh.node_acls.clone_from(&self.node_acls);
+        Ok(fresh)
+    }
+
+    async fn connect_as(
+        options: &SessionOptions,
+        session: Option<zk::SessionInfo>,
+    ) -> Result<Session> {
         let servers = options.connect.servers_string();
         let started = Instant::now();
         let deadline = started + options.connect_timeout;
         let mut connector = zk::Client::connector()
             .with_session_timeout(options.session_timeout)
             .with_fail_eagerly();
+        if let Some(session) = session {
+            connector = connector.with_session(session);
+        }
         if let Some(credential) = &options.credential {
             connector = connector.with_auth("digest", credential.expose().as_bytes());
         }
@@ -244,6 +281,7 @@ impl Session {
             let source = match attempt {
                 Ok(Ok(client)) => break client,
                 Ok(Err(zk::Error::AuthFailed)) => return Err(ZkError::AuthFailed),
+                Ok(Err(zk::Error::SessionExpired)) => return Err(ZkError::SessionExpired),
                 Ok(Err(err)) => err,
                 Err(_) => zk::Error::Timeout,
             };

@@ -1,0 +1,114 @@
+//! ZooKeeper out of the path of running work (issue 43): once a barrier
+//! has opened, an outage of any length delays what needs ZooKeeper (a
+//! leave's answer) and stops nothing. Each test runs its own server, which
+//! it takes away and brings back on its data.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use support::{eventually, finished, zkgate, ZkServer};
+use tokio::time::Instant;
+
+/// How long the server is away: longer than 1.4 session timeouts (the
+/// participants' 4 s), after which the client gives its session up.
+const OUTAGE: Duration = Duration::from_secs(8);
+
+fn wrap_participant(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::process::Child {
+    let script = format!(
+        "touch {dir}/started-{id}; sleep {work_secs}; touch {dir}/done-{id}",
+        dir = dir.display()
+    );
+    zkgate(
+        connect,
+        &[
+            "barrier",
+            "run",
+            "outage",
+            "--participants",
+            "3",
+            "--id",
+            id,
+            "--session-timeout",
+            "4s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .env("ZKGATE_LOG", "info")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn zkgate")
+}
+
+/// The issue's first failure, as a user met it: three `barrier run`
+/// participants pass their barrier; ZooKeeper goes away for longer than
+/// the session timeout and comes back on its data. Before, every command
+/// was terminated and every participant exited 5. Now the commands run to
+/// their end, the one that ended during the outage waits for ZooKeeper to
+/// leave, and all three exit 0 once all have left.
+#[tokio::test]
+async fn a_zookeeper_outage_longer_than_the_session_timeout_stops_no_opened_gang() {
+    let mut server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let dir = tempfile::tempdir().unwrap();
+    // c's command ends during the outage: its leave needs ZooKeeper.
+    let work = [("a", 16), ("b", 16), ("c", 4)];
+    let members: Vec<_> = work
+        .iter()
+        .map(|(id, secs)| (*id, wrap_participant(&connect, dir.path(), id, *secs)))
+        .collect();
+    eventually(Duration::from_secs(20), "every command started", || async {
+        work.iter()
+            .all(|(id, _)| dir.path().join(format!("started-{id}")).exists())
+            .then_some(())
+    })
+    .await;
+    let down_at = Instant::now();
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server.wait_serving(Duration::from_secs(30));
+        server
+    })
+    .await
+    .unwrap();
+    let mut logs = Vec::new();
+    for (id, child) in members {
+        let (code, err) = finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+        assert!(
+            dir.path().join(format!("done-{id}")).exists(),
+            "{id}'s command did not run to its end: {err}"
+        );
+        assert!(!err.contains("terminated"), "{id}: {err}");
+        logs.push((id, err));
+    }
+    // The outage was seen, and waited out, not missed.
+    let (_, c_log) = logs.iter().find(|(id, _)| *id == "c").unwrap();
+    assert!(
+        c_log.contains("ZooKeeper is needed now and unreachable"),
+        "c left without waiting for ZooKeeper: {c_log}"
+    );
+    // The servers kept every session through the outage (a restarted
+    // server gives each a full timeout again), though the clients had
+    // given theirs up: each came back on its own, its registration never
+    // gone for the others.
+    for (id, log) in &logs {
+        assert!(
+            log.contains("ZooKeeper session resumed"),
+            "{id} did not resume its session: {log}"
+        );
+        assert!(!log.contains("registering again"), "{id}: {log}");
+    }
+    assert!(down_at.elapsed() > OUTAGE);
+    drop(server);
+}
