@@ -112,3 +112,79 @@ async fn a_zookeeper_outage_longer_than_the_session_timeout_stops_no_opened_gang
     assert!(down_at.elapsed() > OUTAGE);
     drop(server);
 }
+
+fn sidecar(connect: &str, dir: &Path, id: &str) -> tokio::process::Child {
+    zkgate(
+        connect,
+        &[
+            "barrier",
+            "sidecar",
+            "outage-sidecar",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--session-timeout",
+            "4s",
+            "--ready-file",
+            &dir.join(format!("ready-{id}")).display().to_string(),
+        ],
+    )
+    .env("ZKGATE_LOG", "info")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn zkgate")
+}
+
+/// The sidecar form: once the barrier opened, the sidecar stays, and stays
+/// ready, through an outage longer than its session timeout (before, it
+/// exited 5 and its readiness went; the kubelet restarted it), and leaves
+/// as usual when its pod stops.
+#[tokio::test]
+async fn an_opened_barriers_sidecar_stays_ready_through_an_outage_and_leaves_after() {
+    let mut server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let dir = tempfile::tempdir().unwrap();
+    let mut sidecars: Vec<_> = ["p", "q"]
+        .iter()
+        .map(|id| (*id, sidecar(&connect, dir.path(), id)))
+        .collect();
+    eventually(Duration::from_secs(20), "both sidecars ready", || async {
+        ["p", "q"]
+            .iter()
+            .all(|id| dir.path().join(format!("ready-{id}")).exists())
+            .then_some(())
+    })
+    .await;
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server.wait_serving(Duration::from_secs(30));
+        server
+    })
+    .await
+    .unwrap();
+    for (id, child) in &mut sidecars {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{id}'s sidecar exited during the outage"
+        );
+        assert!(
+            dir.path().join(format!("ready-{id}")).exists(),
+            "{id}'s sidecar is no longer ready"
+        );
+    }
+    for (_, child) in &sidecars {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    }
+    for (id, child) in sidecars {
+        let (code, err) = finished(child, Duration::from_secs(30)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+        assert!(err.contains("everyone has left"), "{id}: {err}");
+    }
+    drop(server);
+}

@@ -299,21 +299,56 @@ impl<'a> BarrierCommand<'a> {
             }
         }
         let (session, entered) = self.enter_ephemeral_on(session, &mut stop).await?;
-        readiness.set_ready()?;
-        let outcome = tokio::select! {
-            _ = stop.received() => {
+        // The pod's commands run from here on, and need nothing of
+        // ZooKeeper: an outage, however long, neither stops this sidecar
+        // nor takes its readiness (see `run`).
+        let mut kept = KeptRegistration::new(session, entered.node, self.our_data());
+        if let Err(e) = readiness.set_ready() {
+            close(kept.into_session()).await;
+            return Err(e);
+        }
+        let lost = tokio::select! {
+            _ = stop.received() => None,
+            reason = kept.keep() => Some(reason),
+        };
+        readiness.clear();
+        let outcome = match lost {
+            Some(reason) => Err(self.registration_lost(reason, "")),
+            None => {
                 info!("asked to stop: leaving the barrier");
-                readiness.clear();
                 let deadline = tokio::time::Instant::now() + grace;
-                self.leave_with(&session, Some(deadline)).await.map(|_| 0)
-            }
-            reason = self.registration(&session, &entered).lost() => {
-                readiness.clear();
-                Err(self.registration_lost(reason, ""))
+                self.leave_kept(&mut kept, Some(deadline)).await.map(|_| 0)
             }
         };
-        close(session).await;
+        close(kept.into_session()).await;
         outcome
+    }
+
+    /// What our registration holds (as [`DoubleBarrier::enter`] wrote it).
+    fn our_data(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.participant.identity()).unwrap_or_default()
+    }
+
+    /// Leaves on a kept registration: waits for ZooKeeper when it is away,
+    /// until `deadline`.
+    async fn leave_kept(
+        &self,
+        kept: &mut KeptRegistration,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), AgentError> {
+        let p = self.participant;
+        let barrier = self.barrier.path();
+        within(
+            deadline,
+            || format!("waiting for everyone to leave the barrier {barrier}"),
+            when_reachable(kept, async |session| {
+                self.barrier.leave(session, &p.id, deadline).await
+            }),
+        )
+        .await
+        .map_err(|e| p.explain(e))?;
+        info!(barrier = %barrier, id = %p.id, "everyone has left");
+        Ok(())
     }
 
     /// The barrier node's data once it is there (with a controller, which
@@ -571,8 +606,7 @@ impl<'a> BarrierCommand<'a> {
         // From here on the command needs nothing of ZooKeeper: an outage,
         // however long, neither stops nor fails it. Only a registration
         // known to be gone (deleted by someone else) does.
-        let data = serde_json::to_vec(&self.participant.identity()).unwrap_or_default();
-        let mut kept = KeptRegistration::new(session, entered.node, data);
+        let mut kept = KeptRegistration::new(session, entered.node, self.our_data());
         let ended = match child::spawn(command, &[], grace) {
             Ok(child) => child::supervise(child, &mut stop, kept.keep(), grace).await,
             Err(e) => Err(e),
@@ -592,23 +626,11 @@ impl<'a> BarrierCommand<'a> {
             }
         };
         info!(code, "the command exited; leaving the barrier");
-        let p = self.participant;
-        let deadline = p.deadline();
         // Leaving needs ZooKeeper: it waits for it (the user's timeout
         // bounds the wait, as for any leave).
-        let barrier = self.barrier.path();
-        let left = within(
-            deadline,
-            || format!("waiting for everyone to leave the barrier {barrier}"),
-            when_reachable(&mut kept, async |session| {
-                self.barrier.leave(session, &p.id, deadline).await
-            }),
-        )
-        .await
-        .map_err(|e| p.explain(e));
-        if left.is_ok() {
-            info!(barrier = %self.barrier.path(), id = %p.id, "everyone has left");
-        }
+        let left = self
+            .leave_kept(&mut kept, self.participant.deadline())
+            .await;
         close(kept.into_session()).await;
         match left {
             Ok(()) => Ok(code),
