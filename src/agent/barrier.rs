@@ -571,9 +571,10 @@ impl<'a> BarrierCommand<'a> {
     }
 
     /// `run`: enters, runs `command`, leaves; returns the command's exit
-    /// code. If our registration is lost while the command runs (the
-    /// session expired or may have: the peers would finish the round
-    /// without us), the command is terminated and the exit is 5.
+    /// code. Once the barrier opened, a ZooKeeper outage stops nothing
+    /// (our registration is kept: [`KeptRegistration`]); only a
+    /// registration deleted by someone else terminates the command, and
+    /// the exit is 5.
     pub async fn run(
         &self,
         mut stop: Termination,
