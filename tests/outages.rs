@@ -188,3 +188,88 @@ async fn an_opened_barriers_sidecar_stays_ready_through_an_outage_and_leaves_aft
     }
     drop(server);
 }
+
+/// A gang in rounds (`onParticipantLoss: RestartGang`): an outage longer
+/// than the session timeout is not a member's loss. The round's commands
+/// run to their end, nobody restarts (each command saw round 0 only), and
+/// all three complete. Before, every command was terminated (exit 5).
+#[tokio::test]
+async fn a_gang_in_rounds_runs_through_an_outage_without_a_restart() {
+    use zkgate::zk::{BarrierData, DoubleBarrier, GangBarrier};
+    let mut server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let admin = support::session(&connect).await;
+    let path = "/zkgate/namespaces/default/barriers/rounds";
+    let data = BarrierData {
+        participants: 3,
+        uid: Some("the-barrier".into()),
+        run: Some(String::new()),
+        round: Some(0),
+        ..BarrierData::default()
+    };
+    DoubleBarrier::new(path)
+        .create(&admin, &data)
+        .await
+        .expect("make the barrier");
+    GangBarrier::new(path)
+        .ensure_round(&admin, &data, 0)
+        .await
+        .expect("make round 0");
+    admin.close().await.expect("close");
+    let dir = tempfile::tempdir().unwrap();
+    let work = [("a", 16), ("b", 16), ("c", 4)];
+    let members: Vec<_> = work
+        .iter()
+        .map(|(id, secs)| {
+            let script = format!(
+                "echo $ZKGATE_ROUND >> {dir}/rounds-{id}; touch {dir}/started-{id}; sleep {secs}; touch {dir}/done-{id}",
+                dir = dir.path().display()
+            );
+            let uid = format!("uid-{id}");
+            let child = zkgate(
+                &connect,
+                &[
+                    "barrier", "run", "rounds", "--id", id, "--pod-uid", &uid,
+                    "--session-timeout", "4s", "--timeout", "60s", "--kill-grace", "1s",
+                    "--", "sh", "-c", &script,
+                ],
+            )
+            .env("ZKGATE_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn zkgate");
+            (*id, child)
+        })
+        .collect();
+    eventually(Duration::from_secs(20), "every command started", || async {
+        work.iter()
+            .all(|(id, _)| dir.path().join(format!("started-{id}")).exists())
+            .then_some(())
+    })
+    .await;
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server.wait_serving(Duration::from_secs(30));
+        server
+    })
+    .await
+    .unwrap();
+    for (id, child) in members {
+        let (code, err) = finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+        let rounds = std::fs::read_to_string(dir.path().join(format!("rounds-{id}"))).unwrap();
+        assert_eq!(
+            rounds, "0\n",
+            "{id} ran in more rounds than the first: {err}"
+        );
+        assert!(
+            dir.path().join(format!("done-{id}")).exists(),
+            "{id}'s command did not run to its end: {err}"
+        );
+    }
+    drop(server);
+}
