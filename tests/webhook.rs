@@ -860,6 +860,45 @@ async fn with_the_webhook_down_unlabelled_pods_pass_and_labelled_ones_wait() {
     h.done().await;
 }
 
+/// Issue 43, item 3: admission needs no ZooKeeper (it writes nothing
+/// there). With no ZooKeeper to reach, a replica serving the webhook says
+/// it is ready (so its pod stays in the webhook Service's endpoints: with
+/// `failurePolicy: Fail`, no ready replica means no labelled pod created
+/// anywhere), its body says ZooKeeper is away, and a labelled pod is
+/// admitted, injected, to wait at its barrier until ZooKeeper is back.
+#[tokio::test]
+async fn with_zookeeper_down_the_webhook_is_ready_and_admits_labelled_pods() {
+    let h = Hooked::new().await;
+    h.barrier("gang", 2).await;
+    // Nothing listens there.
+    let zk = format!("127.0.0.1:{}/nowhere", free_port());
+    let controller = h.controller(&zk).await;
+    eventually(WITHIN, "ready without ZooKeeper", || async {
+        (controller.status_of("/readyz").await == Some(200)).then_some(())
+    })
+    .await;
+    let (_, body) = support::http_get(controller.metrics_port, "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert!(body.contains("ZooKeeper"), "{body}");
+    assert_eq!(
+        controller
+            .metric("zkgate_zookeeper_session_connected")
+            .await,
+        Some(0.0)
+    );
+    let pod = h
+        .create_pod(pod_of("member", json!({ "zkgate.io/barrier": "gang" })))
+        .await
+        .expect("a labelled pod is admitted with ZooKeeper down");
+    let init = pod.spec.unwrap().init_containers.unwrap_or_default();
+    assert!(
+        init.iter().any(|c| c.name.starts_with("zkgate")),
+        "not injected: {init:?}"
+    );
+    h.done().await;
+}
+
 /// `--native-sidecars=false` (a cluster said to run none, whatever its
 /// API server's version): the sidecar form is refused with the reason,
 /// and the init form still admitted.

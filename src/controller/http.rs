@@ -23,13 +23,21 @@ pub struct Health {
     /// With the admission webhook: why it does not serve yet (a replica
     /// that cannot answer admission must not receive it).
     pub webhook: Mutex<Option<String>>,
+    /// Whether this replica serves admission: then its readiness is the
+    /// webhook's alone (see [`Health::readiness`]).
+    pub serves_admission: bool,
 }
 
 impl Health {
-    /// What `/readyz` answers: ready while the ZooKeeper session is
-    /// connected, no failed leadership term is waiting to be retried, and
-    /// the admission webhook (when configured) serves.
-    pub fn readiness(&self) -> Result<(), String> {
+    /// What `/readyz` answers, `Ok` with what to say. A replica that
+    /// serves admission is ready while its webhook serves, whatever
+    /// ZooKeeper does: admission writes nothing there, and its readiness
+    /// decides whether the webhook's Service has an endpoint, so tying it
+    /// to ZooKeeper would refuse every labelled pod in the cluster while
+    /// ZooKeeper is down (the pods admitted meanwhile wait at their
+    /// barrier). Without the webhook: ready while the ZooKeeper session is
+    /// connected and no failed leadership term is waiting to be retried.
+    pub fn readiness(&self) -> Result<String, String> {
         if let Some(cause) = self
             .webhook
             .lock()
@@ -38,6 +46,21 @@ impl Health {
         {
             return Err(cause);
         }
+        let zookeeper = self.zookeeper();
+        if self.serves_admission {
+            return Ok(match zookeeper {
+                Ok(()) => "ready".to_owned(),
+                Err(cause) => {
+                    format!("ready to serve admission; {cause}: reconciling waits for it")
+                }
+            });
+        }
+        zookeeper.map(|()| "ready".to_owned())
+    }
+
+    /// Whether the ZooKeeper side is well: a connected session, and no
+    /// failed term waiting to be retried.
+    fn zookeeper(&self) -> Result<(), String> {
         if let Some(cause) = self
             .failing
             .lock()
@@ -91,7 +114,7 @@ pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> std::io::Result<()>
                 let readiness = readiness.readiness();
                 async move {
                     match readiness {
-                        Ok(()) => (StatusCode::OK, "ready".to_owned()).into_response(),
+                        Ok(said) => (StatusCode::OK, said).into_response(),
                         Err(cause) => (StatusCode::SERVICE_UNAVAILABLE, cause).into_response(),
                     }
                 }

@@ -129,6 +129,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                 .as_ref()
                 .map(|_| "the admission webhook does not serve yet".to_owned()),
         ),
+        serves_admission: options.webhook.is_some(),
     });
     let listener_addr = options.metrics_addr;
     // Bind before anything else, so a bad address fails at start.
