@@ -10,8 +10,8 @@ use super::in_place::PodRecord;
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::zk::{
-    for_want_of_zookeeper, when_reachable, within, BarrierData, DoubleBarrier, EnterOptions,
-    Entered, Entry, GangBarrier, HoldMonitor, KeptRegistration, RoundEnd, Session,
+    when_reachable, within, BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier,
+    HoldMonitor, KeptRegistration, RoundEnd, Session,
 };
 
 /// How often a waiting participant logs its progress.
@@ -277,11 +277,9 @@ impl<'a> BarrierCommand<'a> {
         if let Some(record) = in_place {
             match self.peek(&session, &mut stop).await {
                 Ok(Some(data)) if data.round.is_some() => {
-                    let mut kept = KeptRegistration::unregistered(session, self.our_data());
                     let outcome = self
-                        .sidecar_in_rounds(&mut kept, &mut stop, &readiness, record)
+                        .sidecar_in_rounds(&session, &mut stop, &readiness, record)
                         .await;
-                    let session = kept.into_session();
                     readiness.clear();
                     if matches!(record.opened(), Ok(Some(_))) {
                         // Our registration of the round recorded stays
@@ -338,29 +336,18 @@ impl<'a> BarrierCommand<'a> {
         kept: &mut KeptRegistration,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(), AgentError> {
-        self.leave_kept_at(&self.barrier, kept, deadline).await
-    }
-
-    /// [`BarrierCommand::leave_kept`] at `barrier` (this one, or one of its
-    /// rounds).
-    async fn leave_kept_at(
-        &self,
-        barrier: &DoubleBarrier,
-        kept: &mut KeptRegistration,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<(), AgentError> {
         let p = self.participant;
-        let path = barrier.path();
+        let barrier = self.barrier.path();
         within(
             deadline,
-            || format!("waiting for everyone to leave the barrier {path}"),
+            || format!("waiting for everyone to leave the barrier {barrier}"),
             when_reachable(kept, async |session| {
-                barrier.leave(session, &p.id, deadline).await
+                self.barrier.leave(session, &p.id, deadline).await
             }),
         )
         .await
         .map_err(|e| p.explain(e))?;
-        info!(barrier = %path, id = %p.id, "everyone has left");
+        info!(barrier = %barrier, id = %p.id, "everyone has left");
         Ok(())
     }
 
@@ -416,7 +403,7 @@ impl<'a> BarrierCommand<'a> {
     /// session rather than closing it (the registration stays).
     async fn sidecar_in_rounds(
         &self,
-        kept: &mut KeptRegistration,
+        session: &Session,
         stop: &mut Termination,
         readiness: &Readiness,
         record: &PodRecord,
@@ -458,7 +445,7 @@ impl<'a> BarrierCommand<'a> {
             };
             info!(barrier = %gang.path(), round = k, new_life, "a sidecar before us let the commands start in this round: ending it");
             let end = gang
-                .end_round(kept.session(), k, &why)
+                .end_round(session, k, &why)
                 .await
                 .map_err(|e| p.explain(e))?;
             if !new_life && end != RoundEnd::Finishing {
@@ -473,7 +460,7 @@ impl<'a> BarrierCommand<'a> {
                 // The kubelet removed every container of the round's life
                 // before ours started: none of its commands runs.
                 let node = crate::zk::path::join(&gang.round_path(k), &p.id);
-                self.withdraw(kept, &node).await?;
+                self.withdraw(session, &node).await?;
             }
             record.clear_opened();
             match end {
@@ -501,7 +488,7 @@ impl<'a> BarrierCommand<'a> {
             members,
             ..
         } = loop {
-            if let Some(joined) = self.join_round(kept, stop, &gang, &mut uid).await? {
+            if let Some(joined) = self.join_round(session, stop, &gang, &mut uid).await? {
                 break joined;
             }
         };
@@ -513,8 +500,8 @@ impl<'a> BarrierCommand<'a> {
         info!(barrier = %gang.path(), round = k, "round open: the main containers start");
         let over = tokio::select! {
             exit = stop.received() => Ok(Err(exit)),
-            over = gang.round_over(kept.session(), k, &members) => over.map(Ok),
-            reason = self.registration(kept.session(), &entered).lost() => {
+            over = gang.round_over(session, k, &members) => over.map(Ok),
+            reason = self.registration(session, &entered).lost() => {
                 readiness.clear();
                 // Kept: the next life ends the round, in case nobody did.
                 return Err(restart(format!(
@@ -542,7 +529,7 @@ impl<'a> BarrierCommand<'a> {
             )),
             Err(exit) if record.stopping() => {
                 let why = format!("{}'s pod is being stopped", p.id);
-                self.end_round(kept, &gang, k, &why, &entered.node)
+                self.end_round(session, &gang, k, &why, &entered.node)
                     .await?;
                 record.clear_opened();
                 Err(AgentError::new(
@@ -556,14 +543,14 @@ impl<'a> BarrierCommand<'a> {
             }
             Err(_) => {
                 if gang
-                    .start_leaving(kept.session(), k)
+                    .start_leaving(session, k)
                     .await
                     .map_err(|e| p.explain(e))?
                 {
                     // The main containers have exited: waiting for the
                     // others to leave would only hold the pod up.
                     info!(barrier = %gang.path(), round = k, "the main containers completed; leaving the round");
-                    self.withdraw(kept, &entered.node).await?;
+                    self.withdraw(session, &entered.node).await?;
                     record.clear_opened();
                     return Ok(0);
                 }
@@ -573,10 +560,10 @@ impl<'a> BarrierCommand<'a> {
                     "{}'s main containers completed as round {k} ended: the gang cannot meet again without it",
                     p.id
                 );
-                gang.fail(kept.session(), &reason)
+                gang.fail(session, &reason)
                     .await
                     .map_err(|e| p.explain(e))?;
-                self.withdraw(kept, &entered.node).await?;
+                self.withdraw(session, &entered.node).await?;
                 record.clear_opened();
                 Err(failed_barrier(&gang, &reason))
             }
@@ -604,11 +591,10 @@ impl<'a> BarrierCommand<'a> {
         let found = self.peek(&session, &mut stop).await;
         match found {
             Ok(Some(data)) if data.round.is_some() => {
-                let mut kept = KeptRegistration::unregistered(session, self.our_data());
                 let outcome = self
-                    .run_in_rounds(&mut kept, &mut stop, command, grace)
+                    .run_in_rounds(&session, &mut stop, command, grace)
                     .await;
-                close(kept.into_session()).await;
+                close(session).await;
                 return outcome;
             }
             Ok(_) => {}
@@ -671,7 +657,7 @@ impl<'a> BarrierCommand<'a> {
     /// from then on a failure no longer restarts the gang.
     async fn run_in_rounds(
         &self,
-        kept: &mut KeptRegistration,
+        session: &Session,
         stop: &mut Termination,
         command: &[String],
         grace: Duration,
@@ -687,11 +673,11 @@ impl<'a> BarrierCommand<'a> {
                 round,
                 entered,
                 members,
-            } = match self.join_round(kept, stop, &gang, &mut uid).await? {
+            } = match self.join_round(session, stop, &gang, &mut uid).await? {
                 Some(joined) => joined,
                 None => continue,
             };
-            kept.follow(entered.node.clone());
+            let registration = self.registration(session, &entered);
             // What the command is told of its round: which it is (a restart
             // resumes from a checkpoint, say), and its place among the
             // round's members, by id.
@@ -702,26 +688,13 @@ impl<'a> BarrierCommand<'a> {
                 ("ZKGATE_MEMBERS", members.len().to_string()),
             ];
             info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
-            // While the command runs, nothing but the round's end or our
-            // registration known gone stops it: through an outage the
-            // registration is kept (resumed, or made again), and the
-            // round is watched again once ZooKeeper is back.
             let interrupt = async {
-                loop {
-                    let next = tokio::select! {
-                        trouble = kept.trouble() => trouble.err().map(Interruption::Lost),
-                        over = gang.round_over(kept.session(), k, &members) => match over {
-                            Ok(why) => Some(Interruption::RoundOver(why)),
-                            Err(e) if for_want_of_zookeeper(&e) => None,
-                            Err(e) => Some(Interruption::Failed(e)),
-                        },
-                    };
-                    if let Some(interruption) = next {
-                        return interruption;
-                    }
-                    if let Err(reason) = kept.recover().await {
-                        return Interruption::Lost(reason);
-                    }
+                tokio::select! {
+                    reason = registration.lost() => Interruption::Lost(reason),
+                    over = gang.round_over(session, k, &members) => match over {
+                        Ok(why) => Interruption::RoundOver(why),
+                        Err(e) => Interruption::Failed(e),
+                    },
                 }
             };
             let ended =
@@ -733,7 +706,8 @@ impl<'a> BarrierCommand<'a> {
                 // for the others (they meet our replacement, if any, in
                 // the next).
                 let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                self.end_round(kept, &gang, k, &why, &entered.node).await?;
+                self.end_round(session, &gang, k, &why, &entered.node)
+                    .await?;
                 info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
                 // Not a completion, even if the command made it one: the
                 // pod must not count as succeeded while its gang restarts
@@ -742,22 +716,26 @@ impl<'a> BarrierCommand<'a> {
             }
             match ended {
                 Ended::Exited(0) => {
-                    if when_reachable(kept, async |session| gang.start_leaving(session, k).await)
+                    if gang
+                        .start_leaving(session, k)
                         .await
                         .map_err(|e| p.explain(e))?
                     {
                         info!(barrier = %gang.path(), round = k, "the command completed; leaving the round");
-                        self.leave_kept_at(&round, kept, p.deadline()).await?;
+                        self.leave_at(&round, session, p.deadline()).await?;
                         return Ok(0);
                     }
                     // The round ended as we completed: the gang runs again,
                     // and so do we.
                     info!(barrier = %gang.path(), round = k, "the command completed, but the round had ended: meeting again");
-                    self.withdraw(kept, &entered.node).await?;
+                    self.withdraw(session, &entered.node).await?;
                 }
                 Ended::Exited(code) => {
                     let why = format!("{}'s command exited {code}", p.id);
-                    match self.end_round(kept, &gang, k, &why, &entered.node).await? {
+                    match self
+                        .end_round(session, &gang, k, &why, &entered.node)
+                        .await?
+                    {
                         RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
                             info!(barrier = %gang.path(), round = k, code, "the command failed: the gang meets again");
                         }
@@ -773,7 +751,7 @@ impl<'a> BarrierCommand<'a> {
                 }
                 Ended::Interrupted(Interruption::RoundOver(why), code) => {
                     info!(barrier = %gang.path(), round = k, %why, code, "the round ended: the command was stopped; meeting again");
-                    self.withdraw(kept, &entered.node).await?;
+                    self.withdraw(session, &entered.node).await?;
                     if let Some(exit) = stop.asked_to_stop() {
                         return Err(AgentError::new(
                             exit,
@@ -814,7 +792,7 @@ impl<'a> BarrierCommand<'a> {
     /// another uid later is a new Barrier of the same name.
     async fn join_round(
         &self,
-        kept: &mut KeptRegistration,
+        session: &Session,
         stop: &mut Termination,
         gang: &GangBarrier,
         uid: &mut Option<Option<String>>,
@@ -828,7 +806,7 @@ impl<'a> BarrierCommand<'a> {
         };
         let top = self
             .barrier
-            .data_if_there(kept.session())
+            .data_if_there(session)
             .await
             .map_err(|e| p.explain(e))?
             .ok_or_else(deleted)?;
@@ -840,23 +818,24 @@ impl<'a> BarrierCommand<'a> {
         }
         let k = top.round.unwrap_or_default();
         let round = gang.round(k);
-        let (entered, stopped) = self.enter_at(&round, kept.session(), false, stop).await?;
+        let (entered, stopped) = self.enter_at(&round, session, false, stop).await?;
         if let Some(exit) = stopped {
             // Counted as we were stopped: the others wait for us to
             // leave, and this round ends with us gone.
             let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-            self.end_round(kept, gang, k, &why, &entered.node).await?;
+            self.end_round(session, gang, k, &why, &entered.node)
+                .await?;
             return Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path())));
         }
         if !gang
-            .counted(kept.session(), k, &entered.node)
+            .counted(session, k, &entered.node)
             .await
             .map_err(|e| p.explain(e))?
         {
             // Round k opened without us: we restarted after it began.
             let why = format!("{} restarted after round {k} opened", p.id);
             info!(barrier = %gang.path(), round = k, "the round opened without us: ending it, to meet again in the next");
-            match self.end_round(kept, gang, k, &why, &entered.node).await? {
+            match self.end_round(session, gang, k, &why, &entered.node).await? {
                 RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => return Ok(None),
                 RoundEnd::Finishing => {
                     return Err(failed(&format!(
@@ -874,30 +853,27 @@ impl<'a> BarrierCommand<'a> {
             // still runs (a member whose pod is stopping, which this
             // round went on without, may take its grace period).
             let outcome = tokio::select! {
-                emptied = gang.await_round_empty(kept.session(), before) => emptied.map_err(|e| p.explain(e)),
-                reason = self.registration(kept.session(), &entered).lost() => Err(self.registration_lost(reason, "")),
+                emptied = gang.await_round_empty(session, before) => emptied.map_err(|e| p.explain(e)),
+                reason = self.registration(session, &entered).lost() => Err(self.registration_lost(reason, "")),
                 exit = stop.received() => Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path()))),
             };
             if let Err(e) = outcome {
                 if let Some(exit) = stop.asked_to_stop() {
                     let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                    self.end_round(kept, gang, k, &why, &entered.node).await?;
+                    self.end_round(session, gang, k, &why, &entered.node)
+                        .await?;
                 }
                 return Err(e);
             }
             // Confirmed afresh: the command's monitor counts from here,
             // not from the opening, which may be long past.
             entered.confirmed_at = gang
-                .confirm(kept.session(), &entered.node)
+                .confirm(session, &entered.node)
                 .await
                 .map_err(|e| p.explain(e))?;
         }
         let mut members = loop {
-            if let Some(members) = gang
-                .members(kept.session(), k)
-                .await
-                .map_err(|e| p.explain(e))?
-            {
+            if let Some(members) = gang.members(session, k).await.map_err(|e| p.explain(e))? {
                 break members;
             }
             // A member came or went since the opening, and none has
@@ -906,7 +882,7 @@ impl<'a> BarrierCommand<'a> {
             let why = format!("a member of round {k} was lost before its commands started");
             info!(barrier = %gang.path(), round = k, "{why}: meeting again in the next round");
             match gang
-                .end_round(kept.session(), k, &why)
+                .end_round(session, k, &why)
                 .await
                 .map_err(|e| p.explain(e))?
             {
@@ -914,11 +890,11 @@ impl<'a> BarrierCommand<'a> {
                 // its members are listed again (now with that mark).
                 RoundEnd::Finishing => continue,
                 RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
-                    self.withdraw(kept, &entered.node).await?;
+                    self.withdraw(session, &entered.node).await?;
                     return Ok(None);
                 }
                 RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
-                    self.withdraw(kept, &entered.node).await?;
+                    self.withdraw(session, &entered.node).await?;
                     return Err(failed(&reason));
                 }
             }
@@ -943,33 +919,31 @@ impl<'a> BarrierCommand<'a> {
     /// our registration stays, for the leave).
     async fn end_round(
         &self,
-        kept: &mut KeptRegistration,
+        session: &Session,
         gang: &GangBarrier,
         k: u32,
         why: &str,
         node: &str,
     ) -> Result<RoundEnd, AgentError> {
         let p = self.participant;
-        let end = when_reachable(kept, async |session| gang.end_round(session, k, why).await)
+        let end = gang
+            .end_round(session, k, why)
             .await
             .map_err(|e| p.explain(e))?;
         if end == RoundEnd::Finishing {
-            self.leave_kept_at(&gang.round(k), kept, p.deadline())
-                .await?;
+            self.leave_at(&gang.round(k), session, p.deadline()).await?;
         } else {
-            self.withdraw(kept, node).await?;
+            self.withdraw(session, node).await?;
         }
         Ok(end)
     }
 
     /// Removes our registration from a round that ended.
-    async fn withdraw(&self, kept: &mut KeptRegistration, node: &str) -> Result<(), AgentError> {
-        when_reachable(kept, async |session| {
-            crate::zk::tree::delete_if_present(session, node).await
-        })
-        .await
-        .map(|_| ())
-        .map_err(|e| self.participant.explain(e))
+    async fn withdraw(&self, session: &Session, node: &str) -> Result<(), AgentError> {
+        crate::zk::tree::delete_if_present(session, node)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.participant.explain(e))
     }
 }
 

@@ -16,7 +16,7 @@ use zookeeper_client as zk;
 
 use super::error::{Result, ZkError};
 use super::hold::LossReason;
-use super::session::{is_connection_loss, Session, SessionState, StateWatcher};
+use super::session::{is_connection_loss, Session, SessionState};
 
 /// How often a keeper that cannot reach ZooKeeper says so.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -77,128 +77,93 @@ impl KeptRegistration {
         &self.node
     }
 
-    /// A keeper with no registration yet (a participant in rounds, which
-    /// registers in each round anew): [`KeptRegistration::follow`] says
-    /// which node to keep before anything else is asked of it.
-    pub fn unregistered(session: Session, data: Vec<u8>) -> Self {
-        Self::new(session, String::new(), data)
-    }
-
-    /// Keeps `node` from now on (our registration in the next round), on
-    /// the same session, with the same data.
-    pub fn follow(&mut self, node: String) {
-        self.node = node;
-    }
-
     /// Keeps the registration until it is known to be gone, and says why
     /// (see the type's guarantees). Cancel-safe: dropped at any await, the
     /// keeper still holds the newest session it made.
     pub async fn keep(&mut self) -> LossReason {
         loop {
-            if let Err(reason) = self.trouble().await {
-                return reason;
-            }
-            if let Err(reason) = self.recover().await {
-                return reason;
+            // Set before the check, so no change after it is missed.
+            let mut states = self.session.watch_state();
+            let watch = match self.reachable(true).await {
+                Ok(Some(watch)) => watch,
+                Ok(None) => continue,
+                Err(reason) => return reason,
+            };
+            tokio::select! {
+                event = watch.changed() => {
+                    if event.event_type == zk::EventType::NodeDeleted {
+                        warn!(node = %self.node, "our registration was deleted by someone else");
+                        return LossReason::Revoked;
+                    }
+                    // A session event or a data change: look again.
+                }
+                _ = states.changed() => {}
             }
         }
     }
 
-    /// Watches the registration until the keeper has work to do: `Ok`
-    /// when the client gave the session up ([`KeptRegistration::recover`]
-    /// next), `Err` when the registration is known gone. Through a lost
-    /// connection it only waits, logging. Shared, so that other watches
-    /// on the session (the round's) can run beside it; what
-    /// [`KeptRegistration::keep`] is made of.
-    pub async fn trouble(&self) -> std::result::Result<(), LossReason> {
+    /// Waits until our session is connected again (resumed, or a new one)
+    /// and, with `registered`, our node confirmed there (made again on a
+    /// new session), returning a watch of it. Without, the node is not
+    /// looked at (we are leaving: it may be gone by our own hand) and
+    /// never made again. However long ZooKeeper is away, logging while it
+    /// is; `Err` only when the registration is known gone.
+    async fn reachable(
+        &mut self,
+        registered: bool,
+    ) -> std::result::Result<Option<zk::OneshotWatcher>, LossReason> {
         let mut unreachable_since: Option<Instant> = None;
         loop {
-            // Set before the check, so no change after it is missed.
             let mut states = self.session.watch_state();
             match states.current() {
                 SessionState::Closed => return Err(LossReason::SessionClosed),
                 SessionState::AuthFailed => return Err(LossReason::AuthFailed),
-                SessionState::Expired => return Ok(()),
+                SessionState::Expired => {
+                    let since = *unreachable_since.get_or_insert_with(Instant::now);
+                    self.come_back(since, registered).await?;
+                }
+                SessionState::Connected if !registered => return Ok(None),
                 SessionState::Connected => match self.watch_node().await {
                     Ok(Some(watch)) => {
-                        if let Some(since) = unreachable_since.take() {
+                        if let Some(since) = unreachable_since {
                             info!(node = %self.node, after = ?since.elapsed(), "ZooKeeper is back; our registration is there");
                         }
-                        tokio::select! {
-                            event = watch.changed() => {
-                                if event.event_type == zk::EventType::NodeDeleted {
-                                    warn!(node = %self.node, "our registration was deleted by someone else");
-                                    return Err(LossReason::Revoked);
-                                }
-                                // A session event or a data change: look again.
-                            }
-                            _ = states.changed() => {}
-                        }
+                        return Ok(Some(watch));
                     }
                     Ok(None) => {
                         warn!(node = %self.node, "our registration is gone, and our session is not: deleted by someone else");
                         return Err(LossReason::Revoked);
                     }
+                    // The connection dropped under the check: the state
+                    // says what next.
                     Err(e) => {
                         debug!(node = %self.node, error = %e, "could not check our registration");
-                        if !is_connection_loss(&e) {
-                            // Not the connection (an ACL, say): look again
-                            // shortly, the work going on meanwhile.
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        } else if states.current() == SessionState::Connected {
-                            // The state watcher has yet to see the drop.
+                        if is_connection_loss(&e) && states.current() == SessionState::Connected {
                             let _ =
                                 tokio::time::timeout(Duration::from_millis(200), states.changed())
                                     .await;
+                        } else if !is_connection_loss(&e) {
+                            // Not the connection (an ACL, say): look again
+                            // shortly, the work going on meanwhile.
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                         }
                     }
                 },
                 SessionState::Disconnected => {
                     let since = *unreachable_since.get_or_insert_with(Instant::now);
-                    unreachable(&self.node, since, &mut states).await;
-                }
-            }
-        }
-    }
-
-    /// Does what [`KeptRegistration::trouble`] found to do: when the client
-    /// gave the session up, resumes it once a server answers, or makes the
-    /// registration again on a new session when the server says it
-    /// expired. `Err` only when the registration is known gone.
-    pub async fn recover(&mut self) -> std::result::Result<(), LossReason> {
-        match self.session.state() {
-            SessionState::Expired => self.come_back(Instant::now(), true).await,
-            SessionState::Closed => Err(LossReason::SessionClosed),
-            SessionState::AuthFailed => Err(LossReason::AuthFailed),
-            // Nothing to do (yet): let the state move on.
-            SessionState::Connected | SessionState::Disconnected => {
-                let mut states = self.session.watch_state();
-                let _ = tokio::time::timeout(Duration::from_secs(1), states.changed()).await;
-                Ok(())
-            }
-        }
-    }
-
-    /// Waits until our session is connected again (resumed, or a new one:
-    /// our registration is not made again, and not looked at, since the
-    /// caller is leaving or withdrawing it). However long ZooKeeper is
-    /// away, logging while it is; `Err` only when the session is refused
-    /// or closed.
-    async fn reachable(&mut self) -> std::result::Result<(), LossReason> {
-        let mut unreachable_since: Option<Instant> = None;
-        loop {
-            let mut states = self.session.watch_state();
-            match states.current() {
-                SessionState::Closed => return Err(LossReason::SessionClosed),
-                SessionState::AuthFailed => return Err(LossReason::AuthFailed),
-                SessionState::Connected => return Ok(()),
-                SessionState::Expired => {
-                    let since = *unreachable_since.get_or_insert_with(Instant::now);
-                    self.come_back(since, false).await?;
-                }
-                SessionState::Disconnected => {
-                    let since = *unreachable_since.get_or_insert_with(Instant::now);
-                    unreachable(&self.node, since, &mut states).await;
+                    warn!(node = %self.node, "ZooKeeper unreachable: the work goes on, and our registration is kept");
+                    let ticker = async {
+                        let mut next = since + PROGRESS_EVERY;
+                        loop {
+                            tokio::time::sleep_until(next).await;
+                            warn!(node = %self.node, waited = ?since.elapsed(), "ZooKeeper still unreachable: the work goes on");
+                            next += PROGRESS_EVERY;
+                        }
+                    };
+                    tokio::select! {
+                        _ = states.changed() => {}
+                        () = ticker => {}
+                    }
                 }
             }
         }
@@ -331,26 +296,6 @@ enum Again {
 }
 use Again::{Gone, Retry};
 
-/// Waits for the session's state to change while ZooKeeper is unreachable,
-/// saying so every [`PROGRESS_EVERY`] from `since`.
-async fn unreachable(node: &str, since: Instant, states: &mut StateWatcher) {
-    if since.elapsed() < Duration::from_millis(50) {
-        warn!(%node, "ZooKeeper unreachable: the work goes on, and our registration is kept");
-    }
-    let ticker = async {
-        let mut next = since + PROGRESS_EVERY;
-        loop {
-            tokio::time::sleep_until(next).await;
-            warn!(%node, waited = ?since.elapsed(), "ZooKeeper still unreachable: the work goes on");
-            next += PROGRESS_EVERY;
-        }
-    };
-    tokio::select! {
-        _ = states.changed() => {}
-        () = ticker => {}
-    }
-}
-
 async fn close_quietly(session: Session) {
     if let Err(e) = session.close().await {
         debug!(error = %e, "closing a session we do not keep");
@@ -372,7 +317,7 @@ pub async fn when_reachable<T>(
             Ok(done) => return Ok(done),
             Err(e) if for_want_of_zookeeper(&e) => {
                 warn!(node = %kept.node, error = %e, "ZooKeeper is needed now and unreachable: waiting for it");
-                if let Err(reason) = kept.reachable().await {
+                if let Err(reason) = kept.reachable(false).await {
                     return Err(match reason {
                         LossReason::Revoked => ZkError::Deleted {
                             path: kept.node.clone(),
@@ -392,7 +337,7 @@ pub async fn when_reachable<T>(
 
 /// Whether `error` says only that ZooKeeper could not be reached (or our
 /// session was lost with it): worth trying again once it is back.
-pub fn for_want_of_zookeeper(error: &ZkError) -> bool {
+fn for_want_of_zookeeper(error: &ZkError) -> bool {
     match error {
         ZkError::Unreachable { .. } | ZkError::SessionExpired => true,
         ZkError::Zk { source, .. } => is_connection_loss(source),
