@@ -82,13 +82,19 @@ async fn a_zookeeper_outage_longer_than_the_session_timeout_stops_no_opened_gang
     .await
     .unwrap();
     let mut logs = Vec::new();
+    // c first: its leave reports everyone left, which must come after the
+    // others' commands ended.
+    let mut members = members;
+    members.reverse();
     for (id, child) in members {
         let (code, err) = finished(child, Duration::from_secs(60)).await;
         assert_eq!(code, 0, "{id} exited {code}: {err}");
-        assert!(
-            dir.path().join(format!("done-{id}")).exists(),
-            "{id}'s command did not run to its end: {err}"
-        );
+        for (other, _) in work {
+            assert!(
+                dir.path().join(format!("done-{other}")).exists(),
+                "{id} left before {other}'s command ended: {err}"
+            );
+        }
         assert!(!err.contains("terminated"), "{id}: {err}");
         logs.push((id, err));
     }
@@ -167,6 +173,17 @@ async fn an_opened_barriers_sidecar_stays_ready_through_an_outage_and_leaves_aft
     })
     .await
     .unwrap();
+    // Back on their sessions before they are asked to leave: the keeper's
+    // own resume, not the leave's.
+    eventually(Duration::from_secs(30), "both sidecars resumed", || async {
+        let cons = support::zookeeper::four_letter(server.port, "cons").unwrap_or_default();
+        let sessions = cons
+            .lines()
+            .filter(|l| l.contains("sid=0x") && !l.contains("sid=0xffffffffffffffff"))
+            .count();
+        (sessions >= 2).then_some(())
+    })
+    .await;
     for (id, child) in &mut sidecars {
         assert!(
             child.try_wait().unwrap().is_none(),

@@ -861,18 +861,51 @@ async fn with_the_webhook_down_unlabelled_pods_pass_and_labelled_ones_wait() {
 }
 
 /// Issue 43, item 3: admission needs no ZooKeeper (it writes nothing
-/// there). With no ZooKeeper to reach, a replica serving the webhook says
-/// it is ready (so its pod stays in the webhook Service's endpoints: with
-/// `failurePolicy: Fail`, no ready replica means no labelled pod created
-/// anywhere), its body says ZooKeeper is away, and a labelled pod is
-/// admitted, injected, to wait at its barrier until ZooKeeper is back.
+/// there). Once ZooKeeper goes away, a replica serving the webhook still
+/// says it is ready (so its pod stays in the webhook Service's endpoints:
+/// with `failurePolicy: Fail`, no ready replica means no labelled pod
+/// created anywhere), its body says ZooKeeper is away, and a labelled pod
+/// is admitted, injected, to wait at its barrier until ZooKeeper is back.
+/// A replica that never reached ZooKeeper is not ready (a misconfigured
+/// one must not replace working ones in a rolling update).
 #[tokio::test]
 async fn with_zookeeper_down_the_webhook_is_ready_and_admits_labelled_pods() {
     let h = Hooked::new().await;
     h.barrier("gang", 2).await;
     // Nothing listens there.
-    let zk = format!("127.0.0.1:{}/nowhere", free_port());
+    let nowhere = format!("127.0.0.1:{}/nowhere", free_port());
+    let misconfigured = h.controller(&nowhere).await;
+    // Its webhook serves (the call above waited for it): only never having
+    // reached ZooKeeper keeps it unready.
+    eventually(WITHIN, "unready, saying why", || async {
+        let (code, body) = support::http_get(misconfigured.metrics_port, "/readyz").await?;
+        (code == 503 && body.contains("ZooKeeper")).then_some(())
+    })
+    .await;
+    drop(misconfigured);
+    let mut server = tokio::task::spawn_blocking(support::ZkServer::standalone)
+        .await
+        .unwrap();
+    let zk = format!("{}/admission", server.address());
     let controller = h.controller(&zk).await;
+    eventually(WITHIN, "ready with ZooKeeper", || async {
+        (controller.status_of("/readyz").await == Some(200)
+            && controller
+                .metric("zkgate_zookeeper_session_connected")
+                .await
+                == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    server.kill();
+    eventually(WITHIN, "ZooKeeper seen gone", || async {
+        (controller
+            .metric("zkgate_zookeeper_session_connected")
+            .await
+            == Some(0.0))
+        .then_some(())
+    })
+    .await;
     eventually(WITHIN, "ready without ZooKeeper", || async {
         (controller.status_of("/readyz").await == Some(200)).then_some(())
     })

@@ -302,7 +302,7 @@ impl<'a> BarrierCommand<'a> {
         // The pod's commands run from here on, and need nothing of
         // ZooKeeper: an outage, however long, neither stops this sidecar
         // nor takes its readiness (see `run`).
-        let mut kept = KeptRegistration::new(session, entered.node, self.our_data());
+        let mut kept = KeptRegistration::new(session, entered.node);
         if let Err(e) = readiness.set_ready() {
             close(kept.into_session()).await;
             return Err(e);
@@ -322,11 +322,6 @@ impl<'a> BarrierCommand<'a> {
         };
         close(kept.into_session()).await;
         outcome
-    }
-
-    /// What our registration holds (as [`DoubleBarrier::enter`] wrote it).
-    fn our_data(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.participant.identity()).unwrap_or_default()
     }
 
     /// Leaves on a kept registration: waits for ZooKeeper when it is away,
@@ -607,7 +602,7 @@ impl<'a> BarrierCommand<'a> {
         // From here on the command needs nothing of ZooKeeper: an outage,
         // however long, neither stops nor fails it. Only a registration
         // known to be gone (deleted by someone else) does.
-        let mut kept = KeptRegistration::new(session, entered.node, self.our_data());
+        let mut kept = KeptRegistration::new(session, entered.node);
         let ended = match child::spawn(command, &[], grace) {
             Ok(child) => child::supervise(child, &mut stop, kept.keep(), grace).await,
             Err(e) => Err(e),

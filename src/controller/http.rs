@@ -24,19 +24,25 @@ pub struct Health {
     /// that cannot answer admission must not receive it).
     pub webhook: Mutex<Option<String>>,
     /// Whether this replica serves admission: then its readiness is the
-    /// webhook's alone (see [`Health::readiness`]).
+    /// webhook's, once ZooKeeper was reached (see [`Health::readiness`]).
     pub serves_admission: bool,
+    /// Whether this replica has had a ZooKeeper session since it started.
+    pub zookeeper_reached: AtomicBool,
 }
 
 impl Health {
     /// What `/readyz` answers, `Ok` with what to say. A replica that
     /// serves admission is ready while its webhook serves, whatever
-    /// ZooKeeper does: admission writes nothing there, and its readiness
-    /// decides whether the webhook's Service has an endpoint, so tying it
-    /// to ZooKeeper would refuse every labelled pod in the cluster while
-    /// ZooKeeper is down (the pods admitted meanwhile wait at their
-    /// barrier). Without the webhook: ready while the ZooKeeper session is
-    /// connected and no failed leadership term is waiting to be retried.
+    /// ZooKeeper does now: admission writes nothing there, and its
+    /// readiness decides whether the webhook's Service has an endpoint, so
+    /// tying it to ZooKeeper would refuse every labelled pod in the cluster
+    /// while ZooKeeper is down (the pods admitted meanwhile wait at their
+    /// barrier). But only once it has reached ZooKeeper since it started:
+    /// a replica that never has may be misconfigured (a wrong connect
+    /// string, credential or certificate), and a rolling update must not
+    /// replace working replicas with it. Without the webhook: ready while
+    /// the ZooKeeper session is connected and no failed leadership term is
+    /// waiting to be retried.
     pub fn readiness(&self) -> Result<String, String> {
         if let Some(cause) = self
             .webhook
@@ -47,7 +53,7 @@ impl Health {
             return Err(cause);
         }
         let zookeeper = self.zookeeper();
-        if self.serves_admission {
+        if self.serves_admission && self.zookeeper_reached.load(Ordering::SeqCst) {
             return Ok(match zookeeper {
                 Ok(()) => "ready".to_owned(),
                 Err(cause) => {

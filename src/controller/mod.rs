@@ -130,6 +130,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                 .map(|_| "the admission webhook does not serve yet".to_owned()),
         ),
         serves_admission: options.webhook.is_some(),
+        zookeeper_reached: Default::default(),
     });
     let listener_addr = options.metrics_addr;
     // Bind before anything else, so a bad address fails at start.
@@ -195,6 +196,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                 health
                     .ready
                     .store(session.state() == SessionState::Connected, Ordering::SeqCst);
+                health.zookeeper_reached.store(true, Ordering::SeqCst);
                 metrics.set_session_connected(true);
                 sessions.send_replace(Some(session.clone()));
                 // A refused root keeps the last term's failure in /readyz.

@@ -25,22 +25,29 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// long as its work runs.
 ///
 /// Guarantees:
-/// - A lost connection, however long, never ends the keeping: the client
-///   reconnects, and when it has given the session up (it does so after
-///   1.4 session timeouts without a server), the keeper resumes it
-///   ([`Session::resume`]) as soon as a server answers, since only the
+/// - A lost connection, however long, never ends the keeping by itself:
+///   the client reconnects, and when it has given the session up (it does
+///   so after 1.4 session timeouts without a server), the keeper resumes
+///   it ([`Session::resume`]) as soon as a server answers, since only the
 ///   server knows whether it expired. A server restarted on its data, or a
 ///   quorum formed again, gives every session a full timeout from then on,
 ///   so a keeper that resumes at once finds its session and its node as
 ///   they were: the peers never saw it go.
 /// - When the server says the session expired (ours was cut off while the
-///   servers ran on), the registration went with it; it is made again on a
-///   new session, with the same data, unless the barrier itself is gone.
-///   Until then a peer's `leave` may have counted us as left: logged.
+///   servers ran on), the registration went with it, and the peers may
+///   have counted us as gone: that is a loss, known from then on
+///   ([`LossReason::SessionExpired`]); the registration is not made again
+///   (a node made again could count in a barrier's next use).
 /// - [`KeptRegistration::keep`] returns only when the registration is
 ///   known to be gone: its node deleted by someone else while we were
-///   connected (the Barrier deleted, say), or the session closed or its
-///   credentials refused.
+///   connected (the Barrier deleted, say), the server saying our session
+///   expired, or the session closed or its credentials refused.
+///
+/// What it cannot promise: while we are cut off and the servers run on,
+/// they expire our session after one timeout, and until we reach one of
+/// them again our work goes on though a peer's `leave` has counted us as
+/// left. (A barrier in rounds does not use a keeper for that reason: a
+/// replacement could start the next round beside us.)
 ///
 /// The session to use for anything else (leaving, say) is
 /// [`KeptRegistration::session`]: it may be a new one after `keep`.
@@ -48,18 +55,12 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub struct KeptRegistration {
     session: Session,
     node: String,
-    data: Vec<u8>,
 }
 
 impl KeptRegistration {
-    /// Keeps `node`, an ephemeral node of `session` whose data is `data`
-    /// (what it is made again with after an expiry).
-    pub fn new(session: Session, node: String, data: Vec<u8>) -> Self {
-        KeptRegistration {
-            session,
-            node,
-            data,
-        }
+    /// Keeps `node`, an ephemeral node of `session`.
+    pub fn new(session: Session, node: String) -> Self {
+        KeptRegistration { session, node }
     }
 
     /// The session the registration is on now.
@@ -199,12 +200,12 @@ impl KeptRegistration {
                     return Ok(());
                 }
                 Err(ZkError::SessionExpired) if registered => {
-                    warn!(node = %self.node, waited = ?since.elapsed(), "our ZooKeeper session expired while we were cut off, our registration with it: peers leaving meanwhile counted us as left; registering again");
-                    return self.register_again(since, true).await;
+                    warn!(node = %self.node, waited = ?since.elapsed(), "our ZooKeeper session expired while we were cut off, our registration with it: the peers may have counted us as gone");
+                    return Err(LossReason::SessionExpired);
                 }
                 Err(ZkError::SessionExpired) => {
                     info!(node = %self.node, waited = ?since.elapsed(), "our ZooKeeper session expired while we were cut off (we were leaving): going on with a new one");
-                    return self.register_again(since, false).await;
+                    return self.register_again(since).await;
                 }
                 Err(ZkError::AuthFailed) => return Err(LossReason::AuthFailed),
                 Err(e) => {
@@ -219,25 +220,21 @@ impl KeptRegistration {
         }
     }
 
-    /// Makes a new session (the old one expired), with `registered` our
-    /// registration again on it.
-    async fn register_again(
-        &mut self,
-        since: Instant,
-        registered: bool,
-    ) -> std::result::Result<(), LossReason> {
+    /// Makes a new session (the old one expired while we were leaving), to
+    /// go on leaving with: our registration is not made again.
+    async fn register_again(&mut self, since: Instant) -> std::result::Result<(), LossReason> {
         let mut last_said = Instant::now();
         loop {
-            match self.fresh_registration(registered).await {
+            match self.fresh_session().await {
                 Ok(session) => {
                     self.session = session;
-                    info!(node = %self.node, after = ?since.elapsed(), "registered again on a new session");
+                    info!(node = %self.node, after = ?since.elapsed(), "a new session, to go on leaving");
                     return Ok(());
                 }
                 Err(Gone(reason)) => return Err(reason),
                 Err(Retry(e)) => {
                     if last_said.elapsed() >= PROGRESS_EVERY {
-                        warn!(node = %self.node, waited = ?since.elapsed(), error = %e, "could not register again yet: the work goes on");
+                        warn!(node = %self.node, waited = ?since.elapsed(), error = %e, "could not make a new session yet");
                         last_said = Instant::now();
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -246,48 +243,15 @@ impl KeptRegistration {
         }
     }
 
-    async fn fresh_registration(&self, registered: bool) -> std::result::Result<Session, Again> {
-        let session = self.session.reconnect().await.map_err(|e| match e {
+    async fn fresh_session(&self) -> std::result::Result<Session, Again> {
+        self.session.reconnect().await.map_err(|e| match e {
             ZkError::AuthFailed => Gone(LossReason::AuthFailed),
             e => Retry(e),
-        })?;
-        if !registered {
-            return Ok(session);
-        }
-        let create = zk::CreateMode::Ephemeral.with_acls(session.node_acls());
-        match session
-            .client()
-            .create(&self.node, &self.data, &create)
-            .await
-        {
-            Ok(_) => Ok(session),
-            // The barrier's node is gone (the Barrier deleted), or someone
-            // else registered under our id since: not ours to keep.
-            Err(zk::Error::NoNode) => {
-                warn!(node = %self.node, "the barrier is gone: our registration cannot be made again");
-                close_quietly(session).await;
-                Err(Gone(LossReason::Revoked))
-            }
-            Err(zk::Error::NodeExists) => {
-                warn!(node = %self.node, "someone else registered under our id while we were away");
-                close_quietly(session).await;
-                Err(Gone(LossReason::Revoked))
-            }
-            Err(e) if is_connection_loss(&e) => {
-                // The create may have been applied: it went with this
-                // session, which is dropped (a close would remove it too).
-                close_quietly(session).await;
-                Err(Retry(ZkError::from_client("create", &self.node, e)))
-            }
-            Err(e) => {
-                close_quietly(session).await;
-                Err(Retry(ZkError::from_client("create", &self.node, e)))
-            }
-        }
+        })
     }
 }
 
-/// Why making the registration again did not work.
+/// Why making a new session did not work.
 enum Again {
     /// Known gone: stop keeping it.
     Gone(LossReason),
@@ -295,12 +259,6 @@ enum Again {
     Retry(ZkError),
 }
 use Again::{Gone, Retry};
-
-async fn close_quietly(session: Session) {
-    if let Err(e) = session.close().await {
-        debug!(error = %e, "closing a session we do not keep");
-    }
-}
 
 /// Runs `work` (something that needs ZooKeeper, such as leaving the
 /// barrier) on the kept registration's session, as often as it takes: a

@@ -261,6 +261,7 @@ impl Session {
         let mut connector = zk::Client::connector()
             .with_session_timeout(options.session_timeout)
             .with_fail_eagerly();
+        let resuming = session.is_some();
         if let Some(session) = session {
             connector = connector.with_session(session);
         }
@@ -306,6 +307,17 @@ impl Session {
         };
         let client = match options.connect.chroot() {
             None => client,
+            // A resumed session's chroot was there when it was made; and a
+            // request failing here would drop the client, whose close ends
+            // the very session we came back for.
+            Some(chroot) if resuming => {
+                client
+                    .chroot(chroot.to_owned())
+                    .map_err(|_| ZkError::InvalidPath {
+                        path: chroot.to_owned(),
+                        reason: "not a valid chroot",
+                    })?
+            }
             Some(chroot) => {
                 let there = match client.check_stat(chroot).await {
                     Ok(stat) => stat.is_some(),
