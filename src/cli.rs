@@ -231,6 +231,13 @@ pub struct WebhookArgs {
     /// says so instead.
     #[arg(long, env = "ZKGATE_IN_PLACE_RESTART", value_enum, default_value_t = ServerFeature::Auto)]
     pub in_place_restart: ServerFeature,
+    /// The ZooKeeper session timeout of the participants the webhook
+    /// injects (2s to 120s), unless a pod's annotation
+    /// `zkgate.io/session-timeout` says [default: theirs, 10s]. Longer
+    /// rides out longer pauses of a node; a dead holder then blocks the
+    /// others that much longer.
+    #[arg(long, env = "ZKGATE_PARTICIPANT_SESSION_TIMEOUT", value_parser = crate::controller::webhook::inject::session_timeout)]
+    pub participant_session_timeout: Option<Duration>,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -339,6 +346,7 @@ impl ControllerArgs {
                 handout: None,
                 native_sidecars: false,
                 in_place_restart: false,
+                session_timeout: w.participant_session_timeout,
             },
             handout,
             service: w.webhook_service.clone(),

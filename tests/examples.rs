@@ -351,6 +351,7 @@ fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
         }),
         native_sidecars: true,
         in_place_restart: true,
+        session_timeout: None,
     };
     let injected = inject(&pod, &injection)
         .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))

@@ -152,6 +152,14 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
             "certKey",
         ),
         ("controller.extraArgs[0]=watch-namespace", "extraArgs"),
+        (
+            "webhook.participantSessionTimeout=soon",
+            "participantSessionTimeout",
+        ),
+        (
+            "webhook.participantSessionTimeout=0s",
+            "participantSessionTimeout",
+        ),
     ] {
         let (ok, text) = lint(set);
         assert!(!ok && text.contains(names), "{set} refused: {text}");
@@ -159,6 +167,7 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
     for set in [
         "global.imageRegistry=registry.test",
         "zookeeper.sessionTimeout=1m30s",
+        "webhook.participantSessionTimeout=30s",
         "zookeeper.tls.existingSecret=zk-tls,zookeeper.tls.certKey=tls.crt,zookeeper.tls.keyKey=tls.key",
     ] {
         let (ok, text) = lint(set);
@@ -173,6 +182,37 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
             .expect("a Deployment");
         serde_yaml_ng::from_str(doc).unwrap()
     };
+    let env_of = |d: &k8s_openapi::api::apps::v1::Deployment, name: &str| {
+        d.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    // Participants' session timeout: theirs unless given, then passed on.
+    assert_eq!(
+        env_of(
+            &deployment("replicaCount=1"),
+            "ZKGATE_PARTICIPANT_SESSION_TIMEOUT"
+        ),
+        None
+    );
+    assert_eq!(
+        env_of(
+            &deployment("webhook.participantSessionTimeout=30s"),
+            "ZKGATE_PARTICIPANT_SESSION_TIMEOUT"
+        )
+        .as_deref(),
+        Some("30s")
+    );
     let default = deployment("replicaCount=1");
     assert_eq!(
         default.metadata.name.as_deref(),

@@ -88,6 +88,29 @@ pub const POD_DIR: &str = "/var/run/zkgate-pod";
 const RESTART_ALL: &str = "RestartAllContainers";
 /// How long the injected containers wait (e.g. `15m`) [default: no limit].
 pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
+/// The annotation that sets a pod's participants' ZooKeeper session
+/// timeout (the controller's `--participant-session-timeout` otherwise).
+pub const SESSION_TIMEOUT_ANNOTATION: &str = "zkgate.io/session-timeout";
+/// The session timeouts a participant may ask for. Below, a busy node's
+/// pause drops holds; above, a dead holder blocks the others for minutes.
+/// (The servers clamp it further, to their min/maxSessionTimeout: by
+/// default 2 and 20 ticks, 4 s to 40 s.)
+pub const SESSION_TIMEOUTS: std::ops::RangeInclusive<std::time::Duration> =
+    std::time::Duration::from_secs(2)..=std::time::Duration::from_secs(120);
+
+/// Checks a participant session timeout (the annotation's, the
+/// controller flag's): a duration within [`SESSION_TIMEOUTS`].
+pub fn session_timeout(value: &str) -> Result<std::time::Duration, String> {
+    let t = parse_duration(value).map_err(|e| e.to_string())?;
+    if !SESSION_TIMEOUTS.contains(&t) {
+        return Err(format!(
+            "must be from {} to {}",
+            humantime::format_duration(*SESSION_TIMEOUTS.start()),
+            humantime::format_duration(*SESSION_TIMEOUTS.end())
+        ));
+    }
+    Ok(t)
+}
 /// The injected container that waits for the Barrier.
 pub const BARRIER_CONTAINER: &str = "zkgate-barrier";
 /// The injected container that takes the lock.
@@ -125,6 +148,9 @@ pub struct Injection {
     /// Whether the cluster restarts a pod's containers in place on a
     /// container's exit (1.36 and later): the sidecar form in rounds.
     pub in_place_restart: bool,
+    /// The participants' ZooKeeper session timeout, unless a pod's
+    /// annotation says; `None`: the participant's default (10 s).
+    pub session_timeout: Option<std::time::Duration>,
 }
 
 /// Where the credential handout is and how to check it.
@@ -208,6 +234,14 @@ pub enum Refusal {
         "annotation {TIMEOUT_ANNOTATION}={value:?} is not a duration (e.g. 90s, 15m): {reason}"
     )]
     InvalidTimeout {
+        /// The annotation's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `zkgate.io/session-timeout` is not a duration in range.
+    #[error("annotation {SESSION_TIMEOUT_ANNOTATION}={value:?}: {reason}")]
+    InvalidSessionTimeout {
         /// The annotation's value.
         value: String,
         /// What is wrong with it.
@@ -340,6 +374,9 @@ pub struct Wanted {
     pub lock: Option<(String, Option<String>)>,
     /// How long to wait, as given.
     pub timeout: Option<String>,
+    /// The participants' session timeout: the pod's annotation, or the
+    /// controller's default.
+    pub session_timeout: Option<std::time::Duration>,
     /// The run the pod belongs to: the uid of the Job that controls it.
     pub run: Option<String>,
     /// The wrap form: the container to wrap, when not the first.
@@ -400,6 +437,15 @@ pub fn wanted(pod: &Pod, injection: &Injection) -> Result<Wanted, Refusal> {
             reason: reason.to_string(),
         })?;
     }
+    let session_timeout = match annotations.get(SESSION_TIMEOUT_ANNOTATION) {
+        Some(t) => Some(
+            session_timeout(t).map_err(|reason| Refusal::InvalidSessionTimeout {
+                value: t.clone(),
+                reason,
+            })?,
+        ),
+        None => injection.session_timeout,
+    };
     let barrier = name(BARRIER_LABEL)?;
     // In rounds (either form) a lock taken once would be held through a
     // restart while the pod waits for its gang again.
@@ -410,6 +456,7 @@ pub fn wanted(pod: &Pod, injection: &Injection) -> Result<Wanted, Refusal> {
         barrier: barrier.map(|b| (b, form)),
         lock: lock.map(|l| (l, mode)),
         timeout,
+        session_timeout,
         run: crate::controller::runs::run_of_pod(pod),
         wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
         rounds: restarts,
@@ -551,7 +598,7 @@ fn add_containers(
     }
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
     if let Some((barrier, form @ (Form::Init | Form::Sidecar))) = &wanted.barrier {
-        let mut c = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
+        let mut c = container(injection, BARRIER_CONTAINER, Some(wanted));
         if *form == Form::Sidecar {
             // In rounds, in the pod's record, which a new life of its
             // containers clears before any probe can read it: one left in
@@ -605,7 +652,7 @@ fn add_containers(
         inits.push(c);
     }
     if let Some((lock, mode)) = &wanted.lock {
-        let mut c = container(injection, LOCK_CONTAINER, wanted.timeout.as_deref());
+        let mut c = container(injection, LOCK_CONTAINER, Some(wanted));
         let mut a = vec!["lock", "acquire", lock.as_str()];
         if let Some(mode) = mode {
             a.push(if mode == "read" { "--read" } else { "--write" });
@@ -707,7 +754,7 @@ fn wrap(
     wrapped.extend(target.args.take().unwrap_or_default());
     target.command = Some(wrapped);
     // What the injected containers are given, for this one's zkgate.
-    let participant = container(injection, BARRIER_CONTAINER, wanted.timeout.as_deref());
+    let participant = container(injection, BARRIER_CONTAINER, Some(wanted));
     let env = target.env.get_or_insert_with(Vec::new);
     env.retain(|e| !e.name.starts_with("ZKGATE_"));
     env.extend(participant.env.unwrap_or_default());
@@ -926,7 +973,7 @@ fn args(a: &[&str]) -> Vec<String> {
 
 /// One injected container, with the environment every participant command
 /// reads, small requests and the restricted security context.
-fn container(injection: &Injection, name: &str, timeout: Option<&str>) -> Container {
+fn container(injection: &Injection, name: &str, wanted: Option<&Wanted>) -> Container {
     let value = |name: &str, value: &str| EnvVar {
         name: name.to_owned(),
         value: Some(value.to_owned()),
@@ -953,8 +1000,14 @@ fn container(injection: &Injection, name: &str, timeout: Option<&str>) -> Contai
     if injection.root != DEFAULT_ROOT {
         env.push(value("ZKGATE_ROOT", &injection.root));
     }
-    if let Some(t) = timeout {
+    if let Some(t) = wanted.and_then(|w| w.timeout.as_deref()) {
         env.push(value("ZKGATE_TIMEOUT", t));
+    }
+    if let Some(t) = wanted.and_then(|w| w.session_timeout) {
+        env.push(value(
+            "ZKGATE_SESSION_TIMEOUT",
+            &format!("{}ms", t.as_millis()),
+        ));
     }
     let mounts = vec![VolumeMount {
         name: RUN_VOLUME.to_owned(),
@@ -1016,6 +1069,7 @@ mod tests {
             }),
             native_sidecars: true,
             in_place_restart: true,
+            session_timeout: None,
         }
     }
 
@@ -1132,6 +1186,53 @@ mod tests {
             env(&inits[1], "ZKGATE_TIMEOUT").and_then(|e| e.value),
             Some("15m".into())
         );
+    }
+
+    #[test]
+    fn a_pods_session_timeout_is_its_annotations_or_the_controllers_and_bounded() {
+        let session = |out: &Pod, container: usize| {
+            let spec = out.spec.as_ref().unwrap();
+            let c = &spec.init_containers.as_ref().unwrap()[container];
+            env(c, "ZKGATE_SESSION_TIMEOUT").and_then(|e| e.value)
+        };
+        let labels = serde_json::json!({ "zkgate.io/barrier": "train", "zkgate.io/lock": "db" });
+        let plain = pod(labels.clone(), serde_json::json!({}));
+        let out = inject(&plain, &injection()).unwrap().unwrap();
+        assert_eq!(session(&out, 0), None, "the participants' own default");
+        let by_default = Injection {
+            session_timeout: Some(std::time::Duration::from_secs(20)),
+            ..injection()
+        };
+        let out = inject(&plain, &by_default).unwrap().unwrap();
+        assert_eq!(session(&out, 0).as_deref(), Some("20000ms"));
+        assert_eq!(
+            session(&out, 1).as_deref(),
+            Some("20000ms"),
+            "the lock's too"
+        );
+        let asked = pod(
+            labels.clone(),
+            serde_json::json!({ "zkgate.io/session-timeout": "30s" }),
+        );
+        let out = inject(&asked, &by_default).unwrap().unwrap();
+        assert_eq!(
+            session(&out, 0).as_deref(),
+            Some("30000ms"),
+            "the pod's own"
+        );
+        for bad in ["1s", "5m", "soon", "0s"] {
+            let p = pod(
+                labels.clone(),
+                serde_json::json!({ "zkgate.io/session-timeout": bad }),
+            );
+            let refused = inject(&p, &injection()).unwrap_err();
+            assert!(
+                matches!(refused, Refusal::InvalidSessionTimeout { .. }),
+                "{bad}: {refused:?}"
+            );
+            assert!(refused.to_string().contains(SESSION_TIMEOUT_ANNOTATION));
+        }
+        assert!(session_timeout("2s").is_ok() && session_timeout("120s").is_ok());
     }
 
     #[test]
