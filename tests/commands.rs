@@ -303,6 +303,72 @@ async fn lock_runs_never_overlap_and_see_increasing_tokens() {
     assert!(children(&observer, &format!("{LOCKS}/db")).await.is_empty());
 }
 
+/// Issue 44: a lock made Exclusive (`lock run --create`, no `--read`) is
+/// one holder at a time for every later contender: a `--read` (or
+/// `--write`) contender is refused (exit 2, saying why) instead of holding
+/// beside another reader. Failed before the fix: two `--read` holders ran
+/// at once on the Exclusive lock.
+#[tokio::test]
+async fn a_read_hold_on_an_exclusive_lock_is_refused() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let inside = dir.path().join("inside");
+    // The lock made Exclusive by its first user, who holds it a while.
+    let mut maker = zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "maker",
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {}; sleep 1", inside.display()),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(10), "the maker holds", || async {
+        inside.exists().then_some(())
+    })
+    .await;
+    for side in ["--read", "--write"] {
+        let (code, err) = output(zkgate(
+            &connect,
+            &[
+                "lock",
+                "run",
+                "db",
+                side,
+                "--id",
+                "reader",
+                "--timeout",
+                "20s",
+                "--",
+                "true",
+            ],
+        ))
+        .await;
+        assert_eq!(code, 2, "{side}: {err}");
+        assert!(err.contains("Exclusive"), "{side}: {err}");
+    }
+    assert!(exited(&mut maker, Duration::from_secs(30)).await.success());
+    let observer = session(&connect).await;
+    assert!(children(&observer, &format!("{LOCKS}/db")).await.is_empty());
+    // A lock made for readers takes readers.
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "lock", "run", "rw", "--create", "--read", "--id", "r1", "--", "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code, 0, "{err}");
+}
+
 #[tokio::test]
 async fn a_stopped_holder_loses_the_lock_its_command_is_terminated_and_it_exits_6() {
     let connect = isolated_connect();

@@ -893,11 +893,12 @@ fn write_worker(dir: &std::path::Path) -> std::path::PathBuf {
     worker
 }
 
-/// The next holder's command: which of `pids` still run (not zombies) at
-/// the moment it starts, into `report`.
+/// The next holder's command: which of `pids` still run at the moment it
+/// starts, into `report`. A process runs while any of its threads is not a
+/// zombie (its main thread may have exited before the others).
 fn survivors_script(dir: &std::path::Path) -> String {
     format!(
-        "for p in $(cat {pids}); do if [ -r /proc/$p/status ] && ! grep -q '^State:.*Z' /proc/$p/status; then echo $p; fi; done > {report}.tmp; mv {report}.tmp {report}",
+        "for p in $(cat {pids}); do for t in /proc/$p/task/*/status; do if [ -r $t ] && ! grep -q '^State:.*Z' $t; then echo $p; break; fi; done; done > {report}.tmp; mv {report}.tmp {report}",
         pids = dir.join("pids").display(),
         report = dir.join("report").display()
     )
@@ -995,6 +996,96 @@ async fn nothing_of_a_commands_process_tree_outlives_its_hold() {
             .status();
     }
 }
+
+/// Issue 44: a worker whose main thread has exited (`pthread_exit` from
+/// `main`, here through Python's ctypes) while another of its threads runs
+/// shows `Z` in `/proc/PID/stat`. It still runs, and must be stopped with
+/// the rest of the command's tree before the lock is released. Failed
+/// before the fix: taken for an exited process, it was never signalled,
+/// and ran on beside the next holder's command.
+#[tokio::test]
+async fn a_worker_whose_main_thread_exited_does_not_outlive_the_hold() {
+    let (direct, _, _proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker.py");
+    std::fs::write(&worker, THREAD_ONLY_WORKER).unwrap();
+    let gone = dir.path().join("main-thread-gone");
+    // The command leaves the worker behind once its main thread is gone.
+    let script = format!(
+        "python3 {w} {pids} {gone} >/dev/null 2>&1 & while [ ! -e {gone} ]; do sleep 0.01; done; exit 0",
+        w = worker.display(),
+        pids = dir.path().join("pids").display(),
+        gone = gone.display(),
+    );
+    let observer = session(&direct).await;
+    let holder = piped(support::zkgate(
+        &direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--id",
+            "holder",
+            "--timeout",
+            "30s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    eventually(Duration::from_secs(10), "the holder holds", || async {
+        (children(&observer, &format!("{LOCKS}/db")).await.len() == 1).then_some(())
+    })
+    .await;
+    let next = next_holder_queued(&direct, dir.path(), &observer).await;
+    let (code, err) = support::finished(holder, Duration::from_secs(30)).await;
+    let started = std::fs::read_to_string(dir.path().join("pids")).unwrap_or_default();
+    let kill_workers = || {
+        for pid in started.lines() {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", pid])
+                .status();
+        }
+    };
+    if code != 0 {
+        kill_workers();
+    }
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = support::finished(next, Duration::from_secs(30)).await;
+    kill_workers();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(started.lines().count(), 1, "{started}");
+    let survivors = std::fs::read_to_string(dir.path().join("report")).unwrap();
+    assert!(
+        survivors.trim().is_empty(),
+        "the worker {} whose main thread had exited still ran when the next holder's command started",
+        survivors.trim()
+    );
+}
+
+/// A Python worker that ignores SIGTERM and writes its pid; a thread of it
+/// touches `gone` once the main thread has ended and runs on; the main
+/// thread ends with `pthread_exit` (ctypes releases the GIL for the call).
+const THREAD_ONLY_WORKER: &str = r#"
+import ctypes, os, signal, sys, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pids, gone = sys.argv[1:3]
+with open(pids, "a") as f:
+    f.write("%d\n" % os.getpid())
+def run_on():
+    while True:
+        with open("/proc/self/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "Z" and not os.path.exists(gone):
+            open(gone, "w").close()
+        time.sleep(0.02)
+threading.Thread(target=run_on).start()
+ctypes.CDLL(None).pthread_exit(None)
+"#;
 
 /// Issue 24, item 2, the limit left in session 9: `lock run` SIGKILLed
 /// (an OOM kill; it is not PID 1 here, so the kernel does not take its

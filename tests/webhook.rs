@@ -150,10 +150,10 @@ impl Hooked {
     }
 
     /// Creates the LockLease `name`.
-    async fn locklease(&self, name: &str) {
+    async fn locklease(&self, name: &str, spec: serde_json::Value) {
         let lease: zkgate::api::LockLease = serde_json::from_value(json!({
             "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease",
-            "metadata": { "name": name }, "spec": {}
+            "metadata": { "name": name }, "spec": spec
         }))
         .unwrap();
         Api::<zkgate::api::LockLease>::namespaced(self.client.clone(), &self.ns)
@@ -369,8 +369,25 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
     assert_eq!(inits.len(), 1);
     assert_eq!(inits[0].name, "barrier");
 
+    // A side of an Exclusive LockLease is refused, saying why (issue 44:
+    // two readers of an Exclusive lock held it at once).
+    h.locklease("exclusive", json!({})).await;
+    let refused = h
+        .create_pod(pod_of(
+            "reader",
+            json!({ "zkgate.io/lock": "exclusive", "zkgate.io/lock-mode": "read" }),
+        ))
+        .await
+        .expect_err("a reader of an Exclusive LockLease is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("sides are for ReadWrite LockLeases"),
+        "{refused}"
+    );
+
     // A lock by label: its init container, the token visible to the worker.
-    h.locklease("db").await;
+    h.locklease("db", json!({ "mode": "ReadWrite" })).await;
     let locked = h
         .create_pod(pod_of(
             "migrate",

@@ -11,20 +11,19 @@
 //! [`supervise`] returns, and so before a lock is released or a barrier
 //! left. A SIGKILL of zkgate cannot be caught, so the command runs under
 //! a guardian ([`super::guardian`]) that zkgate's death wakes and that
-//! then kills the command's whole tree.
+//! then kills the command's whole tree. Both stand on [`super::procs`],
+//! the process tree below us.
 
 use std::future::Future;
-use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::exit::{AgentError, Exit};
+use super::procs::{exit_code, stop_tree, tree, Stopping, TREE_POLL};
 use super::Termination;
 
 /// Checks that `command[0]` can be started, before anything is registered.
@@ -68,13 +67,6 @@ pub fn spawn(
             format!("could not start {:?}: {e}", command[0]),
         )
     })
-}
-
-/// The exit code a shell would report: the status, or 128 + the signal.
-pub fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// How the command ended.
@@ -159,167 +151,6 @@ async fn terminate(child: &mut Child, guardian: Option<Pid>, kill_at: Instant) -
                 return status.map(exit_code).unwrap_or(137);
             }
             () = tokio::time::sleep(TREE_POLL) => {}
-        }
-    }
-}
-
-/// How often the stopping tree is looked at.
-const TREE_POLL: Duration = Duration::from_millis(10);
-
-/// Stopping the processes below us: each gets SIGTERM once, when it is
-/// first seen; from the kill deadline on, all get SIGKILL, at every look.
-struct Stopping {
-    /// Spared SIGTERM (the guardian, which would pass it on again), not
-    /// SIGKILL.
-    spared: Option<Pid>,
-    termed: std::collections::HashSet<Pid>,
-    kill_at: Instant,
-    killing: bool,
-}
-
-impl Stopping {
-    fn new(spared: Option<Pid>, kill_at: Instant) -> Stopping {
-        Stopping {
-            spared,
-            termed: Default::default(),
-            kill_at,
-            killing: Instant::now() >= kill_at,
-        }
-    }
-
-    /// One look: signals what is there; whether anything is left.
-    fn step(&mut self) -> bool {
-        if !self.killing && Instant::now() >= self.kill_at {
-            warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
-            self.killing = true;
-        }
-        let left = tree::descendants(Pid::this());
-        for &pid in &left {
-            if self.killing {
-                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-            } else if Some(pid) != self.spared
-                // A guardian's copy between its fork and the command's
-                // exec still has the guardian's handlers, which would take
-                // the SIGTERM meant for the command: it gets it once it
-                // is the command, at a later look.
-                && !tree::is_guardian(pid)
-                && self.termed.insert(pid)
-            {
-                let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
-            }
-        }
-        !left.is_empty()
-    }
-}
-
-/// SIGKILL, now, to every process below us, until none is left.
-pub(super) async fn kill_tree() {
-    let mut stopping = Stopping::new(None, Instant::now());
-    loop {
-        tree::reap_exited_children(Pid::this(), None);
-        if !stopping.step() {
-            return;
-        }
-        tokio::time::sleep(TREE_POLL).await;
-    }
-}
-
-/// Stops every process left of the command (every descendant of ours but
-/// `spared`: we are their subreaper): SIGTERM once each, SIGKILL (to
-/// `spared` too) from `kill_at` on (at once when it has passed), until
-/// none is left. Called once the command itself has been reaped (or will
-/// never be waited for), so nothing we reap here is a child tokio still
-/// waits for.
-pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
-    let me = Pid::this();
-    tree::reap_exited_children(me, None);
-    let left = tree::descendants(me);
-    if left.is_empty() {
-        return;
-    }
-    info!(
-        processes = left.len(),
-        "the command left processes behind; stopping them before going on"
-    );
-    let mut stopping = Stopping::new(spared, kill_at);
-    loop {
-        tree::reap_exited_children(me, None);
-        if !stopping.step() {
-            return;
-        }
-        tokio::time::sleep(TREE_POLL).await;
-    }
-}
-
-/// The process tree below a process, read from `/proc`.
-pub(super) mod tree {
-    use nix::sys::wait::{waitpid, WaitPidFlag};
-    use nix::unistd::Pid;
-
-    /// A process's parent and whether it has exited (a zombie), from
-    /// `/proc/PID/stat`: `pid (comm) state ppid ...`, where comm may hold
-    /// anything, parentheses and spaces included.
-    fn stat(pid: &str) -> Option<(i32, bool)> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &text[text.rfind(')')? + 1..];
-        let mut fields = rest.split_whitespace();
-        let state = fields.next()?;
-        let ppid = fields.next()?.parse().ok()?;
-        Some((ppid, state == "Z" || state == "X"))
-    }
-
-    /// Whether `pid` is a guardian (the name it gives itself), or a copy of
-    /// one that has not exec'd the command yet.
-    pub(in crate::agent) fn is_guardian(pid: Pid) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| comm.trim_end() == super::super::guardian::NAME)
-    }
-
-    /// Every live (not yet exited) descendant of `root`.
-    pub(in crate::agent) fn descendants(root: Pid) -> Vec<Pid> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let processes: Vec<(i32, i32, bool)> = entries
-            .filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                let pid: i32 = name.parse().ok()?;
-                let (ppid, exited) = stat(&name)?;
-                Some((pid, ppid, exited))
-            })
-            .collect();
-        let mut found = vec![root.as_raw()];
-        let mut live = Vec::new();
-        let mut at = 0;
-        while at < found.len() {
-            let parent = found[at];
-            for &(pid, ppid, exited) in &processes {
-                if ppid == parent && !found.contains(&pid) {
-                    found.push(pid);
-                    if !exited {
-                        live.push(Pid::from_raw(pid));
-                    }
-                }
-            }
-            at += 1;
-        }
-        live
-    }
-
-    /// Reaps our children (orphans of the command re-parented to us) that
-    /// have exited, so they do not linger as zombies; never `except` (the
-    /// command itself, which tokio reaps).
-    pub(in crate::agent) fn reap_exited_children(me: Pid, except: Option<Pid>) {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-            let Ok(pid) = name.parse::<i32>() else {
-                continue;
-            };
-            if Some(Pid::from_raw(pid)) != except && stat(&name) == Some((me.as_raw(), true)) {
-                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-            }
         }
     }
 }

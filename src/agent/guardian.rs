@@ -34,8 +34,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::child::{self, tree};
 use super::exit::{AgentError, Exit};
+use super::procs::{self, tree};
 use super::Termination;
 
 /// The signals zkgate passes on (see [`super::Termination::any`]).
@@ -53,9 +53,6 @@ fn passed_on() -> nix::sys::signal::SigSet {
     }
     set
 }
-
-/// The name the guardian gives itself (`/proc/PID/comm`).
-pub const NAME: &str = "zkgate-guard";
 
 /// The hidden subcommand that runs the guardian.
 pub const SUBCOMMAND: &str = "__guard";
@@ -109,7 +106,9 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     };
     // `ps` and `pgrep` show it for what it is (not `exe`), and zkgate
     // tells it (and its copies before the command's exec) by it.
-    let _ = nix::sys::prctl::set_name(c"zkgate-guard");
+    if let Ok(name) = std::ffi::CString::new(procs::GUARDIAN_NAME) {
+        let _ = nix::sys::prctl::set_name(&name);
+    }
     // Handlers first, then the check: a parent that dies after this point
     // is seen by one or the other.
     let mut orphaned =
@@ -153,7 +152,7 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
             biased;
             _ = orphaned.recv() => return Ok(kill_all().await),
             status = started.wait() => break match status {
-                Ok(status) => child::exit_code(status),
+                Ok(status) => procs::exit_code(status),
                 Err(e) => {
                     warn!(error = %e, "guardian: lost track of the command");
                     137
@@ -169,7 +168,7 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     };
     // What the command left gets its grace, unless zkgate dies meanwhile;
     // what is passed on still reaches the command's group.
-    let leftovers = child::stop_tree(None, Instant::now() + grace);
+    let leftovers = procs::stop_tree(None, Instant::now() + grace);
     tokio::pin!(leftovers);
     loop {
         tokio::select! {
@@ -188,7 +187,7 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
 /// zkgate died: SIGKILL to every process of the command, then a word (the
 /// guardian's log lines never block: see `main`).
 async fn kill_all() -> i32 {
-    child::kill_tree().await;
+    procs::kill_tree().await;
     warn!(
         "zkgate ended without stopping its command: killed the command and everything it started"
     );

@@ -91,14 +91,22 @@ impl<'a> LockCommand<'a> {
             .map(|d| d.mode))
     }
 
-    /// `--create --permits N`: makes the lock node a Semaphore of N permits
-    /// unless it exists.
-    async fn create_semaphore(&self, session: &Session, permits: u32) -> Result<(), ZkError> {
+    /// `--create`: makes the lock node unless it exists, with its mode in
+    /// its data, as a controller would: a Semaphore of `permits` (with its
+    /// count), else `ReadWrite` for `--read`/`--write` and `Exclusive`
+    /// otherwise. Later contenders read the mode there, so a reader cannot
+    /// share a lock made exclusive.
+    async fn create_lock(&self, session: &Session, permits: Option<u32>) -> Result<(), ZkError> {
         let client = session.client();
         let dir = zookeeper_client::CreateMode::Persistent.with_acls(session.node_acls());
+        let mode = match (permits, self.side) {
+            (Some(_), _) => LockMode::Semaphore,
+            (None, Side::Exclusive) => LockMode::Exclusive,
+            (None, Side::Read | Side::Write) => LockMode::ReadWrite,
+        };
         let data = serde_json::to_vec(&LockNodeData {
             uid: String::new(),
-            mode: LockMode::Semaphore,
+            mode,
         })
         .unwrap_or_default();
         if let Some((parent, _)) = self.path.rsplit_once('/') {
@@ -114,10 +122,14 @@ impl<'a> LockCommand<'a> {
                 Err(e) => return Err(e),
             }
         }
-        let count = zpath::join(&self.path, crate::zk::COUNT);
-        for (at, bytes) in [(&self.path, data), (&count, encode_count(permits).to_vec())] {
+        let mut nodes = vec![(self.path.clone(), data)];
+        if let Some(permits) = permits {
+            let count = zpath::join(&self.path, crate::zk::COUNT);
+            nodes.push((count, encode_count(permits).to_vec()));
+        }
+        for (at, bytes) in &nodes {
             match session
-                .retry("create", at, || client.create(at, &bytes, &dir))
+                .retry("create", at, || client.create(at, bytes, &dir))
                 .await
             {
                 Ok(_)
@@ -145,24 +157,23 @@ impl<'a> LockCommand<'a> {
             create_parent: self.create,
         };
         let attempt = async {
-            match (self.create, self.create_permits) {
-                (true, Some(n)) => self.create_semaphore(session, n).await?,
-                (true, None) => {}
-                (false, _) => session.await_node(&self.path).await?,
-            }
-            let mode = if self.create && self.create_permits.is_none() {
-                // The node may not exist yet: the lock recipes make it.
-                match self.mode(session).await {
-                    Err(ZkError::Deleted { .. }) => None,
-                    other => other?,
-                }
+            if self.create {
+                self.create_lock(session, self.create_permits).await?;
             } else {
-                self.mode(session).await?
-            };
+                session.await_node(&self.path).await?;
+            }
+            let mode = self.mode(session).await?;
             let refuse = |reason: String| ZkError::Permits {
                 path: self.path.clone(),
                 reason,
             };
+            if mode == Some(LockMode::Exclusive) && self.side != Side::Exclusive {
+                // Readers share: on a lock made for one holder at a time,
+                // a reader would run beside another reader.
+                return Err(refuse(
+                    "it is Exclusive (one holder at a time); --read and --write are for ReadWrite locks".to_owned(),
+                ));
+            }
             if mode == Some(LockMode::Semaphore) {
                 if self.side != Side::Exclusive {
                     return Err(refuse(

@@ -9,6 +9,7 @@ pub mod exit;
 pub mod guardian;
 pub mod in_place;
 pub mod lock;
+mod procs;
 pub mod ready;
 
 use std::time::Duration;

@@ -154,10 +154,11 @@ pub enum ZkError {
         path: String,
     },
 
-    /// A semaphore was asked for a number of permits it cannot give.
-    #[error("semaphore {path}: {reason}")]
+    /// A lock was asked for what its mode cannot give: permits it does not
+    /// have, or a side (read, write) it does not have.
+    #[error("lock {path}: {reason}")]
     Permits {
-        /// The semaphore node.
+        /// The lock node.
         path: String,
         /// What was asked and what it has.
         reason: String,

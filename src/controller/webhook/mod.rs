@@ -678,16 +678,26 @@ impl Webhook {
         };
         if let Some(lock) = labels.get(super::LOCK_LABEL) {
             let api: Api<LockLease> = Api::namespaced(self.client.clone(), namespace);
-            if api
+            let Some(lease) = api
                 .get_opt(lock)
                 .await
                 .map_err(|e| unreadable("LockLease", e))?
-                .is_none()
-            {
+            else {
                 return Err(format!(
                     "the pod's label {}={lock} names a LockLease that does not exist in namespace {namespace}: create the LockLease first",
                     super::LOCK_LABEL
                 ));
+            };
+            // A side is for a ReadWrite lock: a reader of an Exclusive one
+            // would hold beside another (the participant refuses it too).
+            if let Some(side) = labels.get(inject::LOCK_MODE_LABEL) {
+                if lease.spec.mode != crate::api::LockMode::ReadWrite {
+                    return Err(format!(
+                        "the pod's label {}={side} asks for a side of the LockLease {lock}, which is {:?}: sides are for ReadWrite LockLeases (remove the label, or make the LockLease ReadWrite)",
+                        inject::LOCK_MODE_LABEL,
+                        lease.spec.mode
+                    ));
+                }
             }
         }
         if let Some(barrier) = labels.get(BARRIER_LABEL) {
