@@ -661,6 +661,123 @@ async fn a_lease_duration_revokes_the_holder_and_the_next_waiter_acquires() {
     .await;
 }
 
+/// Issue 43, item 2: a holder whose command ignores SIGTERM, on a
+/// LockLease with `leaseDuration: 3s` and a kill grace of 1 s, while
+/// another waits. The holder stops its own command at its lease's end (on
+/// its own clock), and the controller revokes only after the lease, the
+/// holder's kill grace and a margin: the command's last sign of life comes
+/// before the next holder's command starts. Failed before the fix: the
+/// controller deleted the node at the lease's end and the next holder ran
+/// 0.94 s beside the old command (until its SIGKILL).
+#[tokio::test]
+async fn a_revoked_holders_command_is_dead_before_the_next_holder_starts() {
+    lease_ends_before_the_next_holder(|s, command| {
+        let mut args = vec![
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "holder",
+            "--timeout",
+            "30s",
+            "--kill-grace",
+            "1s",
+            "--",
+        ];
+        args.extend_from_slice(command);
+        vec![zkgate(s, &args).spawn().unwrap()]
+    })
+    .await;
+}
+
+/// Issue 43, item 2, the sidecar form: the sidecar withdraws the token at
+/// its lease's end, so the main container's `lock watch` stops its command,
+/// and the controller revokes only once that is surely dead; both exit 6.
+#[tokio::test]
+async fn a_revoked_sidecars_watched_command_is_dead_before_the_next_holder_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    lease_ends_before_the_next_holder(|s, command| {
+        let (mut sidecar, mut watch) =
+            support::lock_sidecar_and_watch(&s.zk, dir.path(), "8s", "1s", command);
+        [&mut sidecar, &mut watch]
+            .into_iter()
+            .map(|c| {
+                c.env("ZKGATE_NAMESPACE", &s.ns)
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect()
+    })
+    .await;
+}
+
+/// The Exclusive LockLease `db` with `leaseDuration: 3s`; `start_holder`
+/// starts the processes that hold it with a command that ignores SIGTERM
+/// and beats every 20 ms; each must exit 6 saying the lease ended. The
+/// next holder's command must start after the last beat.
+async fn lease_ends_before_the_next_holder(
+    start_holder: impl FnOnce(&Setup, &[&str]) -> Vec<tokio::process::Child>,
+) {
+    let s = setup().await;
+    let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
+        "spec": { "mode": "Exclusive", "leaseDuration": "3s" }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lock).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (beat, next_started) = (dir.path().join("beat"), dir.path().join("next"));
+    let stubborn = format!(
+        "trap '' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        b = beat.display()
+    );
+    let holders = start_holder(&s, &["sh", "-c", &stubborn]);
+    eventually(WITHIN, "the holder in status", || async {
+        let st = api.get("db").await.ok()?.status?;
+        (st.holders.len() == 1 && st.holders[0].id == "holder" && beat.exists()).then_some(())
+    })
+    .await;
+    let next = zkgate(
+        &s,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "next",
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &format!("date +%s%N > {}", next_started.display()),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    for holder in holders {
+        let (code, err) = finished(holder).await;
+        assert_eq!(code, Some(6), "a holder exits 6 at its lease's end: {err}");
+        assert!(
+            err.contains("leaseDuration") || err.contains("withdrew the token"),
+            "{err}"
+        );
+    }
+    let (code, err) = finished(next).await;
+    assert_eq!(code, Some(0), "{err}");
+    let nanos = |p: &std::path::Path| -> u128 {
+        std::fs::read_to_string(p).unwrap().trim().parse().unwrap()
+    };
+    let (last_beat, next_start) = (nanos(&beat), nanos(&next_started));
+    assert!(
+        last_beat < next_start,
+        "the revoked holder's command was still running {} ms after the next holder's started",
+        (last_beat - next_start) / 1_000_000
+    );
+}
+
 #[tokio::test]
 async fn waiters_are_listed_in_queue_order() {
     let s = setup().await;

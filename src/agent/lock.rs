@@ -1,9 +1,11 @@
 //! `zkgate lock acquire | sidecar | run`.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 use super::child::{self, Ended};
 use super::exit::{AgentError, Exit};
@@ -107,6 +109,7 @@ impl<'a> LockCommand<'a> {
         let data = serde_json::to_vec(&LockNodeData {
             uid: String::new(),
             mode,
+            lease_ms: None,
         })
         .unwrap_or_default();
         if let Some((parent, _)) = self.path.rsplit_once('/') {
@@ -143,14 +146,24 @@ impl<'a> LockCommand<'a> {
         Ok(())
     }
 
+    /// Queues and waits for the lock. `grace`: the kill grace of the
+    /// command the hold guards, published in our node so the controller
+    /// revokes only once the command is surely dead (see [`lease_ended`]).
+    ///
+    /// [`lease_ended`]: LockCommand::lease_ended
     async fn acquire_with<'s>(
         &self,
         session: &'s Session,
         persistent: bool,
+        grace: Option<Duration>,
     ) -> Result<LockHold<'s>, AgentError> {
         let p = self.participant;
         let deadline = p.deadline();
-        let data = serde_json::to_vec(&p.identity()).unwrap_or_default();
+        let data = serde_json::to_vec(&crate::zk::ParticipantData {
+            kill_grace_ms: grace.map(|g| g.as_millis() as u64),
+            ..p.identity()
+        })
+        .unwrap_or_default();
         let options = LockOptions {
             data,
             persistent,
@@ -253,6 +266,81 @@ impl<'a> LockCommand<'a> {
         format!("waiting for the lock {}", self.path)
     }
 
+    /// The lease the lock node names now (`None`: no lease), and a watch
+    /// on the node's next change.
+    async fn read_lease(
+        &self,
+        session: &Session,
+    ) -> Result<(Option<Duration>, zookeeper_client::OneshotWatcher), zookeeper_client::Error> {
+        let (data, _, watch) = session.client().get_and_watch_data(&self.path).await?;
+        let lease = serde_json::from_slice::<LockNodeData>(&data)
+            .ok()
+            .and_then(|d| d.lease_ms)
+            .map(Duration::from_millis);
+        Ok((lease, watch))
+    }
+
+    /// Resolves, with the lease, once the hold has lasted the lease its
+    /// lock node names (the LockLease's `leaseDuration`, followed as it
+    /// changes), measured on our own monotonic clock from `held_since`;
+    /// never while the node names none. `end` always holds the current
+    /// lease's end. The controller revokes a hold only after its lease,
+    /// the kill grace its holder published and a margin: a command stopped
+    /// here is dead before the next holder can start, whatever it does
+    /// with SIGTERM. Only the clocks' rates must agree; their offsets do
+    /// not matter.
+    async fn lease_ended(
+        &self,
+        session: &Session,
+        held_since: Instant,
+        end: &Cell<Option<Instant>>,
+    ) -> Duration {
+        let mut lease = None;
+        loop {
+            let changed = match self.read_lease(session).await {
+                Ok((now, watch)) => {
+                    lease = now;
+                    Some(watch)
+                }
+                Err(e) => {
+                    // The hold's own monitor tells a loss; until the node
+                    // can be read again, the last lease read stands.
+                    debug!(error = %e, lock = %self.path, "could not read the lock's lease; keeping the one last read");
+                    None
+                }
+            };
+            end.set(lease.map(|l| held_since + l));
+            let current = lease;
+            let ends = async move {
+                match current {
+                    Some(l) => tokio::time::sleep_until(held_since + l).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = ends => return current.unwrap_or_default(),
+                _ = async move {
+                    match changed {
+                        Some(watch) => drop(watch.changed().await),
+                        None => tokio::time::sleep(LEASE_REREAD).await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    /// The error of a hold given up at its lease's end.
+    fn lease_over(&self, lease: Duration, what: &str) -> AgentError {
+        AgentError::new(
+            Exit::LockLost,
+            format!(
+                "held the lock {} for its leaseDuration ({}): the hold is revoked{what}",
+                self.path,
+                humantime::format_duration(lease)
+            ),
+        )
+    }
+
     /// `acquire` (init container): acquires with a persistent node that
     /// outlives this process, writes the fencing token to `token_file` and
     /// returns. A restarted container adopts its own earlier hold. SIGTERM
@@ -268,7 +356,7 @@ impl<'a> LockCommand<'a> {
             .await?;
         let result = async {
             let hold = stop
-                .unless_stopped(&self.waiting(), self.acquire_with(&session, true))
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, true, None))
                 .await?;
             if let Err(e) = ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token())) {
                 // Nobody could use a hold whose token is not handed on.
@@ -322,7 +410,7 @@ impl<'a> LockCommand<'a> {
             let grace = grace.unwrap_or(session.timeout() / 4);
             check_kill_grace(grace, session.timeout(), "granted by the server")?;
             let hold = stop
-                .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, false, Some(WATCH_POLL + grace)))
                 .await?;
             let monitor = hold
                 .monitor()
@@ -332,29 +420,41 @@ impl<'a> LockCommand<'a> {
                 &grace_file(token_file),
                 &format!("{}\n", humantime::format_duration(grace)),
             )?;
-            publish_trust(token_file, &trust)?;
+            // The trust published never reaches past the lease's end: a
+            // sidecar frozen or killed just before it cannot keep a watched
+            // command running into the next holder's turn.
+            let lease_end = Cell::new(None);
+            if let Ok((Some(lease), _)) = self.read_lease(&session).await {
+                lease_end.set(Some(hold.held_since() + lease));
+            }
+            publish_trust(token_file, trusted_until(&trust, &lease_end))?;
             ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
             readiness.set_ready()?;
             let loss = monitor.lost();
             tokio::pin!(loss);
-            let lost = tokio::select! {
-                _ = stop.received() => None,
-                reason = &mut loss => Some(reason),
-                () = keep_publishing(token_file, &trust) => None,
+            let ended = tokio::select! {
+                _ = stop.received() => SidecarEnd::Stopped,
+                reason = &mut loss => SidecarEnd::Lost(reason),
+                lease = self.lease_ended(&session, hold.held_since(), &lease_end) => SidecarEnd::LeaseEnded(lease),
+                () = keep_publishing(token_file, &trust, &lease_end) => SidecarEnd::Stopped,
             };
             readiness.clear();
             withdraw(token_file);
-            if let Some(reason) = lost {
-                return Err(self.lost("; the token file was withdrawn")(reason));
-            }
-            // Asked to stop. A command under `lock watch` may still run: it
-            // sees the token go at its next look and is dead its kill grace
-            // later. Only then may the next holder start, so the hold is
-            // kept (and watched) until that bound has passed.
+            let lease = match ended {
+                SidecarEnd::Lost(reason) => return Err(self.lost("; the token file was withdrawn")(reason)),
+                SidecarEnd::Stopped => None,
+                SidecarEnd::LeaseEnded(lease) => Some(lease),
+            };
+            // Asked to stop, or the lease is over. A command under `lock
+            // watch` may still run: it sees the token go at its next look
+            // and is dead its kill grace later. Only then may the next
+            // holder start, so the hold is kept (and watched) until that
+            // bound has passed.
             let drained = WATCH_POLL + grace + safety_margin(session.timeout());
             info!(
                 wait_ms = drained.as_millis() as u64,
-                "asked to stop: withdrew the token; releasing the lock once a watched command is surely stopped"
+                lease_ended = lease.is_some(),
+                "withdrew the token; releasing the lock once a watched command is surely stopped"
             );
             if let Some(reason) = tokio::select! {
                 () = tokio::time::sleep(drained) => None,
@@ -362,10 +462,14 @@ impl<'a> LockCommand<'a> {
             } {
                 return Err(self.lost("; the token file was withdrawn")(reason));
             }
-            hold.release()
-                .await
-                .map(|_| 0)
-                .map_err(|e| self.participant.explain(e))
+            let released = hold.release().await;
+            if let Some(lease) = lease {
+                if let Err(e) = released {
+                    debug!(error = %e, "giving up the hold at its lease's end");
+                }
+                return Err(self.lease_over(lease, "; the token file was withdrawn and the hold given up"));
+            }
+            released.map(|_| 0).map_err(|e| self.participant.explain(e))
         }
         .await;
         close(session).await;
@@ -401,14 +505,27 @@ impl<'a> LockCommand<'a> {
             let grace = grace.unwrap_or(session.timeout() / 4);
             check_kill_grace(grace, session.timeout(), "granted by the server")?;
             let hold = stop
-                .unless_stopped(&self.waiting(), self.acquire_with(&session, false))
+                .unless_stopped(&self.waiting(), self.acquire_with(&session, false, Some(grace)))
                 .await?;
             let env = [("ZKGATE_FENCING_TOKEN", hold.fencing_token().to_string()), ("ZKGATE_LOCK_NODE", hold.path().to_owned())];
             let child = child::spawn(command, &env, grace)?;
             let monitor = hold.monitor().with_reserve(grace + safety_margin(session.timeout()));
-            match child::supervise(child, &mut stop, monitor.lost(), grace).await? {
-                Ended::Interrupted(reason, code) => {
+            let lease_end = Cell::new(None);
+            let interrupt = async {
+                tokio::select! {
+                    reason = monitor.lost() => Interrupt::Lost(reason),
+                    lease = self.lease_ended(&session, hold.held_since(), &lease_end) => Interrupt::LeaseEnded(lease),
+                }
+            };
+            match child::supervise(child, &mut stop, interrupt, grace).await? {
+                Ended::Interrupted(Interrupt::Lost(reason), code) => {
                     Err(self.lost(&format!("; the command was terminated (it exited {code})"))(reason))
+                }
+                Ended::Interrupted(Interrupt::LeaseEnded(lease), code) => {
+                    if let Err(e) = hold.release().await {
+                        debug!(error = %e, "giving up the hold at its lease's end");
+                    }
+                    Err(self.lease_over(lease, &format!("; the command was terminated (it exited {code}) and the hold given up")))
                 }
                 Ended::Exited(code) => match hold.release().await {
                     Ok(()) => Ok(code),
@@ -430,6 +547,27 @@ impl<'a> LockCommand<'a> {
 
 /// How often `lock watch` looks at the token file.
 const WATCH_POLL: Duration = Duration::from_millis(100);
+
+/// How soon a lease that could not be read is read again.
+const LEASE_REREAD: Duration = Duration::from_secs(1);
+
+/// Why `lock sidecar` stopped holding.
+enum SidecarEnd {
+    /// Asked to (SIGTERM).
+    Stopped,
+    /// The hold is lost, or may be.
+    Lost(crate::zk::LossReason),
+    /// The hold lasted its lease (this one).
+    LeaseEnded(Duration),
+}
+
+/// Why `lock run` stopped its command.
+enum Interrupt {
+    /// The hold is lost, or may be.
+    Lost(crate::zk::LossReason),
+    /// The hold lasted its lease (this one).
+    LeaseEnded(Duration),
+}
 
 /// Where `lock sidecar` publishes the kill grace it leaves a watched
 /// command: beside the token file, so `lock watch` needs no setting of its own.
@@ -572,10 +710,16 @@ fn trusted(until: u64) -> bool {
     boottime().is_some_and(|now| now < until)
 }
 
-/// Writes `trust`'s deadline on the boot clock.
-fn publish_trust(token_file: &Path, trust: &crate::zk::Trust) -> Result<(), AgentError> {
-    let now = tokio::time::Instant::now();
+/// Until when a watched command may run: while the hold is trusted, and
+/// not past the lease's end.
+fn trusted_until(trust: &crate::zk::Trust, lease_end: &Cell<Option<Instant>>) -> Instant {
     let until = trust.until();
+    lease_end.get().map_or(until, |end| until.min(end))
+}
+
+/// Writes `until` on the boot clock.
+fn publish_trust(token_file: &Path, until: Instant) -> Result<(), AgentError> {
+    let now = tokio::time::Instant::now();
     let boot = boottime().ok_or_else(|| {
         AgentError::new(
             Exit::Internal,
@@ -593,10 +737,14 @@ fn publish_trust(token_file: &Path, trust: &crate::zk::Trust) -> Result<(), Agen
 /// Renews the published trust every [`WATCH_POLL`] while the hold lasts;
 /// never returns. A failed write is logged: the published deadline then
 /// passes and the watched command is stopped, which is safe.
-async fn keep_publishing(token_file: &Path, trust: &crate::zk::Trust) {
+async fn keep_publishing(
+    token_file: &Path,
+    trust: &crate::zk::Trust,
+    lease_end: &Cell<Option<Instant>>,
+) {
     loop {
         tokio::time::sleep(WATCH_POLL).await;
-        if let Err(e) = publish_trust(token_file, trust) {
+        if let Err(e) = publish_trust(token_file, trusted_until(trust, lease_end)) {
             warn!(error = %e, "could not renew the published trust in the hold");
         }
     }

@@ -66,7 +66,9 @@ pub struct LockLeaseSpec {
     #[schemars(range(min = 1))]
     pub permits: Option<u32>,
     /// The longest one holder may hold the lock (e.g. `30s`, `5m`; not
-    /// zero); past it the controller revokes the hold. No limit when absent.
+    /// zero). A zkgate holder stops its command when it has held this long;
+    /// the controller revokes the hold after this, the holder's kill grace
+    /// and a second. No limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(crate::api::DURATION_PATTERN))]
     pub lease_duration: Option<String>,
@@ -91,6 +93,13 @@ impl LockLeaseSpec {
     pub fn permits(&self) -> u32 {
         self.permits.unwrap_or(1).max(1)
     }
+
+    /// The lease duration, when one is set and valid.
+    pub fn lease(&self) -> Option<std::time::Duration> {
+        self.lease_duration
+            .as_deref()
+            .and_then(|d| crate::api::parse_duration(d).ok())
+    }
 }
 
 /// What the controller writes into a lock node: the contract between the
@@ -102,6 +111,11 @@ pub struct LockNodeData {
     pub uid: String,
     /// The mode.
     pub mode: LockMode,
+    /// `spec.leaseDuration`, in milliseconds: a holder that follows the
+    /// lease stops its command once it has held this long (on its own
+    /// clock), before the controller revokes the hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
 }
 
 /// Whether anyone holds the lock.

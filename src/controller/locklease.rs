@@ -39,13 +39,16 @@ impl Reconciled for LockLease {
         let wanted = LockNodeData {
             uid: uid.clone(),
             mode: lock.spec.mode,
+            lease_ms: lock.spec.lease().map(|l| l.as_millis() as u64),
         };
 
         let bytes = serde_json::to_vec(&wanted)?;
-        let owner = |data: &[u8]| {
-            serde_json::from_slice::<LockNodeData>(data)
-                .map(|d| Some(d.uid))
-                .map_err(|e| e.to_string())
+        // A node without a uid was made by a participant's `--create`
+        // before us: its holds are real, so it is taken over in place.
+        let owner = |data: &[u8]| match serde_json::from_slice::<LockNodeData>(data) {
+            Ok(d) if d.uid.is_empty() => Err("made by a participant's --create".to_owned()),
+            Ok(d) => Ok(Some(d.uid)),
+            Err(e) => Err(e.to_string()),
         };
         let create = || async {
             let dir = zk::CreateMode::Persistent.with_acls((&acls.resources[..]).into());
@@ -77,6 +80,11 @@ impl Reconciled for LockLease {
         let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
         let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
         let mut spec_problem = None;
+        // What the node should say: the mode only once it may change (below).
+        let mut target = LockNodeData {
+            mode: current.mode,
+            ..wanted.clone()
+        };
         if current.mode != lock.spec.mode {
             // Looked at only when the mode changes: a semaphore's holders and
             // waiters are one level down, and only their names matter.
@@ -118,17 +126,26 @@ impl Reconciled for LockLease {
                         }
                     }
                 }
-                let bytes = serde_json::to_vec(&wanted).unwrap_or_default();
-                zk.client()
-                    .set_data(&path, &bytes, Some(node.stat.version))
-                    .await
-                    .map_err(|e| ZkError::Zk {
-                        op: "write",
-                        path: path.clone(),
-                        source: e,
-                    })?;
-                node.data = bytes;
+                target.mode = lock.spec.mode;
             }
+        }
+        // The lease is written at once, in use or not: holders follow it
+        // (a change reaches a holder by its watch on this node).
+        if serde_json::from_slice::<LockNodeData>(&node.data)
+            .ok()
+            .as_ref()
+            != Some(&target)
+        {
+            let bytes = serde_json::to_vec(&target).unwrap_or_default();
+            zk.client()
+                .set_data(&path, &bytes, Some(node.stat.version))
+                .await
+                .map_err(|e| ZkError::Zk {
+                    op: "write",
+                    path: path.clone(),
+                    source: e,
+                })?;
+            node.data = bytes;
         }
         let mode = serde_json::from_slice::<LockNodeData>(&node.data)
             .map(|d| d.mode)

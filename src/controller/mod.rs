@@ -342,7 +342,7 @@ async fn lead(
     let who = serde_json::to_vec(&crate::zk::ParticipantData {
         id: Some(options.identity.clone()),
         pod: Some(options.identity.clone()),
-        pod_uid: None,
+        ..Default::default()
     })?;
     let lock = Mutex::new(
         &leader_path,

@@ -298,6 +298,7 @@ mod tests {
             id: None,
             pod: Some("p".into()),
             pod_uid: Some(uid.into()),
+            ..Default::default()
         };
         assert_eq!(PodFate::of(&p, &who("u1")), PodFate::Terminating);
         assert_eq!(PodFate::of(&p, &who("u2")), PodFate::Gone);

@@ -131,6 +131,11 @@ pub struct ParticipantData {
     /// The pod's uid: a new pod with the same name is a different participant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// A lock holder's kill grace, in milliseconds: how long after its
+    /// lease's end its command may still run (SIGTERM to SIGKILL). The
+    /// controller revokes a hold only once that, and a margin, have passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_grace_ms: Option<u64>,
 }
 
 impl ParticipantData {

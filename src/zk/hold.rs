@@ -30,6 +30,7 @@ pub struct LockHold<'s> {
     token: i64,
     persistent: bool,
     confirmed: Confirmed,
+    held_since: Instant,
     done: bool,
 }
 
@@ -48,8 +49,16 @@ impl<'s> LockHold<'s> {
             token: acquired.token,
             persistent,
             confirmed: Confirmed::at(acquired.confirmed_at),
+            held_since: acquired.confirmed_at,
             done: false,
         }
+    }
+
+    /// Since when the hold is ours, at the latest: the send time of the
+    /// request that showed us holding. A lease measured from here ends no
+    /// later than one measured from any moment we learned of the hold.
+    pub fn held_since(&self) -> Instant {
+        self.held_since
     }
 
     /// The fencing token: the czxid of our node. ZooKeeper's zxids only

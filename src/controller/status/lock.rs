@@ -249,6 +249,30 @@ fn waiter(child: &ChildNode) -> WaiterStatus {
     }
 }
 
+/// What the controller waits beyond a holder's lease before it revokes:
+/// covers the holder's reaction to its own deadline, a holder that learned
+/// of its hold after the controller saw it, and clocks whose rates differ a
+/// little.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The longest kill grace the controller waits for: half the longest
+/// session timeout the webhook gives a participant (a kill grace must fit
+/// in half the session timeout). A holder claiming more is revoked after
+/// this much.
+pub const MAX_KILL_GRACE: Duration = Duration::from_secs(60);
+
+/// How long after a hold's lease the controller revokes it: the kill grace
+/// its holder published (none: a holder that does not stop by itself, such
+/// as an init container's hold), at most [`MAX_KILL_GRACE`], plus
+/// [`LEASE_MARGIN`].
+fn revocation_delay(holder: &ParticipantData) -> Duration {
+    let grace = holder
+        .kill_grace_ms
+        .map_or(Duration::ZERO, Duration::from_millis)
+        .min(MAX_KILL_GRACE);
+    grace + LEASE_MARGIN
+}
+
 /// The status rules shared by locks and semaphores: lease expiry and
 /// revocation, Acquired/Released/Revoked events, conditions.
 fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
@@ -261,10 +285,7 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
         spec_problem,
         ..
     } = *obs;
-    let lease = spec
-        .lease_duration
-        .as_deref()
-        .and_then(|d| crate::api::parse_duration(d).ok());
+    let lease = spec.lease();
     let mut holders = Vec::new();
     let waiting = seen.waiting;
     let mut revoke: Vec<String> = Vec::new();
@@ -284,8 +305,13 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
             .and_then(|h| h.since.as_ref().map(|t| t.0))
             .unwrap_or(now);
         let expires = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
-        if let Some(expires) = expires {
-            if now >= expires {
+        // The holder stops its command at its lease's end (on its own
+        // clock, from no later than `since`) and kills it by its kill
+        // grace: revoked only after both and a margin, so the command is
+        // dead before the next holder can start.
+        let revoke_at = expires.and_then(|e| e.checked_add(jiff_span(revocation_delay(&who))).ok());
+        if let Some(revoke_at) = revoke_at {
+            if now >= revoke_at {
                 revoke.extend(holding.nodes.iter().cloned());
                 notes.push(warning(
                     "Revoked",
@@ -298,7 +324,7 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
                 continue;
             }
             let left =
-                Duration::from_millis(expires.duration_since(now).as_millis().max(0) as u64 + 50);
+                Duration::from_millis(revoke_at.duration_since(now).as_millis().max(0) as u64 + 50);
             requeue = Some(requeue.map_or(left, |r| r.min(left)));
         }
         holders.push(HolderStatus {
@@ -331,7 +357,23 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
         let revoked_now = seen.holdings.iter().any(|h| {
             h.child.stat.czxid == p.fencing_token && revoke.iter().any(|r| h.nodes.contains(r))
         });
-        if !still && !revoked_now {
+        // Given up at (or just before: the holder's clock started no later
+        // than ours) the end of its lease: the lease ended it.
+        let lease_ended = p.expires_at.as_ref().is_some_and(|e| {
+            now.checked_add(jiff_span(LEASE_MARGIN))
+                .is_ok_and(|n| n >= e.0)
+        });
+        if !still && !revoked_now && lease_ended {
+            notes.push(warning(
+                "Revoked",
+                format!(
+                    "the hold of {} (token {}) ended with its lease of {}: its holder stopped its command and gave it up",
+                    p.id,
+                    p.fencing_token,
+                    spec.lease_duration.as_deref().unwrap_or("")
+                ),
+            ));
+        } else if !still && !revoked_now {
             notes.push(note(
                 "Released",
                 format!("{} released the lock (token {})", p.id, p.fencing_token),
@@ -436,7 +478,13 @@ mod tests {
             stat: stat(0, 1, 0),
             children: vec![
                 child("_c_a-__READ__0000000001", 0, 100, &who("r1")),
-                child("_c_b-__READ__0000000002", 500, 101, &who("r2")),
+                // r2 publishes its kill grace: revoked that much later.
+                child(
+                    "_c_b-__READ__0000000002",
+                    500,
+                    101,
+                    r#"{"pod":"r2","killGraceMs":2000}"#,
+                ),
                 child("_c_c-__WRIT__0000000003", 600, 102, &who("w")),
                 child("_c_d-__READ__0000000004", 700, 103, &who("r3")),
             ],
@@ -464,15 +512,20 @@ mod tests {
         assert!(out.revoke.is_empty());
         assert_eq!(
             out.requeue,
-            Some(Duration::from_millis(10_050)),
-            "looked at again when the leases end"
+            Some(Duration::from_millis(11_050)),
+            "looked at again when the first revocation is due: the lease and the margin"
         );
-        let later = look(&s, LockNodes::Queue(&n.children), &out.status, at(11_000));
-        assert_eq!(
-            later.revoke,
-            ["_c_a-__READ__0000000001", "_c_b-__READ__0000000002"]
-        );
+        let early = look(&s, LockNodes::Queue(&n.children), &out.status, at(11_900));
+        assert!(early.revoke.is_empty(), "not before the margin has passed");
+        let later = look(&s, LockNodes::Queue(&n.children), &out.status, at(12_000));
+        assert_eq!(later.revoke, ["_c_a-__READ__0000000001"]);
         assert!(later.notes.iter().any(|n| n.reason == "Revoked"));
+        let last = look(&s, LockNodes::Queue(&n.children), &out.status, at(14_000));
+        assert_eq!(
+            last.revoke,
+            ["_c_a-__READ__0000000001", "_c_b-__READ__0000000002"],
+            "r2 once its kill grace has passed too"
+        );
     }
 
     #[test]
@@ -526,7 +579,7 @@ mod tests {
                 locks: &locks,
             },
             &seen.status,
-            at(3_300),
+            at(4_200),
         );
         assert_eq!(
             late.revoke,
@@ -558,12 +611,13 @@ mod tests {
             &LockLeaseStatus::default(),
             at(200),
         );
-        // The first holder is revoked at 3.2 s; the second, queued since 0.1 s, takes over.
+        // The first holder is revoked at 4.2 s (its lease and the margin);
+        // the second, queued since 0.1 s, takes over.
         let revoked = look(
             &s,
             LockNodes::Queue(&both.children),
             &before.status,
-            at(3_200),
+            at(4_200),
         );
         assert_eq!(revoked.revoke, ["_c_a-lock-0000000001"]);
         let next = Snapshot {
@@ -575,18 +629,18 @@ mod tests {
             &s,
             LockNodes::Queue(&next.children),
             &revoked.status,
-            at(3_250),
+            at(4_250),
         );
         assert!(
             taken.revoke.is_empty(),
             "a full lease for the new holder, not what is left since it queued"
         );
-        assert_eq!(taken.status.holders[0].since, Some(MicroTime(at(3_250))));
+        assert_eq!(taken.status.holders[0].since, Some(MicroTime(at(4_250))));
         let still = look(
             &s,
             LockNodes::Queue(&next.children),
             &taken.status,
-            at(6_000),
+            at(8_000),
         );
         assert!(still.revoke.is_empty());
         assert_eq!(
@@ -594,7 +648,7 @@ mod tests {
                 &s,
                 LockNodes::Queue(&next.children),
                 &taken.status,
-                at(6_300)
+                at(8_300)
             )
             .revoke
             .len(),
@@ -625,7 +679,7 @@ mod tests {
             previous: &before.status,
             generation: Some(1),
             znode: "/l",
-            now: at(3_200),
+            now: at(4_200),
             spec_problem: None,
         });
         assert_eq!(settled.revoke, ["_c_a-lock-0000000001"]);
@@ -635,10 +689,44 @@ mod tests {
             .iter()
             .map(|h| (h.id.as_str(), h.since.clone()))
             .collect();
-        assert_eq!(holders, [("b", Some(MicroTime(at(3_200))))]);
+        assert_eq!(holders, [("b", Some(MicroTime(at(4_200))))]);
         assert!(settled.status.waiting.is_empty());
         let reasons: Vec<_> = settled.notes.iter().map(|n| n.reason).collect();
         assert_eq!(reasons, ["Revoked", "Acquired"], "revoked, never released");
-        assert_eq!(settled.requeue, Some(Duration::from_millis(3_050)));
+        assert_eq!(settled.requeue, Some(Duration::from_millis(4_050)));
+    }
+
+    #[test]
+    fn a_hold_given_up_at_its_leases_end_is_reported_as_ended_by_it() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::Exclusive,
+            lease_duration: Some("3s".into()),
+            permits: None,
+        };
+        let held = vec![child("_c_a-lock-0000000001", 0, 100, r#"{"id":"a"}"#)];
+        let before = look(
+            &s,
+            LockNodes::Queue(&held),
+            &LockLeaseStatus::default(),
+            at(200),
+        );
+        // Its holder, whose clock started a little before ours, gives it
+        // up just before the lease's end as we reckon it.
+        let gone = look(&s, LockNodes::Queue(&[]), &before.status, at(3_000));
+        let notes: Vec<_> = gone
+            .notes
+            .iter()
+            .map(|n| (n.reason, n.message.as_str()))
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|(r, n)| *r == "Revoked" && n.contains("ended with its lease")),
+            "{notes:?}"
+        );
+        assert!(!notes.iter().any(|(r, _)| *r == "Released"), "{notes:?}");
+        // Given up long before: released.
+        let early = look(&s, LockNodes::Queue(&[]), &before.status, at(1_000));
+        assert!(early.notes.iter().any(|n| n.reason == "Released"));
     }
 }
