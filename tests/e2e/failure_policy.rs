@@ -112,7 +112,10 @@ async fn a_shard_whose_hold_was_revoked_is_retried_without_counting() {
         Some("0")
     );
     let log = c.logs(&ns.name, &revoked.name_any(), "shard").await;
-    assert!(log.contains("lost the lock"), "{log}");
+    assert!(
+        log.contains("for its leaseDuration (6s): the hold is revoked"),
+        "{log}"
+    );
     let retry = pods
         .iter()
         .find(|p| {
