@@ -1,6 +1,6 @@
 //! The `zkgate` binary: the participant commands and the controller.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
@@ -26,11 +26,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The guardian must never wait on its standard error (see guardian).
-    init_logging(
-        cli.log_format,
-        matches!(cli.command, zkgate::cli::Command::Guard { .. }),
-    );
+    // The guardian must never wait on its standard error (see guardian);
+    // a participant never waits on it on its only thread.
+    let how = match cli.command {
+        zkgate::cli::Command::Guard { .. } => LogTo::NeverBlocking,
+        zkgate::cli::Command::Controller(_) => LogTo::Stderr,
+        _ => LogTo::Queued,
+    };
+    let (writer, queue) = init_logging(cli.log_format, how);
     // The participant commands do a handful of requests: one thread starts
     // fastest and stays smallest. The controller reconciles many resources
     // at once: a worker per core.
@@ -46,13 +49,19 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(zkgate::cli::run(cli)) {
+    let code = match runtime.block_on(zkgate::cli::run(cli)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("zkgate: {e}");
+            // Through the log's writer: after the log lines, and never
+            // waiting on a standard error nobody reads.
+            let _ = writeln!(writer.clone(), "zkgate: {e}");
             ExitCode::from(e.exit as u8)
         }
-    }
+    };
+    // What is queued is written, unless standard error stays blocked
+    // (then the queue's worker gives up after a second).
+    drop(queue);
+    code
 }
 
 /// The usage line of the deepest subcommand named in `args`.
@@ -79,6 +88,10 @@ fn usage_for(args: impl Iterator<Item = String>) -> String {
 enum LogWriter {
     /// Standard error as it is.
     Stderr,
+    /// A queue that a thread of its own writes to standard error: the
+    /// writer never waits on it; a line that finds the queue full is
+    /// dropped.
+    Queued(tracing_appender::non_blocking::NonBlocking),
     /// A non-blocking description of standard error (see
     /// [`never_blocking_stderr`]): a line that would block is dropped.
     NonBlocking(std::sync::Arc<std::fs::File>),
@@ -91,6 +104,7 @@ impl std::io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let _ = match self {
             LogWriter::Stderr => std::io::stderr().write_all(buf),
+            LogWriter::Queued(queue) => queue.write_all(buf),
             LogWriter::NonBlocking(file) => (&**file).write_all(buf),
             LogWriter::Dropped => Ok(()),
         };
@@ -127,22 +141,57 @@ fn never_blocking_stderr() -> LogWriter {
     }
 }
 
-fn init_logging(format: LogFormat, never_block: bool) {
+/// Where log lines go.
+enum LogTo {
+    /// Standard error as it is (the controller: many threads, and a log
+    /// that must not lose lines).
+    Stderr,
+    /// Through a queue ([`LogWriter::Queued`]): a participant command runs
+    /// on one thread, which a full pipe or a paused terminal must never
+    /// hold up while it watches a hold or a barrier.
+    Queued,
+    /// Dropped when they would block ([`never_blocking_stderr`]): the
+    /// guardian, which must act the moment zkgate dies.
+    NeverBlocking,
+}
+
+/// How many lines the queue keeps while standard error is blocked (about a
+/// megabyte); more are dropped.
+const QUEUED_LINES: usize = 4096;
+
+/// Sets the log up; returns its writer, and the queue's guard (written out,
+/// for a second at most, when dropped) when there is one.
+fn init_logging(
+    format: LogFormat,
+    how: LogTo,
+) -> (
+    LogWriter,
+    Option<tracing_appender::non_blocking::WorkerGuard>,
+) {
     let filter = EnvFilter::try_from_env("ZKGATE_LOG")
         // kube's client logs each failed connection as an error of its
         // own; zkgate reports the failure, with what it was doing.
         .unwrap_or_else(|_| EnvFilter::new("zkgate=info,warn,kube_client::client::builder=off"));
-    let writer = if never_block {
-        never_blocking_stderr()
-    } else {
-        LogWriter::Stderr
+    let (writer, guard) = match how {
+        LogTo::Stderr => (LogWriter::Stderr, None),
+        LogTo::NeverBlocking => (never_blocking_stderr(), None),
+        LogTo::Queued => {
+            let (queue, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                .lossy(true)
+                .buffered_lines_limit(QUEUED_LINES)
+                .thread_name("zkgate-log")
+                .finish(std::io::stderr());
+            (LogWriter::Queued(queue), Some(guard))
+        }
     };
+    let logged = writer.clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(move || writer.clone())
+        .with_writer(move || logged.clone())
         .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    (writer, guard)
 }

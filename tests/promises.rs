@@ -534,6 +534,79 @@ async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holde
     .await;
 }
 
+/// Issue 44, item 1: zkgate's own log lines must never hold it up. The
+/// holder's standard error is a pipe that is full and never read (a reader
+/// that stopped, a terminal after Ctrl-S); the first line it logs when cut
+/// off from ZooKeeper must not block its only thread, or nothing stops the
+/// command before the server expires the session. Failed before the fix:
+/// the command ran on beside the next holder's.
+#[tokio::test]
+async fn a_holder_whose_stderr_is_full_still_stops_its_command_in_time() {
+    let full = FullPipe::new();
+    cut_off_holder_stops_before_the_next_starts(|through_proxy, script| {
+        let mut holder = support::zkgate(
+            through_proxy,
+            &[
+                "lock",
+                "run",
+                "db",
+                "--create",
+                "--id",
+                "holder",
+                "--session-timeout",
+                "8s",
+                "--kill-grace",
+                "3s",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        holder.env("ZKGATE_LOG", "info").stderr(full.writer());
+        // What it says cannot be read: any exit 6 will do.
+        vec![(holder.spawn().unwrap(), &[""][..])]
+    })
+    .await;
+    drop(full);
+}
+
+/// A pipe filled to capacity whose read end stays open and unread.
+struct FullPipe {
+    _read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+impl FullPipe {
+    fn new() -> FullPipe {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (read, write) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        let w = fds[1];
+        unsafe {
+            let flags = libc::fcntl(w, libc::F_GETFL);
+            libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            let chunk = [b'x'; 4096];
+            while libc::write(w, chunk.as_ptr().cast(), chunk.len()) > 0 {}
+            // Whatever is left below a page.
+            while libc::write(w, chunk.as_ptr().cast(), 1) > 0 {}
+            libc::fcntl(w, libc::F_SETFL, flags);
+        }
+        FullPipe { _read: read, write }
+    }
+
+    /// The write end, for a child's standard error (blocking, as inherited).
+    fn writer(&self) -> std::process::Stdio {
+        std::process::Stdio::from(self.write.try_clone().unwrap())
+    }
+}
+
 /// Issue 12, item 1: a kill grace that cannot fit in the session timeout
 /// (the command could outlive the hold) is refused before anything is made.
 #[tokio::test]
