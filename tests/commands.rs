@@ -673,6 +673,43 @@ async fn run_passes_signals_on_to_its_command() {
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "TERM");
 }
 
+/// Issue 44, item 2: a `lock sidecar` whose readiness cannot be written (a
+/// ready file under a regular file: ENOTDIR, root or not) fails after it
+/// published the token. Nothing may be left that `lock watch` would start a
+/// command on: the token and its trust are withdrawn before the hold goes.
+/// Failed before the fix: both files were left behind.
+#[tokio::test]
+async fn a_lock_sidecar_that_cannot_report_ready_withdraws_its_token() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let (code, err) = output(zkgate(
+        &connect,
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--id",
+            "s",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ready-file",
+            not_a_dir.join("ready").to_str().unwrap(),
+        ],
+    ))
+    .await;
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("ready"), "says what it could not write: {err}");
+    for left in [token.clone(), dir.path().join("token.trusted-until")] {
+        assert!(!left.exists(), "{} was left behind: {err}", left.display());
+    }
+    let observer = session(&connect).await;
+    assert!(children(&observer, &format!("{LOCKS}/db")).await.is_empty());
+}
+
 #[tokio::test]
 async fn lock_sidecar_holds_until_sigterm_and_exits_6_when_revoked() {
     let connect = isolated_connect();
@@ -919,6 +956,56 @@ async fn invalid_values_from_the_environment_are_refused_up_front() {
             assert_eq!(code, 2, "{args:?}: {err}");
             assert!(err.contains("Usage:"), "{args:?}: {err}");
         }
+    }
+    let observer = session(&connect).await;
+    assert!(
+        children(&observer, "/").await.is_empty(),
+        "nothing was created"
+    );
+}
+
+/// Review of issue 43, item 2: the controller waits at most 60 s of kill
+/// grace after a lease's end before it revokes; a holder that asked for
+/// more was accepted (with a long enough session timeout) and its command
+/// could outlive the revocation. Failed before: both commands started.
+#[tokio::test]
+async fn a_kill_grace_longer_than_the_controller_waits_is_refused() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let token = token.to_str().unwrap();
+    for args in [
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--session-timeout",
+            "300s",
+            "--kill-grace",
+            "61s",
+            "--",
+            "true",
+        ][..],
+        &[
+            "lock",
+            "sidecar",
+            "db",
+            "--create",
+            "--session-timeout",
+            "300s",
+            "--kill-grace",
+            "61s",
+            "--token-file",
+            token,
+        ][..],
+    ] {
+        let (code, err) = output(zkgate(&connect, args)).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("longer than 1m"),
+            "{args:?} says the bound: {err}"
+        );
     }
     let observer = session(&connect).await;
     assert!(

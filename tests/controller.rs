@@ -1386,6 +1386,74 @@ async fn a_spec_the_controller_cannot_apply_is_refused_with_a_condition_and_an_e
     assert_eq!(node.mode, zkgate::api::LockMode::ReadWrite);
 }
 
+/// Review of issue 43, item 2: a lock node made by a participant's
+/// `--create` before its LockLease existed was taken over by rewriting its
+/// data whole, mode included, while it was held: an Exclusive lock held by
+/// one became a Semaphore of 2 under its holder (a second could hold).
+/// Now it is taken over as the resource's own, and its mode changes only
+/// once it is free. Failed before: the node said Semaphore while held.
+#[tokio::test]
+async fn a_lock_made_by_create_keeps_its_mode_while_held_when_its_locklease_comes() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!("touch {}; exec sleep 120", started.display());
+    let holder = zkgate(
+        &s,
+        &[
+            "lock", "run", "db", "--create", "--id", "first", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    eventually(WITHIN, "the first holder's command", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let locks: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
+        "spec": { "mode": "Semaphore", "permits": 2 }
+    }))
+    .unwrap();
+    let uid = locks
+        .create(&PostParams::default(), &lock)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let observer = session(&s.zk).await;
+    let path = format!("/zkgate/namespaces/{}/locks/db", s.ns);
+    let node = || async {
+        let (data, _) = observer.client().get_data(&path).await.ok()?;
+        serde_json::from_slice::<zkgate::controller::LockNodeData>(&data).ok()
+    };
+    let taken = eventually(WITHIN, "the node taken over by the LockLease", || async {
+        node().await.filter(|d| d.uid == uid)
+    })
+    .await;
+    assert_eq!(
+        taken.mode,
+        zkgate::api::LockMode::Exclusive,
+        "the mode is kept while the lock is held"
+    );
+    eventually(WITHIN, "SpecAccepted=False while held", || async {
+        (accepted(&locks.get("db").await.ok()?.status?.conditions) == Some("False")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        node().await.map(|d| d.mode),
+        Some(zkgate::api::LockMode::Exclusive)
+    );
+    let pid = holder.id().unwrap() as i32;
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = finished(holder).await;
+    eventually(WITHIN, "the Semaphore once free", || async {
+        (node().await?.mode == zkgate::api::LockMode::Semaphore).then_some(())
+    })
+    .await;
+}
+
 /// Issue 15: a Semaphore LockLease. `zkgate lock run` takes permits from
 /// it unchanged (the node says what it is; `--take 2` takes two at once);
 /// the status lists the holders with their permits and the waiter; raising

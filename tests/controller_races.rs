@@ -413,3 +413,106 @@ async fn a_stale_cached_pod_is_confirmed_by_a_get_before_its_registration_is_jud
     );
     assert_eq!(fate("old"), Some(PodFate::Gone));
 }
+
+/// Issue 44, item 3: a LockLease's mode changed under a contender that had
+/// read the old one. Contender A reads "Exclusive" and sends its create,
+/// which the proxy holds back; meanwhile the LockLease becomes a Semaphore
+/// of one permit (the controller sees nobody in the lock); then A's create
+/// arrives. B, reading "Semaphore", must not hold beside A. Failed before
+/// the fix: A held as an Exclusive contender, unseen by the semaphore, and
+/// B took its one permit at once (exit 0 instead of 3).
+#[tokio::test]
+async fn a_contender_that_read_the_old_mode_cannot_queue_under_it() {
+    use zkgate::api::{LockLease, LockMode};
+    use zkgate::controller::LockNodeData;
+    let s = setup(None).await;
+    let locks: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
+    let lock: LockLease = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
+        "spec": { "mode": "Exclusive" }
+    }))
+    .unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let observer = session(&s.direct).await;
+    let node = format!("/zkgate/namespaces/{}/locks/db", s.ns);
+    let rules = || async {
+        let (data, _) = observer.client().get_data(&node).await.ok()?;
+        serde_json::from_slice::<LockNodeData>(&data).ok()
+    };
+    eventually(WITHIN, "the lock node", || async {
+        rules().await.filter(|d| d.mode == LockMode::Exclusive)
+    })
+    .await;
+
+    let proxy = Proxy::start(shared_zookeeper()).await;
+    let through = s.direct.replacen(&shared_zookeeper(), &proxy.address(), 1);
+    proxy.stall_at(&op::CREATES, "locks/db/_c_");
+    let dir = tempfile::tempdir().unwrap();
+    let a_ran = dir.path().join("a-ran");
+    let script = format!("touch {}; sleep 8", a_ran.display());
+    let mut a = support::zkgate(
+        &through,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "a",
+            "--session-timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let a = a.env("ZKGATE_NAMESPACE", &s.ns).spawn().unwrap();
+    tokio::time::timeout(WITHIN, proxy.stalled_at())
+        .await
+        .expect("A sends its create");
+    locks
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "mode": "Semaphore", "permits": 1 } })),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "the lock node says Semaphore", || async {
+        rules()
+            .await
+            .filter(|d| d.mode == LockMode::Semaphore && d.changing_to.is_none())
+    })
+    .await;
+    proxy.resume();
+    eventually(WITHIN, "A's command runs", || async {
+        a_ran.exists().then_some(())
+    })
+    .await;
+
+    let mut b = support::zkgate(
+        &s.direct,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--id",
+            "b",
+            "--timeout",
+            "2s",
+            "--",
+            "true",
+        ],
+    );
+    b.env("ZKGATE_NAMESPACE", &s.ns);
+    let (code, err) = support::output(b).await;
+    assert_eq!(
+        code, 3,
+        "B held the semaphore's only permit beside A: {err}"
+    );
+    let out = tokio::time::timeout(WITHIN, a.wait_with_output())
+        .await
+        .expect("A ends")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}

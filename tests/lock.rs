@@ -336,6 +336,7 @@ async fn a_persistent_hold_outlives_its_process_and_is_released_later() {
             persistent: true,
             create_parent: true,
             data: b"pod-0".to_vec(),
+            check: None,
         },
     );
     let registration = lock
@@ -399,6 +400,7 @@ async fn a_restarted_holder_adopts_its_persistent_registration() {
         persistent: true,
         create_parent: true,
         data: br#"{"pod":"p","podUid":"u1"}"#.to_vec(),
+        check: None,
     };
     let first = session(&connect).await;
     let before = Mutex::new(LOCK, options.clone())

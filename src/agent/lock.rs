@@ -14,7 +14,7 @@ use super::{close, Participant, Termination};
 use crate::api::{LockMode, LockNodeData};
 use crate::zk::{
     encode_count, path as zpath, within, LockHold, LockOptions, Mutex, Permits, ReadWriteLock,
-    Semaphore, Session, ZkError,
+    Semaphore, Session, VersionCheck, ZkError, MAX_KILL_GRACE,
 };
 
 /// Which side of the lock to take.
@@ -72,25 +72,47 @@ impl<'a> LockCommand<'a> {
         self
     }
 
-    /// The lock's mode, as its node's data says (`None`: data not written by
-    /// a controller or `--create --permits`, e.g. a lock made by `--create`).
-    async fn mode(&self, session: &Session) -> Result<Option<LockMode>, ZkError> {
+    /// How the lock is to be taken, as its node's data says (`None`: data
+    /// not written by a controller or `--create`, e.g. a lock made by
+    /// Curator), and the data's version.
+    async fn rules(&self, session: &Session) -> Result<(Option<LockNodeData>, i32), ZkError> {
         let client = session.client();
-        let (data, _) = session
+        let (data, stat) = session
             .retry("read", &self.path, || client.get_data(&self.path))
             .await
-            .map_err(|e| match e {
-                ZkError::Zk {
-                    source: zookeeper_client::Error::NoNode,
-                    ..
-                } => ZkError::Deleted {
-                    path: self.path.clone(),
-                },
-                e => e,
-            })?;
-        Ok(serde_json::from_slice::<LockNodeData>(&data)
-            .ok()
-            .map(|d| d.mode))
+            .map_err(|e| self.gone_if_missing(e))?;
+        Ok((
+            serde_json::from_slice::<LockNodeData>(&data).ok(),
+            stat.version,
+        ))
+    }
+
+    /// Returns once the lock node's data is no longer at `version`.
+    async fn rules_changed(&self, session: &Session, version: i32) -> Result<(), ZkError> {
+        let client = session.client();
+        let (_, stat, watcher) = session
+            .retry("watch", &self.path, || {
+                client.get_and_watch_data(&self.path)
+            })
+            .await
+            .map_err(|e| self.gone_if_missing(e))?;
+        if stat.version == version {
+            // Any event will do: the caller reads the node again.
+            watcher.changed().await;
+        }
+        Ok(())
+    }
+
+    fn gone_if_missing(&self, e: ZkError) -> ZkError {
+        match e {
+            ZkError::Zk {
+                source: zookeeper_client::Error::NoNode,
+                ..
+            } => ZkError::Deleted {
+                path: self.path.clone(),
+            },
+            e => e,
+        }
     }
 
     /// `--create`: makes the lock node unless it exists, with its mode in
@@ -110,6 +132,7 @@ impl<'a> LockCommand<'a> {
             uid: String::new(),
             mode,
             lease_ms: None,
+            changing_to: None,
         })
         .unwrap_or_default();
         if let Some((parent, _)) = self.path.rsplit_once('/') {
@@ -168,6 +191,7 @@ impl<'a> LockCommand<'a> {
             data,
             persistent,
             create_parent: self.create,
+            check: None,
         };
         let attempt = async {
             if self.create {
@@ -175,53 +199,29 @@ impl<'a> LockCommand<'a> {
             } else {
                 session.await_node(&self.path).await?;
             }
-            let mode = self.mode(session).await?;
-            let refuse = |reason: String| ZkError::Permits {
-                path: self.path.clone(),
-                reason,
-            };
-            if mode == Some(LockMode::Exclusive) && self.side != Side::Exclusive {
-                // Readers share: on a lock made for one holder at a time,
-                // a reader would run beside another reader.
-                return Err(refuse(
-                    "it is Exclusive (one holder at a time); --read and --write are for ReadWrite locks".to_owned(),
-                ));
-            }
-            if mode == Some(LockMode::Semaphore) {
-                if self.side != Side::Exclusive {
-                    return Err(refuse(
-                        "it is a Semaphore; --read and --write are for ReadWrite locks".to_owned(),
-                    ));
+            loop {
+                let (rules, version) = self.rules(session).await?;
+                if let Some(to) = rules.as_ref().and_then(|r| r.changing_to) {
+                    // The controller is changing the mode: queueing now
+                    // could be under rules about to go.
+                    debug!(lock = %self.path, ?to, "the lock's mode is being changed: waiting until it is done");
+                    self.rules_changed(session, version).await?;
+                    continue;
                 }
-                // The controller makes the count just after the node: a
-                // pod started with its LockLease may look in between.
-                let count = zpath::join(&self.path, crate::zk::COUNT);
-                session.await_node(&count).await?;
-                return Semaphore::new(&self.path, Permits::Shared(count), options)
-                    .acquire(session, self.take, None)
-                    .await;
-            }
-            if self.take > 1 {
-                return Err(refuse(format!(
-                    "--take {} is for Semaphore LockLeases; this one is {}",
-                    self.take,
-                    match mode {
-                        Some(LockMode::ReadWrite) => "ReadWrite",
-                        _ => "Exclusive",
+                // Our node is made only if the rules are still these (one
+                // transaction), so nobody can change them under our queueing.
+                let options = LockOptions {
+                    check: Some(VersionCheck {
+                        path: self.path.clone(),
+                        version,
+                    }),
+                    ..options.clone()
+                };
+                match self.queue_as(session, rules.map(|r| r.mode), options).await {
+                    Err(ZkError::Changed { .. }) => {
+                        debug!(lock = %self.path, "the lock's data changed as we queued: reading it again");
                     }
-                )));
-            }
-            match self.side {
-                Side::Exclusive => Mutex::new(&self.path, options).acquire(session, None).await,
-                Side::Read => {
-                    ReadWriteLock::new(&self.path, options)
-                        .read(session, None)
-                        .await
-                }
-                Side::Write => {
-                    ReadWriteLock::new(&self.path, options)
-                        .write(session, None)
-                        .await
+                    taken => return taken,
                 }
             }
         };
@@ -246,6 +246,64 @@ impl<'a> LockCommand<'a> {
         };
         info!(lock = %self.path, token = hold.fencing_token(), side = ?self.side, "lock acquired");
         Ok(hold)
+    }
+
+    /// Queues for the lock as its mode says (`None`: a lock whose data no
+    /// controller wrote), refusing what the mode cannot give.
+    async fn queue_as<'s>(
+        &self,
+        session: &'s Session,
+        mode: Option<LockMode>,
+        options: LockOptions,
+    ) -> Result<LockHold<'s>, ZkError> {
+        let refuse = |reason: String| ZkError::Permits {
+            path: self.path.clone(),
+            reason,
+        };
+        if mode == Some(LockMode::Exclusive) && self.side != Side::Exclusive {
+            // Readers share: on a lock made for one holder at a time,
+            // a reader would run beside another reader.
+            return Err(refuse(
+                "it is Exclusive (one holder at a time); --read and --write are for ReadWrite locks".to_owned(),
+            ));
+        }
+        if mode == Some(LockMode::Semaphore) {
+            if self.side != Side::Exclusive {
+                return Err(refuse(
+                    "it is a Semaphore; --read and --write are for ReadWrite locks".to_owned(),
+                ));
+            }
+            // The controller makes the count just after the node: a
+            // pod started with its LockLease may look in between.
+            let count = zpath::join(&self.path, crate::zk::COUNT);
+            session.await_node(&count).await?;
+            return Semaphore::new(&self.path, Permits::Shared(count), options)
+                .acquire(session, self.take, None)
+                .await;
+        }
+        if self.take > 1 {
+            return Err(refuse(format!(
+                "--take {} is for Semaphore LockLeases; this one is {}",
+                self.take,
+                match mode {
+                    Some(LockMode::ReadWrite) => "ReadWrite",
+                    _ => "Exclusive",
+                }
+            )));
+        }
+        match self.side {
+            Side::Exclusive => Mutex::new(&self.path, options).acquire(session, None).await,
+            Side::Read => {
+                ReadWriteLock::new(&self.path, options)
+                    .read(session, None)
+                    .await
+            }
+            Side::Write => {
+                ReadWriteLock::new(&self.path, options)
+                    .write(session, None)
+                    .await
+            }
+        }
     }
 
     fn lost(&self, what: &str) -> impl Fn(crate::zk::LossReason) -> AgentError + '_ {
@@ -407,7 +465,7 @@ impl<'a> LockCommand<'a> {
             .unless_stopped("connecting", self.participant.connect())
             .await?;
         let outcome = async {
-            let grace = grace.unwrap_or(session.timeout() / 4);
+            let grace = grace.unwrap_or_else(|| default_kill_grace(session.timeout()));
             check_kill_grace(grace, session.timeout(), "granted by the server")?;
             let hold = stop
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false, Some(WATCH_POLL + grace)))
@@ -427,33 +485,40 @@ impl<'a> LockCommand<'a> {
             if let Ok((Some(lease), _)) = self.read_lease(&session).await {
                 lease_end.set(Some(hold.held_since() + lease));
             }
-            publish_trust(token_file, trusted_until(&trust, &lease_end))?;
-            ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token()))?;
-            readiness.set_ready()?;
+            // The trust, then the token, then readiness: a failure on the
+            // way (an unwritable ready file, a full volume) withdraws what
+            // was published, and gives the hold up only once a command
+            // started on it is surely dead, as any other end does.
+            let published = publish_trust(token_file, trusted_until(&trust, &lease_end))
+                .and_then(|()| ready::write_atomically(token_file, &format!("{}\n", hold.fencing_token())))
+                .and_then(|()| readiness.set_ready());
             let loss = monitor.lost();
             tokio::pin!(loss);
-            let ended = tokio::select! {
-                _ = stop.received() => SidecarEnd::Stopped,
-                reason = &mut loss => SidecarEnd::Lost(reason),
-                lease = self.lease_ended(&session, hold.held_since(), &lease_end) => SidecarEnd::LeaseEnded(lease),
-                () = keep_publishing(token_file, &trust, &lease_end) => SidecarEnd::Stopped,
+            let ended = match published {
+                Err(e) => SidecarEnd::Failed(e),
+                Ok(()) => tokio::select! {
+                    _ = stop.received() => SidecarEnd::Stopped,
+                    reason = &mut loss => SidecarEnd::Lost(reason),
+                    lease = self.lease_ended(&session, hold.held_since(), &lease_end) => SidecarEnd::LeaseEnded(lease),
+                    () = keep_publishing(token_file, &trust, &lease_end) => SidecarEnd::Stopped,
+                },
             };
             readiness.clear();
             withdraw(token_file);
-            let lease = match ended {
+            let outcome = match ended {
                 SidecarEnd::Lost(reason) => return Err(self.lost("; the token file was withdrawn")(reason)),
-                SidecarEnd::Stopped => None,
-                SidecarEnd::LeaseEnded(lease) => Some(lease),
+                SidecarEnd::Stopped => Ok(0),
+                SidecarEnd::LeaseEnded(lease) => Err(self.lease_over(lease, "; the token file was withdrawn and the hold given up")),
+                SidecarEnd::Failed(e) => Err(e),
             };
-            // Asked to stop, or the lease is over. A command under `lock
-            // watch` may still run: it sees the token go at its next look
-            // and is dead its kill grace later. Only then may the next
-            // holder start, so the hold is kept (and watched) until that
-            // bound has passed.
+            // Asked to stop, the lease is over, or publishing failed. A
+            // command under `lock watch` may still run: it sees the token
+            // go at its next look and is dead its kill grace later. Only
+            // then may the next holder start, so the hold is kept (and
+            // watched) until that bound has passed.
             let drained = WATCH_POLL + grace + safety_margin(session.timeout());
             info!(
                 wait_ms = drained.as_millis() as u64,
-                lease_ended = lease.is_some(),
                 "withdrew the token; releasing the lock once a watched command is surely stopped"
             );
             if let Some(reason) = tokio::select! {
@@ -463,13 +528,15 @@ impl<'a> LockCommand<'a> {
                 return Err(self.lost("; the token file was withdrawn")(reason));
             }
             let released = hold.release().await;
-            if let Some(lease) = lease {
-                if let Err(e) = released {
-                    debug!(error = %e, "giving up the hold at its lease's end");
+            match outcome {
+                Ok(code) => released.map(|_| code).map_err(|e| self.participant.explain(e)),
+                Err(e) => {
+                    if let Err(release) = released {
+                        debug!(error = %release, "giving up the hold");
+                    }
+                    Err(e)
                 }
-                return Err(self.lease_over(lease, "; the token file was withdrawn and the hold given up"));
             }
-            released.map(|_| 0).map_err(|e| self.participant.explain(e))
         }
         .await;
         close(session).await;
@@ -502,7 +569,7 @@ impl<'a> LockCommand<'a> {
             .unless_stopped("connecting", self.participant.connect())
             .await?;
         let outcome = async {
-            let grace = grace.unwrap_or(session.timeout() / 4);
+            let grace = grace.unwrap_or_else(|| default_kill_grace(session.timeout()));
             check_kill_grace(grace, session.timeout(), "granted by the server")?;
             let hold = stop
                 .unless_stopped(&self.waiting(), self.acquire_with(&session, false, Some(grace)))
@@ -559,6 +626,8 @@ enum SidecarEnd {
     Lost(crate::zk::LossReason),
     /// The hold lasted its lease (this one).
     LeaseEnded(Duration),
+    /// The token or readiness could not be published.
+    Failed(AgentError),
 }
 
 /// Why `lock run` stopped its command.
@@ -770,6 +839,12 @@ fn safety_margin(session_timeout: Duration) -> Duration {
     session_timeout / 10
 }
 
+/// The kill grace when none is asked for: a quarter of the session timeout,
+/// at most [`MAX_KILL_GRACE`].
+fn default_kill_grace(session_timeout: Duration) -> Duration {
+    (session_timeout / 4).min(MAX_KILL_GRACE)
+}
+
 /// `lock run`'s kill grace must fit in the session timeout: the command is
 /// told to stop `grace` + a margin before the server can expire the session,
 /// and at least 0.4 of the timeout must remain for ZooKeeper to be silent
@@ -779,6 +854,13 @@ fn check_kill_grace(
     session_timeout: Duration,
     which: &str,
 ) -> Result<(), AgentError> {
+    if grace > MAX_KILL_GRACE {
+        return Err(AgentError::usage(format!(
+            "--kill-grace {} is longer than {}, the longest the controller waits after a lease's end before it revokes the hold: the command could outlive its revocation and run beside the next holder",
+            humantime::format_duration(grace),
+            humantime::format_duration(MAX_KILL_GRACE)
+        )));
+    }
     if grace * 2 > session_timeout {
         return Err(AgentError::usage(format!(
             "--kill-grace {} cannot fit in the session timeout {} {which}: it must be at most half of it, so that the command is dead before the server can expire the session and hand the lock on (lower --kill-grace or raise --session-timeout)",

@@ -116,6 +116,12 @@ pub struct LockNodeData {
     /// clock), before the controller revokes the hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// Set while the controller changes the mode to this one: contenders
+    /// wait until it is cleared. Written before the controller looks
+    /// whether the lock is in use, so that a contender that read the mode
+    /// before cannot queue unseen (its create checks the data's version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changing_to: Option<LockMode>,
 }
 
 /// Whether anyone holds the lock.

@@ -16,7 +16,7 @@ use super::pods::PodFate;
 use super::reconciler::{next_look, own_node, release_ended, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
-use crate::zk::{path, tree, ZkError};
+use crate::zk::{path, tree, Session, ZkError};
 
 pub use crate::api::LockNodeData;
 
@@ -40,13 +40,15 @@ impl Reconciled for LockLease {
             uid: uid.clone(),
             mode: lock.spec.mode,
             lease_ms: lock.spec.lease().map(|l| l.as_millis() as u64),
+            changing_to: None,
         };
 
         let bytes = serde_json::to_vec(&wanted)?;
         // A node without a uid was made by a participant's `--create`
-        // before us: its holds are real, so it is taken over in place.
+        // before us: its holds are real, so it is taken over as ours, and
+        // its mode changes only by the rules below (not while in use).
         let owner = |data: &[u8]| match serde_json::from_slice::<LockNodeData>(data) {
-            Ok(d) if d.uid.is_empty() => Err("made by a participant's --create".to_owned()),
+            Ok(d) if d.uid.is_empty() => Ok(Some(uid.clone())),
             Ok(d) => Ok(Some(d.uid)),
             Err(e) => Err(e.to_string()),
         };
@@ -76,37 +78,42 @@ impl Reconciled for LockLease {
             return Ok(Action::requeue(Duration::from_secs(1)));
         };
 
-        // The mode can change while nobody holds or waits; not under their feet.
+        // The mode can change while nobody holds or waits; not under their
+        // feet. A contender reads the mode, then queues in one transaction
+        // with a check that the node's data is unchanged. So the change is
+        // announced first (`changingTo`: contenders that read it wait), and
+        // only then is the lock looked at for good: whoever queued under
+        // the old mode did so before the announcement, and our session sees
+        // it now; nobody can queue under it after.
         let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
-        let semaphore_dirs = [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(&path, d));
         let mut spec_problem = None;
-        // What the node should say: the mode only once it may change (below).
+        // What the node should say: the mode only once it may change (below);
+        // never a change under way once this pass is done.
         let mut target = LockNodeData {
             mode: current.mode,
             ..wanted.clone()
         };
         if current.mode != lock.spec.mode {
-            // Looked at only when the mode changes: a semaphore's holders and
-            // waiters are one level down, and only their names matter.
-            let mut in_use = node
-                .children
-                .iter()
-                .any(|c| crate::zk::contender::Contender::parse(&c.name).is_some());
-            if current.mode == LockMode::Semaphore {
-                for dir in &semaphore_dirs {
-                    match zk.client().list_children(dir).await {
-                        Ok(names) => in_use |= !names.is_empty(),
-                        Err(zk::Error::NoNode) => {}
-                        Err(e) => {
-                            return Err(ZkError::Zk {
-                                op: "list",
-                                path: dir.clone(),
-                                source: e,
-                            }
-                            .into())
-                        }
-                    }
-                }
+            let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
+            let mut in_use = lock_in_use(zk, &path, &names, current.mode).await?;
+            if !in_use {
+                let announced = LockNodeData {
+                    changing_to: Some(lock.spec.mode),
+                    ..target.clone()
+                };
+                node.stat.version =
+                    write_lock_data(zk, &path, &node.data, &announced, node.stat.version).await?;
+                node.data = serde_json::to_vec(&announced).unwrap_or_default();
+                let names = zk
+                    .client()
+                    .list_children(&path)
+                    .await
+                    .map_err(|e| ZkError::Zk {
+                        op: "list",
+                        path: path.clone(),
+                        source: e,
+                    })?;
+                in_use = lock_in_use(zk, &path, &names, current.mode).await?;
             }
             if in_use {
                 spec_problem = Some(format!(
@@ -116,11 +123,8 @@ impl Reconciled for LockLease {
             } else {
                 if current.mode == LockMode::Semaphore {
                     // A semaphore's own nodes mean nothing to a lock.
-                    for dir in semaphore_dirs
-                        .iter()
-                        .chain([&path::join(&path, crate::zk::COUNT)])
-                    {
-                        let left = tree::delete_tree(zk, dir).await?;
+                    for dir in [crate::zk::LEASES, crate::zk::LOCKS, crate::zk::COUNT] {
+                        let left = tree::delete_tree(zk, &path::join(&path, dir)).await?;
                         if !left.is_empty() {
                             return Err(Error::ShutOut(left));
                         }
@@ -130,23 +134,11 @@ impl Reconciled for LockLease {
             }
         }
         // The lease is written at once, in use or not: holders follow it
-        // (a change reaches a holder by its watch on this node).
-        if serde_json::from_slice::<LockNodeData>(&node.data)
-            .ok()
-            .as_ref()
-            != Some(&target)
-        {
-            let bytes = serde_json::to_vec(&target).unwrap_or_default();
-            zk.client()
-                .set_data(&path, &bytes, Some(node.stat.version))
-                .await
-                .map_err(|e| ZkError::Zk {
-                    op: "write",
-                    path: path.clone(),
-                    source: e,
-                })?;
-            node.data = bytes;
-        }
+        // (a change reaches a holder by its watch on this node). A change
+        // of mode left announced by a pass that did not finish is withdrawn.
+        node.stat.version =
+            write_lock_data(zk, &path, &node.data, &target, node.stat.version).await?;
+        node.data = serde_json::to_vec(&target).unwrap_or_default();
         let mode = serde_json::from_slice::<LockNodeData>(&node.data)
             .map(|d| d.mode)
             .unwrap_or_default();
@@ -334,4 +326,64 @@ async fn publish(
         .lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
+}
+
+/// Whether anyone holds or waits on the lock at `path` whose children are
+/// `names`, under `mode`: contenders among them, or for a Semaphore, nodes
+/// in its queue or leases (one level down).
+async fn lock_in_use(
+    zk: &Session,
+    path: &str,
+    names: &[String],
+    mode: LockMode,
+) -> Result<bool, Error> {
+    if names
+        .iter()
+        .any(|n| crate::zk::contender::Contender::parse(n).is_some())
+    {
+        return Ok(true);
+    }
+    if mode != LockMode::Semaphore {
+        return Ok(false);
+    }
+    for dir in [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(path, d)) {
+        match zk.client().list_children(&dir).await {
+            Ok(names) if !names.is_empty() => return Ok(true),
+            Ok(_) | Err(zk::Error::NoNode) => {}
+            Err(e) => {
+                return Err(ZkError::Zk {
+                    op: "list",
+                    path: dir,
+                    source: e,
+                }
+                .into())
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Writes `wanted` into the lock node at `path` unless `data` (read at
+/// `version`) already says it; returns the data's version after.
+async fn write_lock_data(
+    zk: &Session,
+    path: &str,
+    data: &[u8],
+    wanted: &LockNodeData,
+    version: i32,
+) -> Result<i32, Error> {
+    if serde_json::from_slice::<LockNodeData>(data).ok().as_ref() == Some(wanted) {
+        return Ok(version);
+    }
+    let bytes = serde_json::to_vec(wanted)?;
+    let stat = zk
+        .client()
+        .set_data(path, &bytes, Some(version))
+        .await
+        .map_err(|e| ZkError::Zk {
+            op: "write",
+            path: path.to_owned(),
+            source: e,
+        })?;
+    Ok(stat.version)
 }

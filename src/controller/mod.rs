@@ -350,6 +350,7 @@ async fn lead(
             data: who,
             persistent: false,
             create_parent: true,
+            check: None,
         },
     );
     info!(lock = %leader_path, "waiting to lead");

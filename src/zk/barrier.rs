@@ -133,10 +133,18 @@ pub struct ParticipantData {
     pub pod_uid: Option<String>,
     /// A lock holder's kill grace, in milliseconds: how long after its
     /// lease's end its command may still run (SIGTERM to SIGKILL). The
-    /// controller revokes a hold only once that, and a margin, have passed.
+    /// controller revokes a hold only once that, and a margin, have passed
+    /// (at most [`MAX_KILL_GRACE`] of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_grace_ms: Option<u64>,
 }
+
+/// The longest kill grace a holder may take, and the longest the controller
+/// waits for after a lease's end: half the longest session timeout a
+/// participant is given at admission. The holders zkgate runs refuse more
+/// (a usage error), so a revocation never comes before their command is
+/// dead; a foreign holder publishing more is revoked after this much.
+pub const MAX_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ParticipantData {
     /// Parses a participant node's data; anything unreadable counts as

@@ -154,6 +154,15 @@ pub enum ZkError {
         path: String,
     },
 
+    /// A create made on condition that a node's data was unchanged (see
+    /// [`crate::zk::VersionCheck`]) was not made: the data changed since
+    /// it was read.
+    #[error("the data of {path} changed since it was read (it says how to take the lock: read it again)")]
+    Changed {
+        /// The node whose data changed.
+        path: String,
+    },
+
     /// A lock was asked for what its mode cannot give: permits it does not
     /// have, or a side (read, write) it does not have.
     #[error("lock {path}: {reason}")]
@@ -243,7 +252,9 @@ impl ZkError {
             ZkError::InvalidData { .. }
             | ZkError::Zk { .. }
             | ZkError::Unsupported { .. }
-            | ZkError::Contended { .. } => ErrorKind::Internal,
+            | ZkError::Contended { .. }
+            // Caught by the caller, which reads the rules again.
+            | ZkError::Changed { .. } => ErrorKind::Internal,
         }
     }
 

@@ -41,14 +41,15 @@ pub mod tree;
 
 pub use acl::Credential;
 pub use barrier::{
-    BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, ParticipantData, READY,
+    BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, ParticipantData, MAX_KILL_GRACE,
+    READY,
 };
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
 pub use kept::{when_reachable, KeptRegistration};
-pub use lock::{LockOptions, Mutex, ReadWriteLock};
+pub use lock::{LockOptions, Mutex, ReadWriteLock, VersionCheck};
 pub use rounds::{GangBarrier, RoundEnd};
 pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

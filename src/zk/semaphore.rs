@@ -207,6 +207,8 @@ impl Semaphore {
                 data: self.options.data.clone(),
                 persistent: false,
                 create_parent: false,
+                // Its node is the first this acquirer makes: checked there.
+                check: self.options.check.clone(),
             },
         );
         let turn = mutex.acquire(session, None).await?;

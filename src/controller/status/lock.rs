@@ -11,7 +11,7 @@ use super::{
 use crate::api::{HoldMode, HolderStatus, LockLeaseSpec, LockLeaseStatus, LockPhase, WaiterStatus};
 use crate::zk::contender::{self, ContenderKind};
 use crate::zk::tree::ChildNode;
-use crate::zk::ParticipantData;
+use crate::zk::{ParticipantData, MAX_KILL_GRACE};
 
 /// What to do about a lock.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,12 +255,6 @@ fn waiter(child: &ChildNode) -> WaiterStatus {
 /// little.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
-/// The longest kill grace the controller waits for: half the longest
-/// session timeout the webhook gives a participant (a kill grace must fit
-/// in half the session timeout). A holder claiming more is revoked after
-/// this much.
-pub const MAX_KILL_GRACE: Duration = Duration::from_secs(60);
-
 /// How long after a hold's lease the controller revokes it: the kill grace
 /// its holder published (none: a holder that does not stop by itself, such
 /// as an init container's hold), at most [`MAX_KILL_GRACE`], plus
@@ -298,13 +292,26 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
         // ZooKeeper does not record when a waiter became the holder (its
         // ctime is when it queued): the hold starts when the controller first
         // saw this token holding, remembered in the status across restarts.
-        let since = previous
+        let seen_before = previous
             .holders
             .iter()
-            .find(|h| h.fencing_token == child.stat.czxid)
+            .find(|h| h.fencing_token == child.stat.czxid);
+        let since = seen_before
             .and_then(|h| h.since.as_ref().map(|t| t.0))
             .unwrap_or(now);
-        let expires = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
+        let due = lease.and_then(|l| since.checked_add(jiff_span(l)).ok());
+        let expires = due.map(|due| match seen_before {
+            // A lease added or shortened during the hold reaches the
+            // holder by its watch, about now: it stops its command then,
+            // not back when its new lease would have ended. So the hold
+            // ends no earlier than the first look that saw the change
+            // (kept in the status, so later looks agree).
+            Some(p) => {
+                let floor = p.expires_at.as_ref().map_or(now, |e| e.0.min(now));
+                due.max(floor)
+            }
+            None => due,
+        });
         // The holder stops its command at its lease's end (on its own
         // clock, from no later than `since`) and kills it by its kill
         // grace: revoked only after both and a margin, so the command is
@@ -728,5 +735,80 @@ mod tests {
         // Given up long before: released.
         let early = look(&s, LockNodes::Queue(&[]), &before.status, at(1_000));
         assert!(early.notes.iter().any(|n| n.reason == "Released"));
+    }
+
+    /// Review of issue 43, item 2: a lease added or shortened during a hold
+    /// reaches its holder only then; revoking at once (its hold started
+    /// long before) killed nothing in time: the holder's command was still
+    /// in its kill grace when the next holder started. Failed before: the
+    /// first look after the change revoked.
+    #[test]
+    fn a_lease_added_or_shortened_during_a_hold_runs_from_when_it_was_seen() {
+        let spec = |lease: Option<&str>| LockLeaseSpec {
+            mode: crate::api::LockMode::Exclusive,
+            lease_duration: lease.map(Into::into),
+            permits: None,
+        };
+        let held = vec![child(
+            "_c_a-lock-0000000001",
+            0,
+            100,
+            r#"{"id":"a","killGraceMs":2000}"#,
+        )];
+        for before_lease in [None, Some("1h")] {
+            let before = look(
+                &spec(before_lease),
+                LockNodes::Queue(&held),
+                &LockLeaseStatus::default(),
+                at(200),
+            );
+            // At 30 s the lease becomes 3 s: over since 3.2 s by the hold's
+            // start, but news to its holder.
+            let changed = look(
+                &spec(Some("3s")),
+                LockNodes::Queue(&held),
+                &before.status,
+                at(30_000),
+            );
+            assert!(changed.revoke.is_empty(), "{before_lease:?}: not at once");
+            assert_eq!(
+                changed.status.holders[0].expires_at,
+                Some(MicroTime(at(30_000))),
+                "{before_lease:?}"
+            );
+            assert_eq!(changed.requeue, Some(Duration::from_millis(3_050)));
+            // Later looks keep that end: revoked after the grace and margin.
+            let within = look(
+                &spec(Some("3s")),
+                LockNodes::Queue(&held),
+                &changed.status,
+                at(32_900),
+            );
+            assert!(within.revoke.is_empty(), "{before_lease:?}");
+            let after = look(
+                &spec(Some("3s")),
+                LockNodes::Queue(&held),
+                &within.status,
+                at(33_000),
+            );
+            assert_eq!(after.revoke, ["_c_a-lock-0000000001"], "{before_lease:?}");
+        }
+        // Lengthened: the longer lease counts from the hold's start.
+        let before = look(
+            &spec(Some("3s")),
+            LockNodes::Queue(&held),
+            &LockLeaseStatus::default(),
+            at(200),
+        );
+        let longer = look(
+            &spec(Some("10s")),
+            LockNodes::Queue(&held),
+            &before.status,
+            at(1_000),
+        );
+        assert_eq!(
+            longer.status.holders[0].expires_at,
+            Some(MicroTime(at(10_200)))
+        );
     }
 }

@@ -31,6 +31,8 @@ pub(crate) struct LockSpec {
     pub persistent: bool,
     /// Create the lock node (and its parents) when it is missing.
     pub create_parent: bool,
+    /// Create our node only if this node's data is unchanged.
+    pub check: Option<super::VersionCheck>,
 }
 
 /// Acquires per `spec`, waiting at most until `deadline`. On every error,
@@ -129,12 +131,16 @@ async fn queue_and_wait(
             // The create and the first listing go out together: the server
             // answers them in order, so the listing already holds our node.
             listed_at = Instant::now();
-            let create = client.create(&prefix, &spec.data, &options);
+            let create = create_checked(session, spec, &prefix, &options)?;
             let listing = client.list_children(parent);
             match create.await {
-                Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", path::name_of(&prefix));
-                    guard.arm_created(path::join(parent, &name), stat.czxid);
+                Ok((name, stat)) => {
+                    let node = path::join(parent, &name);
+                    let czxid = match stat {
+                        Some(stat) => stat.czxid,
+                        None => created_czxid(session, &node).await?,
+                    };
+                    guard.arm_created(node, czxid);
                     let children = match listing.await {
                         Ok(children) => children,
                         Err(_) => {
@@ -142,9 +148,10 @@ async fn queue_and_wait(
                             list(session, parent).await?
                         }
                     };
-                    break (name, stat.czxid, children);
+                    break (name, czxid, children);
                 }
-                Err(zk::Error::NoNode) if spec.create_parent => {
+                Err(CreateError::Changed(at)) => return Err(ZkError::Changed { path: at }),
+                Err(CreateError::Zk(zk::Error::NoNode)) if spec.create_parent => {
                     let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
                     match session
                         .retry("create", parent, || client.mkdir(parent, &dir))
@@ -158,12 +165,12 @@ async fn queue_and_wait(
                         Err(e) => return Err(e),
                     }
                 }
-                Err(zk::Error::NoNode) => {
+                Err(CreateError::Zk(zk::Error::NoNode)) => {
                     return Err(ZkError::Deleted {
                         path: parent.to_owned(),
                     })
                 }
-                Err(e) if is_connection_loss(&e) => {
+                Err(CreateError::Zk(e)) if is_connection_loss(&e) => {
                     // The create may have been applied before the connection
                     // dropped: our protected prefix finds that ghost node.
                     session.await_connected().await?;
@@ -188,7 +195,7 @@ async fn queue_and_wait(
                         }
                     }
                 }
-                Err(e) => return Err(ZkError::from_client("create", &prefix, e)),
+                Err(CreateError::Zk(e)) => return Err(ZkError::from_client("create", &prefix, e)),
             }
         }
     };
@@ -249,6 +256,83 @@ async fn queue_and_wait(
         woken = true;
         listed_at = Instant::now();
         children = list(session, parent).await?;
+    }
+}
+
+/// Why our node was not created.
+enum CreateError {
+    /// The checked node's data changed (or it is gone): nothing was made.
+    Changed(String),
+    /// The create itself failed.
+    Zk(zk::Error),
+}
+
+/// Sends the create of our node (with `spec.check` in the same
+/// transaction when there is one) at once, so that a listing sent after
+/// it is answered after it; the future resolves to our node's name and,
+/// when the server sent it, its stat.
+fn create_checked<'a>(
+    session: &'a Session,
+    spec: &'a LockSpec,
+    prefix: &'a str,
+    options: &'a zk::CreateOptions<'a>,
+) -> Result<
+    impl std::future::Future<Output = std::result::Result<(String, Option<zk::Stat>), CreateError>> + 'a,
+> {
+    use futures::future::{Either, FutureExt as _};
+    let client = session.client();
+    let Some(check) = &spec.check else {
+        let create = client.create(prefix, &spec.data, options);
+        return Ok(Either::Left(create.map(move |created| {
+            let (stat, sequence) = created.map_err(CreateError::Zk)?;
+            Ok((format!("{}{sequence}", path::name_of(prefix)), Some(stat)))
+        })));
+    };
+    let mut writer = client.new_multi_writer();
+    writer
+        .add_check_version(&check.path, check.version)
+        .map_err(|e| ZkError::from_client("check", &check.path, e))?;
+    writer
+        .add_create(prefix, &spec.data, options)
+        .map_err(|e| ZkError::from_client("create", prefix, e))?;
+    let commit = writer.commit();
+    Ok(Either::Right(commit.map(move |committed| {
+        match committed {
+            Ok(results) => results
+                .into_iter()
+                .find_map(|r| match r {
+                    zk::MultiWriteResult::Create { path, stat } => Some((
+                        path::name_of(&path).to_owned(),
+                        (!stat.is_invalid()).then_some(stat),
+                    )),
+                    _ => None,
+                })
+                .ok_or(CreateError::Zk(zk::Error::UnexpectedError(
+                    "a multi with a create answered no path".to_owned(),
+                ))),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+            }) => Err(CreateError::Changed(check.path.clone())),
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
+                Err(CreateError::Zk(source))
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(CreateError::Zk(source)),
+        }
+    })))
+}
+
+/// The czxid of our node, when a multi's reply had no valid stat for it.
+async fn created_czxid(session: &Session, node: &str) -> Result<i64> {
+    let client = session.client();
+    match session
+        .retry("check", node, || client.check_stat(node))
+        .await?
+    {
+        Some(stat) => Ok(stat.czxid),
+        None => Err(ZkError::NodeRemoved {
+            path: node.to_owned(),
+        }),
     }
 }
 

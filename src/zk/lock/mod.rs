@@ -31,6 +31,21 @@ pub struct LockOptions {
     /// [`crate::zk::ZkError::Deleted`], because the lock node belongs to
     /// whoever manages the lock (the controller).
     pub create_parent: bool,
+    /// Queue only if this node's data is still at this version: our node
+    /// is created in one transaction with the check, so what the caller
+    /// read there (how the lock is to be taken) still holds when it
+    /// queues. Else [`crate::zk::ZkError::Changed`], with nothing made.
+    pub check: Option<VersionCheck>,
+}
+
+/// A node's data version, checked in the transaction that creates a
+/// contender's node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionCheck {
+    /// The node (for zkgate, the lock node, whose data says its mode).
+    pub path: String,
+    /// The data version it was read at.
+    pub version: i32,
 }
 
 /// An exclusive lock: one holder at a time.
@@ -125,5 +140,6 @@ fn spec(path: String, kind: ContenderKind, options: LockOptions) -> LockSpec {
         data: options.data,
         persistent: options.persistent,
         create_parent: options.create_parent,
+        check: options.check,
     }
 }
