@@ -966,3 +966,50 @@ async fn failing_a_gang_stops_the_members_waiting_in_its_round() {
         Some("p1 completed as round 0 ended")
     );
 }
+
+/// Issue 44, item 7: every member of a round is told the same ranks, even
+/// one that reads them after another member completed and left. Three
+/// members open round 0; `a` reads the members (and so its rank), runs,
+/// completes, and leaves (its node goes); only then does `b` read them.
+/// Failed before the fix: `b` was told `[b, c]` (rank 0 of 2) while `a`
+/// had been told `[a, b, c]` (and `b` rank 1 of 3): two ranks 0.
+#[tokio::test]
+async fn a_member_reading_its_rank_after_another_left_is_told_the_same_ranks() {
+    let plain = zkgate::zk::EnterOptions::default();
+    let (connect, _admin, gang) = gang(3, None).await;
+    let round = gang.round(0);
+    let (a, b, c) = (
+        session(&connect).await,
+        session(&connect).await,
+        session(&connect).await,
+    );
+    let (ra, rb, rc) = tokio::join!(
+        round.enter(&a, "a", &plain, None),
+        round.enter(&b, "b", &plain, None),
+        round.enter(&c, "c", &plain, None),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    rc.unwrap();
+    let mut told_a = gang.members(&a, 0).await.unwrap().expect("members");
+    told_a.sort();
+    assert_eq!(told_a, ["a", "b", "c"]);
+    // `a` completed: the round is finishing, and `a` leaves.
+    assert!(gang.start_leaving(&a, 0).await.unwrap());
+    a.close().await.unwrap();
+    let a_node = format!("{}/a", gang.round_path(0));
+    eventually(Duration::from_secs(10), "a's node gone", || async {
+        b.client()
+            .check_stat(&a_node)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    for (who, s) in [("b", &b), ("c", &c)] {
+        let mut told = gang.members(s, 0).await.unwrap().expect("members");
+        told.sort();
+        assert_eq!(told, told_a, "{who} was told other ranks than a");
+    }
+}

@@ -504,8 +504,15 @@ impl GangBarrier {
     /// already: a registration came or went since the opening and no
     /// member has completed (a member that restarted arrived, which ends
     /// the round, or a counted member went); its end follows, and no
-    /// command should start. Costs two reads when nothing changed since
-    /// the opening; after a member completed, a read per registration.
+    /// command should start.
+    ///
+    /// The first member to read them after the opening records them in
+    /// `ready`'s data (a write conditional on `ready`'s version, so one
+    /// record wins); every later reader is told the record. A member
+    /// completes only after it read them, so once one has completed and
+    /// left the record is there, and a slower member is not told a list
+    /// without it (which would shift its rank onto another's). Costs two
+    /// reads, and the first reader one write.
     pub async fn members(&self, session: &Session, k: u32) -> Result<Option<Vec<String>>> {
         let client = session.client();
         let round = self.round_path(k);
@@ -514,21 +521,28 @@ impl GangBarrier {
             session
                 .retry("list", &round, || async {
                     let children = client.get_children(&round);
-                    let ready = client.check_stat(&ready);
-                    Ok((children.await?, ready.await?))
+                    let ready = client.get_data(&ready);
+                    Ok((children.await?, or_none(ready.await)?))
                 })
                 .await,
             &round,
         )?;
         let registrations: Vec<String> = children.into_iter().filter(|c| c != READY).collect();
-        let Some(opened) = opened else {
+        let Some((record, opened)) = opened else {
             // Not open (or over): nobody was counted yet.
             return Ok(Some(registrations));
         };
+        let record = OpeningRecord::parse(&record);
         // `ready`'s creation is the last change of the round's children:
         // the ones there now are the ones its opening counted.
         if round_stat.pzxid == opened.czxid {
-            return Ok(Some(registrations));
+            return match record {
+                Some(members) => Ok(Some(members)),
+                None => self
+                    .record(session, &ready, opened.version, registrations)
+                    .await
+                    .map(Some),
+            };
         }
         let (data, _) = or_deleted(
             session
@@ -540,8 +554,12 @@ impl GangBarrier {
         if !leaving {
             return Ok(None);
         }
-        // A member completed and left: those still there that the opening
-        // counted (the ranks of those gone are not known any more).
+        if let Some(members) = record {
+            return Ok(Some(members));
+        }
+        // A member completed and left, and no record was made (members of
+        // a zkgate from before records): those still there that the
+        // opening counted (the ranks of those gone are not known any more).
         let made = futures::future::try_join_all(registrations.iter().map(|r| {
             let node = path::join(&round, r);
             async move {
@@ -559,6 +577,63 @@ impl GangBarrier {
                 .map(|(r, _)| r)
                 .collect(),
         ))
+    }
+
+    /// Records `members`, the registrations the opening counted, in
+    /// `ready` (at `version`, as read). Another reader's record that won
+    /// is the one returned; so is `members` when no record can be made
+    /// (`ready` gone with the round's leave, or a list too long for a
+    /// node), which every reader then computes alike from the same
+    /// unchanged children.
+    async fn record(
+        &self,
+        session: &Session,
+        ready: &str,
+        version: i32,
+        members: Vec<String>,
+    ) -> Result<Vec<String>> {
+        let client = session.client();
+        let record = OpeningRecord::to_bytes(&members);
+        if record.len() > MAX_RECORD_BYTES {
+            debug!(
+                ready,
+                bytes = record.len(),
+                "too many members to record; each member lists them"
+            );
+            return Ok(members);
+        }
+        match session
+            .retry("write", ready, || {
+                client.set_data(ready, &record, Some(version))
+            })
+            .await
+        {
+            Ok(_) => Ok(members),
+            Err(ZkError::Zk {
+                source: zk::Error::BadVersion,
+                ..
+            }) => {
+                // Another reader recorded first (or our write's reply was
+                // lost and it is ours): theirs stands.
+                let (data, _) = match session
+                    .retry("read", ready, || client.get_data(ready))
+                    .await
+                {
+                    Ok(found) => found,
+                    Err(ZkError::Zk {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => return Ok(members),
+                    Err(e) => return Err(e),
+                };
+                Ok(OpeningRecord::parse(&data).unwrap_or(members))
+            }
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(members),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether our registration `node` in round `k` was counted by its
@@ -589,6 +664,50 @@ fn cap(why: &str) -> String {
         end -= 1;
     }
     why[..end].to_owned()
+}
+
+/// The largest record of an opening's members kept in `ready` (well
+/// under ZooKeeper's default 1 MB packet limit; a pod name is at most 253
+/// bytes, so some two thousand members fit).
+const MAX_RECORD_BYTES: usize = 512 * 1024;
+
+/// The members an opening counted, as `ready`'s data records them.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OpeningRecord {
+    members: Vec<String>,
+}
+
+impl OpeningRecord {
+    fn to_bytes(members: &[String]) -> Vec<u8> {
+        let record = OpeningRecord {
+            members: members.to_vec(),
+        };
+        // A list of strings always serializes; empty data would only
+        // mean "no record" to every reader.
+        serde_json::to_vec(&record).unwrap_or_default()
+    }
+
+    /// The record in `data`; `None` for none (empty, as `ready` is made)
+    /// or for data of nobody's making, which is then not trusted.
+    fn parse(data: &[u8]) -> Option<Vec<String>> {
+        if data.is_empty() {
+            return None;
+        }
+        serde_json::from_slice::<OpeningRecord>(data)
+            .ok()
+            .map(|r| r.members)
+    }
+}
+
+/// A read's result with a missing node as `None`.
+fn or_none<T>(
+    found: std::result::Result<T, zk::Error>,
+) -> std::result::Result<Option<T>, zk::Error> {
+    match found {
+        Ok(v) => Ok(Some(v)),
+        Err(zk::Error::NoNode) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// `found`, with a missing round node said as the barrier deleted.
