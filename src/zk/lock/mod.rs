@@ -6,7 +6,9 @@
 //! contender it must wait for (no herd effect). Curator clients on the same
 //! path queue with zkgate's and exclude each other; kazoo's contenders
 //! (`__lock__`, `__rlock__`) are recognised so a zkgate waiter queues behind
-//! them.
+//! them. Only that way: kazoo sorts our names after its own, so a kazoo
+//! waiter does not queue behind a zkgate holder (the guarantees page says
+//! so; kazoo cannot be changed from here).
 
 mod internals;
 
