@@ -1346,3 +1346,69 @@ async fn a_participant_of_a_run_waits_while_the_barrier_does_not_say_its_run() {
         "entered once the barrier said its run"
     );
 }
+
+/// Issue 44, item 6: a process of the command that zkgate may not signal
+/// (here another user's, started through a set-user-ID program, with
+/// zkgate not root) could not be stopped when the hold is lost, and on a
+/// normal exit zkgate spun for ever waiting for it with the hold
+/// unwatched. It is refused: the command is stopped, that process is
+/// waited for (the hold is kept until it ends), and zkgate exits 2 naming
+/// it. Failed before the fix: the command ran on to its end and zkgate
+/// exited 0.
+#[tokio::test]
+async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path();
+    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // zkgate as an ordinary user (its build dir is root's alone).
+    let bin = at.join("zkgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &bin).unwrap();
+    // A set-user-ID root program that makes its command another user's
+    // for good (real, effective and saved user IDs alike).
+    let become_other = at.join("become-other");
+    std::fs::copy("/usr/bin/setpriv", &become_other).unwrap();
+    std::fs::set_permissions(&become_other, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let (done, ran_on) = (at.join("done"), at.join("ran-on"));
+    let script = format!(
+        "{} --reuid 65534 --regid 65534 --clear-groups sh -c 'sleep 2; touch {}' & sleep 30; touch {}",
+        become_other.display(),
+        done.display(),
+        ran_on.display()
+    );
+    let mut holder = support::zkgate_binary(
+        &bin,
+        &connect,
+        &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+    );
+    holder.uid(1000).gid(1000);
+    let (code, err) = tokio::time::timeout(Duration::from_secs(25), output(holder))
+        .await
+        .expect("zkgate refused the command before it ended");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("may not signal") && err.contains("uid 65534"),
+        "{err}"
+    );
+    assert!(
+        done.exists(),
+        "the other user's process was waited for before zkgate went on: {err}"
+    );
+    assert!(!ran_on.exists(), "the command was stopped");
+    // And the lock was given up once it ended.
+    let s = session(&connect).await;
+    assert!(s
+        .client()
+        .check_stat(&format!("{LOCKS}/db"))
+        .await
+        .unwrap()
+        .is_some());
+    eventually(Duration::from_secs(10), "the lock free", || async {
+        children(&s, &format!("{LOCKS}/db"))
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}

@@ -26,6 +26,10 @@ use super::exit::{AgentError, Exit};
 use super::procs::{exit_code, stop_tree, tree, Stopping, TREE_POLL};
 use super::Termination;
 
+/// How often the running command's tree is searched for processes we may
+/// not signal (see [`supervise`]).
+const UNSIGNALABLE_SCAN: Duration = Duration::from_secs(1);
+
 /// Checks that `command[0]` can be started, before anything is registered.
 pub fn check_command(command: &[String]) -> Result<(), AgentError> {
     let program = command
@@ -87,7 +91,15 @@ pub enum Ended<T> {
 /// the group) gets SIGTERM at once and SIGKILL `grace` later: one deadline
 /// for all of it. When the command exits by itself, its guardian stops
 /// what is left of its tree the same way before it exits. Either way
-/// nothing of it runs when this returns. Orphans that exit while the
+/// nothing of it runs when this returns.
+///
+/// A process of the command's tree that we may not signal (another
+/// user's: `sudo -u`, a set-user-ID program that changed its real user)
+/// could not be stopped when the coordination is lost, so it is refused:
+/// once a look (every [`UNSIGNALABLE_SCAN`]) finds one, the command is
+/// terminated, that process is waited for, and this returns a usage error
+/// (exit 2). One that appears and is orphaned between two looks is waited
+/// for too, at the end ([`stop_tree`] never leaves a process running). Orphans that exit while the
 /// command runs are reaped as they go (we are their subreaper).
 pub async fn supervise<T>(
     mut child: Child,
@@ -100,6 +112,8 @@ pub async fn supervise<T>(
     let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))?;
     tokio::pin!(interrupt);
+    let mut scan = tokio::time::interval(UNSIGNALABLE_SCAN);
+    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (ended, kill_at) = loop {
         let sig = tokio::select! {
             status = child.wait() => {
@@ -116,6 +130,24 @@ pub async fn supervise<T>(
                 let kill_at = Instant::now() + grace;
                 let code = terminate(&mut child, guardian, kill_at).await;
                 break (Ended::Interrupted(reason, code), kill_at);
+            }
+            _ = scan.tick() => {
+                let found = tree::unsignalable(me);
+                if found.is_empty() {
+                    continue;
+                }
+                // Refused: what we may not signal we could not stop when
+                // the hold is lost or the pod stopped. Stop what we can
+                // now, and wait for the rest to end before going on.
+                let what = tree::describe(&found);
+                let kill_at = Instant::now() + grace;
+                let code = terminate(&mut child, guardian, kill_at).await;
+                stop_tree(None, kill_at).await;
+                return Err(AgentError::usage(format!(
+                    "the command started processes of another user, which zkgate may not signal: {what}; \
+                     zkgate could not stop them when it must (a lost hold, a stop), so it stopped the command \
+                     (it exited {code}) and waited for them to end; run the command as zkgate's user, or give zkgate CAP_KILL"
+                )));
             }
             _ = orphans.recv() => {
                 // Never the guardian itself: tokio reaps it.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// The name the guardian gives itself (`/proc/PID/comm`), by which its
 /// copies between their fork and the command's exec are told.
@@ -53,16 +53,19 @@ impl Stopping {
         }
     }
 
-    /// One look: signals what is there; whether anything is left.
-    pub(super) fn step(&mut self) -> bool {
+    /// One look: signals what is there; what is left.
+    pub(super) fn step(&mut self) -> Left {
         if !self.killing && Instant::now() >= self.kill_at {
             warn!("processes of the command did not stop after SIGTERM within the kill grace; killing them");
             self.killing = true;
         }
         let left = tree::descendants(Pid::this());
+        let mut unstoppable = Vec::new();
         for &pid in &left {
             if self.killing {
-                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                if nix::sys::signal::kill(pid, Signal::SIGKILL) == Err(nix::errno::Errno::EPERM) {
+                    unstoppable.push(pid);
+                }
             } else if Some(pid) != self.spared
                 // A guardian's copy between its fork and the command's
                 // exec still has the guardian's handlers, which would take
@@ -74,20 +77,60 @@ impl Stopping {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
             }
         }
-        !left.is_empty()
+        if left.is_empty() {
+            Left::Nothing
+        } else if unstoppable.len() == left.len() {
+            Left::Unstoppable(unstoppable)
+        } else {
+            Left::Some
+        }
+    }
+}
+
+/// What a look at the stopping tree left.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Left {
+    /// Nothing: the tree has stopped.
+    Nothing,
+    /// Processes still to stop.
+    Some,
+    /// Only processes that SIGKILL may not reach (another user's, with
+    /// zkgate lacking `CAP_KILL`): nothing to do but wait for them.
+    Unstoppable(Vec<Pid>),
+}
+
+/// How often a tree of only [`Left::Unstoppable`] processes is looked at.
+const UNSTOPPABLE_POLL: Duration = Duration::from_millis(250);
+
+/// Waits out `stopping`: looks, signals, and looks again until nothing is
+/// left. Processes zkgate may not signal are waited for, never left
+/// running behind our back: a hold is kept (and a barrier not left) until
+/// they end, and the user is told once which they are.
+async fn stop_all(mut stopping: Stopping) {
+    let me = Pid::this();
+    let mut told = false;
+    loop {
+        tree::reap_exited_children(me, None);
+        match stopping.step() {
+            Left::Nothing => return,
+            Left::Some => tokio::time::sleep(TREE_POLL).await,
+            Left::Unstoppable(pids) => {
+                if !told {
+                    error!(
+                        processes = %tree::describe(&pids),
+                        "processes of the command belong to another user and zkgate may not signal them; waiting for them to end before going on"
+                    );
+                    told = true;
+                }
+                tokio::time::sleep(UNSTOPPABLE_POLL).await;
+            }
+        }
     }
 }
 
 /// SIGKILL, now, to every process below us, until none is left.
 pub(super) async fn kill_tree() {
-    let mut stopping = Stopping::new(None, Instant::now());
-    loop {
-        tree::reap_exited_children(Pid::this(), None);
-        if !stopping.step() {
-            return;
-        }
-        tokio::time::sleep(TREE_POLL).await;
-    }
+    stop_all(Stopping::new(None, Instant::now())).await
 }
 
 /// Stops every process left of the command (every descendant of ours but
@@ -107,14 +150,7 @@ pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
         processes = left.len(),
         "the command left processes behind; stopping them before going on"
     );
-    let mut stopping = Stopping::new(spared, kill_at);
-    loop {
-        tree::reap_exited_children(me, None);
-        if !stopping.step() {
-            return;
-        }
-        tokio::time::sleep(TREE_POLL).await;
-    }
+    stop_all(Stopping::new(spared, kill_at)).await
 }
 
 /// The process tree below a process, read from `/proc`.
@@ -163,6 +199,39 @@ pub(super) mod tree {
     pub(in crate::agent) fn is_guardian(pid: Pid) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .is_ok_and(|comm| comm.trim_end() == super::GUARDIAN_NAME)
+    }
+
+    /// The live descendants of `root` that we may not signal (`kill` with
+    /// no signal fails with `EPERM`: another user's, and we lack
+    /// `CAP_KILL`), and so could not stop.
+    pub(in crate::agent) fn unsignalable(root: Pid) -> Vec<Pid> {
+        descendants(root)
+            .into_iter()
+            .filter(|&pid| nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::EPERM))
+            .collect()
+    }
+
+    /// `pids` for a message: each with its name and owner, as `/proc`
+    /// tells them (`1234 (sleep, uid 65534)`).
+    pub(in crate::agent) fn describe(pids: &[Pid]) -> String {
+        pids.iter()
+            .map(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|c| c.trim_end().to_owned())
+                    .unwrap_or_else(|_| "?".to_owned());
+                let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|status| {
+                        status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Uid:"))
+                            .and_then(|ids| ids.split_whitespace().next().map(str::to_owned))
+                    })
+                    .unwrap_or_else(|| "?".to_owned());
+                format!("{pid} ({comm}, uid {uid})")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Every live (not yet exited) descendant of `root`.
