@@ -1412,3 +1412,140 @@ async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
     })
     .await;
 }
+
+/// The state letter of a process (`/proc/PID/stat`), `None` once gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text[text.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Every live process below `pid` (by `/proc`'s parent links).
+fn processes_below(pid: u32) -> Vec<u32> {
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = text[text.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut at = 0;
+    while at < found.len() {
+        let parent = found[at];
+        found.extend(all.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        at += 1;
+    }
+    found.remove(0);
+    found
+        .into_iter()
+        .filter(|&p| !matches!(proc_state(p), None | Some('Z') | Some('X')))
+        .collect()
+}
+
+/// Issue 44, item 5: Ctrl-Z (SIGTSTP) stopped zkgate but not its command,
+/// which is in a process group of its own: while zkgate was stopped its
+/// session expired and the command ran on beside the next holder. Now the
+/// command is stopped with zkgate; continued soon, it continues; continued
+/// after its session expired, it is killed where it stands, never run
+/// again, and zkgate exits 6. Failed before the fix: the command kept
+/// running while zkgate was stopped.
+#[tokio::test]
+async fn ctrl_z_stops_the_command_with_its_holder_and_a_lost_hold_never_continues_it() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let ticks = dir.path().join("ticks");
+    let script = format!(
+        "while :; do echo x >> {}; sleep 0.02; done",
+        ticks.display()
+    );
+    let mut holder = zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "db",
+            "--create",
+            "--session-timeout",
+            "4s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let holder = holder.stderr(Stdio::piped()).spawn().unwrap();
+    let zk_pid = holder.id().unwrap();
+    let count = || {
+        std::fs::read_to_string(&ticks)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let all_stopped = || async {
+        (proc_state(zk_pid) == Some('T')
+            && processes_below(zk_pid)
+                .iter()
+                .all(|&p| proc_state(p) == Some('T')))
+        .then_some(())
+    };
+    eventually(Duration::from_secs(10), "the command runs", || async {
+        (count() > 0).then_some(())
+    })
+    .await;
+
+    // Stopped for a moment, then continued: the command goes on.
+    kill(Pid::from_raw(zk_pid as i32), Signal::SIGTSTP).unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "zkgate and its command stopped",
+        all_stopped,
+    )
+    .await;
+    let stopped_at = count();
+    kill(Pid::from_raw(zk_pid as i32), Signal::SIGCONT).unwrap();
+    eventually(Duration::from_secs(5), "the command continued", || async {
+        (count() > stopped_at).then_some(())
+    })
+    .await;
+
+    // Stopped until the server expired the session: never continued.
+    kill(Pid::from_raw(zk_pid as i32), Signal::SIGTSTP).unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "zkgate and its command stopped",
+        all_stopped,
+    )
+    .await;
+    let stopped_at = count();
+    let s = session(&connect).await;
+    eventually(
+        Duration::from_secs(20),
+        "the holder's session expired",
+        || async {
+            children(&s, &format!("{LOCKS}/db"))
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    kill(Pid::from_raw(zk_pid as i32), Signal::SIGCONT).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), holder.wait_with_output())
+        .await
+        .expect("zkgate ends")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert_eq!(
+        count(),
+        stopped_at,
+        "the command ran again after its hold was lost: {err}"
+    );
+}

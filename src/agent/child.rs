@@ -20,11 +20,45 @@ use std::time::Duration;
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::exit::{AgentError, Exit};
-use super::procs::{exit_code, stop_tree, tree, Stopping, TREE_POLL};
+use super::procs::{exit_code, pause_tree, resume_tree, stop_tree, tree, Stopping, TREE_POLL};
 use super::Termination;
+
+/// The terminal's requests to stop a process: SIGTSTP (Ctrl-Z), SIGTTIN
+/// and SIGTTOU (a background process reading or writing the terminal).
+/// Once caught they no longer stop us by themselves (see [`supervise`]).
+struct TerminalStops {
+    tstp: tokio::signal::unix::Signal,
+    ttin: tokio::signal::unix::Signal,
+    ttou: tokio::signal::unix::Signal,
+}
+
+impl TerminalStops {
+    fn install() -> Result<Self, AgentError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handle = |sig: nix::sys::signal::Signal| {
+            signal(SignalKind::from_raw(sig as i32))
+                .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))
+        };
+        use nix::sys::signal::Signal;
+        Ok(TerminalStops {
+            tstp: handle(Signal::SIGTSTP)?,
+            ttin: handle(Signal::SIGTTIN)?,
+            ttou: handle(Signal::SIGTTOU)?,
+        })
+    }
+
+    async fn recv(&mut self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal;
+        tokio::select! {
+            _ = self.tstp.recv() => Signal::SIGTSTP,
+            _ = self.ttin.recv() => Signal::SIGTTIN,
+            _ = self.ttou.recv() => Signal::SIGTTOU,
+        }
+    }
+}
 
 /// How often the running command's tree is searched for processes we may
 /// not signal (see [`supervise`]).
@@ -99,8 +133,19 @@ pub enum Ended<T> {
 /// once a look (every [`UNSIGNALABLE_SCAN`]) finds one, the command is
 /// terminated, that process is waited for, and this returns a usage error
 /// (exit 2). One that appears and is orphaned between two looks is waited
-/// for too, at the end ([`stop_tree`] never leaves a process running). Orphans that exit while the
-/// command runs are reaped as they go (we are their subreaper).
+/// for too, at the end ([`stop_tree`] never leaves a process running).
+/// Orphans that exit while the command runs are reaped as they go (we are
+/// their subreaper).
+///
+/// A terminal's stop (Ctrl-Z's SIGTSTP; SIGTTIN, SIGTTOU) reaches only us
+/// (the command is in a group of its own): the command's whole tree is
+/// stopped first, then we stop. When we are continued (`fg`, `bg`,
+/// SIGCONT), `interrupt` is looked at before the command is: one that
+/// came due while we were stopped (a hold's deadline passed, so the hold
+/// may be another's now) has the command killed where it stands, never
+/// continued; otherwise the command continues. A tree that cannot be
+/// stopped within a second is continued and the stop ignored, with a
+/// warning, rather than leave it running while we are stopped.
 pub async fn supervise<T>(
     mut child: Child,
     signals: &mut Termination,
@@ -112,6 +157,7 @@ pub async fn supervise<T>(
     let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| AgentError::new(Exit::Internal, format!("cannot handle signals: {e}")))?;
     tokio::pin!(interrupt);
+    let mut stops = TerminalStops::install()?;
     let mut scan = tokio::time::interval(UNSIGNALABLE_SCAN);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (ended, kill_at) = loop {
@@ -148,6 +194,29 @@ pub async fn supervise<T>(
                      zkgate could not stop them when it must (a lost hold, a stop), so it stopped the command \
                      (it exited {code}) and waited for them to end; run the command as zkgate's user, or give zkgate CAP_KILL"
                 )));
+            }
+            sig = stops.recv() => {
+                if !pause_tree().await {
+                    warn!(signal = %sig, "the command could not be stopped within a second; not stopping");
+                    continue;
+                }
+                info!(signal = %sig, "the command is stopped; stopping");
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                // Continued. Timers that came due while we were stopped
+                // fire at the runtime's next turn, before this short one:
+                // `interrupt` is looked at first.
+                tokio::select! {
+                    biased;
+                    reason = &mut interrupt => {
+                        // The command must not run again: killed now.
+                        let code = terminate(&mut child, guardian, Instant::now()).await;
+                        break (Ended::Interrupted(reason, code), Instant::now());
+                    }
+                    () = tokio::time::sleep(TREE_POLL) => {}
+                }
+                info!("continued; continuing the command");
+                resume_tree();
+                continue;
             }
             _ = orphans.recv() => {
                 // Never the guardian itself: tokio reaps it.

@@ -153,6 +153,41 @@ pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
     stop_all(Stopping::new(spared, kill_at)).await
 }
 
+/// How long [`pause_tree`] tries to see every process below us stopped.
+const PAUSE_WITHIN: Duration = Duration::from_secs(1);
+
+/// Stops (SIGSTOP) every process below us, until a look shows each one
+/// stopped (a process forked between two looks is stopped at the next).
+/// False when some still ran after [`PAUSE_WITHIN`] (one in an
+/// uninterruptible sleep, say): then every process is continued again,
+/// and nothing of the tree is left stopped by us.
+pub(super) async fn pause_tree() -> bool {
+    let me = Pid::this();
+    let until = Instant::now() + PAUSE_WITHIN;
+    loop {
+        let left = tree::descendants(me);
+        let running: Vec<Pid> = left.into_iter().filter(|&p| !tree::stopped(p)).collect();
+        if running.is_empty() {
+            return true;
+        }
+        if Instant::now() >= until {
+            resume_tree();
+            return false;
+        }
+        for pid in running {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGSTOP);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Continues (SIGCONT) every process below us.
+pub(super) fn resume_tree() {
+    for pid in tree::descendants(Pid::this()) {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+    }
+}
+
 /// The process tree below a process, read from `/proc`.
 pub(super) mod tree {
     use nix::sys::wait::{waitpid, WaitPidFlag};
@@ -191,6 +226,23 @@ pub(super) mod tree {
                 .ok()
                 .and_then(|text| parse_stat(&text))
                 .is_none_or(|(_, ended)| ended)
+        })
+    }
+
+    /// Whether no thread of `pid` runs: each is stopped (`T`, or `t` under
+    /// a tracer) or has exited. A process that is gone is not running.
+    pub(in crate::agent) fn stopped(pid: Pid) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.filter_map(|t| t.ok()).all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|text| {
+                    let rest = &text[text.rfind(')')? + 1..];
+                    rest.split_whitespace().next().map(str::to_owned)
+                })
+                .is_none_or(|state| matches!(state.as_str(), "T" | "t" | "Z" | "X"))
         })
     }
 
