@@ -1013,3 +1013,47 @@ async fn a_member_reading_its_rank_after_another_left_is_told_the_same_ranks() {
         assert_eq!(told, told_a, "{who} was told other ranks than a");
     }
 }
+
+/// Review of issue 44, item 7: during a credential rotation's grace window
+/// a gang's members work on two credentials, each granting the other READ
+/// on the nodes it makes. The member on the old credential opens the round
+/// (it makes `ready`); the one on the new credential is the first to read
+/// the members, and so the one to record them in `ready`. Failed before the
+/// fix: its write was refused (`NoAuth`: READ alone on `ready`), its
+/// `members` failed, and with it the member.
+#[tokio::test]
+async fn a_member_on_the_other_credential_of_a_rotation_records_the_opening() {
+    use zkgate::zk::Credential;
+    let plain = zkgate::zk::EnterOptions::default();
+    let (connect, _admin, gang) = gang(2, None).await;
+    let round = gang.round(0);
+    let (old, new) = (
+        Credential::parse("namespace-t:old-password").unwrap(),
+        Credential::parse("namespace-t:new-password").unwrap(),
+    );
+    let mut a = support::session_as(&connect, Some(&old)).await;
+    a.grant_read(&[new.digest_id()]);
+    let mut b = support::session_as(&connect, Some(&new)).await;
+    b.grant_read(&[old.digest_id()]);
+    // `b` registers first; `a`, the last to come, makes `ready`.
+    let b_node = format!("{}/b", gang.round_path(0));
+    let (entered_b, entered_a) = tokio::join!(round.enter(&b, "b", &plain, None), async {
+        eventually(Duration::from_secs(10), "b registered", || async {
+            a.client().check_stat(&b_node).await.unwrap().map(|_| ())
+        })
+        .await;
+        round.enter(&a, "a", &plain, None).await
+    });
+    entered_b.unwrap();
+    entered_a.unwrap();
+    let mut told_b = gang
+        .members(&b, 0)
+        .await
+        .expect("b, on the other credential, reads the members")
+        .expect("members");
+    told_b.sort();
+    assert_eq!(told_b, ["a", "b"]);
+    let mut told_a = gang.members(&a, 0).await.unwrap().expect("members");
+    told_a.sort();
+    assert_eq!(told_a, told_b);
+}

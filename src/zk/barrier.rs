@@ -569,7 +569,8 @@ impl DoubleBarrier {
     ) -> Result<Withdrawal> {
         let client = session.client();
         let ready = path::join(&self.path, READY);
-        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let ready_acls = session.ready_acls();
+        let ready_options = zk::CreateMode::Persistent.with_acls((&ready_acls[..]).into());
         // Whether a transaction of ours was sent and its outcome not seen
         // (the connection was lost): our node found gone since is then
         // taken for that transaction's doing.
@@ -1182,7 +1183,8 @@ impl DoubleBarrier {
     async fn open(&self, session: &Session, version: i32) -> Result<Opening> {
         let client = session.client();
         let ready = path::join(&self.path, READY);
-        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let ready_acls = session.ready_acls();
+        let ready_options = zk::CreateMode::Persistent.with_acls((&ready_acls[..]).into());
         let mut writer = client.new_multi_writer();
         writer
             .add_check_version(&self.path, version)
@@ -1485,7 +1487,8 @@ impl DoubleBarrier {
         error!(barrier = %self.path, "this participant may not write the barrier node (its ACL predates zkgate's participant WRITE): withdrawing without moving its version, so an opening in flight that counted us can still land; upgrade the controller");
         let client = session.client();
         let ready = path::join(&self.path, READY);
-        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let ready_acls = session.ready_acls();
+        let ready_options = zk::CreateMode::Persistent.with_acls((&ready_acls[..]).into());
         // As in `withdraw`: a node gone after a transaction of ours whose
         // outcome we did not see is taken for its doing.
         let mut sent = false;
@@ -1651,7 +1654,8 @@ impl DoubleBarrier {
     ) -> Result<bool> {
         let client = session.client();
         let ready = path::join(&self.path, READY);
-        let ready_options = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let ready_acls = session.ready_acls();
+        let ready_options = zk::CreateMode::Persistent.with_acls((&ready_acls[..]).into());
         // Bounded: a participant may rewrite the node (a withdrawal moves
         // its version), and one that does so without pause must not hold
         // the caller (the controller's reconcile) forever.

@@ -367,6 +367,35 @@ impl Session {
         (&self.node_acls[..]).into()
     }
 
+    /// The ACL of a `ready` node this session makes: [`Session::node_acls`]
+    /// with WRITE besides READ for the other credentials given to
+    /// [`Session::grant_read`]. A round's `ready` records the members its
+    /// opening counted, written by the first member to read them
+    /// ([`super::GangBarrier::members`]), which during a rotation's grace
+    /// window may be on the other credential than the member that opened
+    /// it. WRITE allows no more than that record (it cannot delete the
+    /// node or add children to it), and only to the namespace's own
+    /// credentials.
+    pub fn ready_acls(&self) -> Vec<zk::Acl> {
+        let own = self.options.credential.as_ref().map(Credential::digest_id);
+        self.node_acls
+            .iter()
+            .map(|a| {
+                let reader = a.scheme() == "digest"
+                    && Some(a.id()) != own.as_deref()
+                    && a.permission() == zk::Permission::READ;
+                if reader {
+                    zk::Acl::new(
+                        zk::Permission::READ | zk::Permission::WRITE,
+                        zk::AuthId::new("digest", a.id()),
+                    )
+                } else {
+                    a.clone()
+                }
+            })
+            .collect()
+    }
+
     /// Also gives READ to the digest ids `readers` (but our own) on the
     /// nodes the recipes make from now on ([`Session::node_acls`]): the
     /// other credential of a namespace during a rotation's grace window,
