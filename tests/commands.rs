@@ -1549,3 +1549,67 @@ async fn ctrl_z_stops_the_command_with_its_holder_and_a_lost_hold_never_continue
         "the command ran again after its hold was lost: {err}"
     );
 }
+
+/// Review of issue 44, item 3: a contender that read "Semaphore" waits for
+/// the count the controller makes just after the lock node. If the mode
+/// is changed meanwhile (to Exclusive: no count will come), it reads the
+/// mode again and takes the lock as it is now, leaving nothing of a
+/// semaphore under it. Failed before the fix: it waited for the count
+/// until its timeout (exit 3).
+#[tokio::test]
+async fn a_contender_waiting_for_a_semaphores_count_follows_a_change_of_mode() {
+    use zkgate::api::LockMode;
+    use zkgate::controller::LockNodeData;
+    let connect = isolated_connect();
+    let observer = session(&connect).await;
+    let lock = format!("{LOCKS}/sem");
+    let rules = |mode| {
+        serde_json::to_vec(&LockNodeData {
+            uid: "the-lock".into(),
+            mode,
+            lease_ms: None,
+            changing_to: None,
+        })
+        .unwrap()
+    };
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    observer.client().mkdir(LOCKS, &open).await.unwrap();
+    observer
+        .client()
+        .create(&lock, &rules(LockMode::Semaphore), &open)
+        .await
+        .unwrap();
+    let mut contender = zkgate(
+        &connect,
+        &[
+            "lock",
+            "run",
+            "sem",
+            "--id",
+            "w",
+            "--timeout",
+            "30s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let count = format!("{}{lock}/count", support::chroot_of(&connect));
+    eventually(Duration::from_secs(10), "waiting for the count", || async {
+        (!support::watchers_of(&count).is_empty()).then_some(())
+    })
+    .await;
+    observer
+        .client()
+        .set_data(&lock, &rules(LockMode::Exclusive), None)
+        .await
+        .unwrap();
+    let status = exited(&mut contender, Duration::from_secs(20)).await;
+    assert!(status.success(), "took the Exclusive lock: {status:?}");
+    assert!(
+        children(&observer, &lock).await.is_empty(),
+        "nothing of a semaphore left under an Exclusive lock"
+    );
+}

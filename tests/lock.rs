@@ -419,3 +419,41 @@ async fn a_restarted_holder_adopts_its_persistent_registration() {
     assert_eq!(children(&second, LOCK).await.len(), 1);
     again.release().await.unwrap();
 }
+
+/// Review of issue 44, item 3: a contender queues on condition that the
+/// lock node's data (its mode) is what it read. A lock node deleted and
+/// made again (the LockLease deleted and re-created with another mode)
+/// starts its data version over at 0, so the version alone passes.
+/// Failed before the fix: the contender held under the new node, by the
+/// rules of the old one.
+#[tokio::test]
+async fn a_contender_does_not_queue_under_a_lock_node_made_again() {
+    let connect = isolated_connect();
+    let s = session(&connect).await;
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let lock = "/made-again";
+    s.client().create(lock, b"old rules", &open).await.unwrap();
+    let (_, read) = s.client().get_data(lock).await.unwrap();
+    s.client().delete(lock, None).await.unwrap();
+    s.client().create(lock, b"new rules", &open).await.unwrap();
+    let (_, now) = s.client().get_data(lock).await.unwrap();
+    assert_eq!(now.version, read.version, "the version alone cannot tell");
+    let contender = Mutex::new(
+        lock,
+        LockOptions {
+            check: Some(zkgate::zk::VersionCheck {
+                path: lock.to_owned(),
+                version: read.version,
+                czxid: read.czxid,
+            }),
+            ..LockOptions::default()
+        },
+    );
+    let err = contender
+        .acquire(&s, Some(Instant::now() + Duration::from_secs(10)))
+        .await
+        .err()
+        .expect("no hold under rules nobody read");
+    assert!(matches!(err, ZkError::Changed { .. }), "{err:?}");
+    assert!(children(&s, lock).await.is_empty(), "our node is gone");
+}

@@ -75,16 +75,16 @@ impl<'a> LockCommand<'a> {
     /// How the lock is to be taken, as its node's data says (`None`: data
     /// not written by a controller or `--create`, e.g. a lock made by
     /// Curator), and the data's version.
-    async fn rules(&self, session: &Session) -> Result<(Option<LockNodeData>, i32), ZkError> {
+    async fn rules(
+        &self,
+        session: &Session,
+    ) -> Result<(Option<LockNodeData>, zookeeper_client::Stat), ZkError> {
         let client = session.client();
         let (data, stat) = session
             .retry("read", &self.path, || client.get_data(&self.path))
             .await
             .map_err(|e| self.gone_if_missing(e))?;
-        Ok((
-            serde_json::from_slice::<LockNodeData>(&data).ok(),
-            stat.version,
-        ))
+        Ok((serde_json::from_slice::<LockNodeData>(&data).ok(), stat))
     }
 
     /// Returns once the lock node's data is no longer at `version`.
@@ -200,20 +200,22 @@ impl<'a> LockCommand<'a> {
                 session.await_node(&self.path).await?;
             }
             loop {
-                let (rules, version) = self.rules(session).await?;
+                let (rules, stat) = self.rules(session).await?;
                 if let Some(to) = rules.as_ref().and_then(|r| r.changing_to) {
                     // The controller is changing the mode: queueing now
                     // could be under rules about to go.
                     debug!(lock = %self.path, ?to, "the lock's mode is being changed: waiting until it is done");
-                    self.rules_changed(session, version).await?;
+                    self.rules_changed(session, stat.version).await?;
                     continue;
                 }
                 // Our node is made only if the rules are still these (one
-                // transaction), so nobody can change them under our queueing.
+                // transaction, and the same lock node: not one deleted and
+                // made again), so nobody can change them under our queueing.
                 let options = LockOptions {
                     check: Some(VersionCheck {
                         path: self.path.clone(),
-                        version,
+                        version: stat.version,
+                        czxid: stat.czxid,
                     }),
                     ..options.clone()
                 };
@@ -274,9 +276,23 @@ impl<'a> LockCommand<'a> {
                 ));
             }
             // The controller makes the count just after the node: a
-            // pod started with its LockLease may look in between.
+            // pod started with its LockLease may look in between. The
+            // mode may change meanwhile (no count will come for another
+            // mode): then the caller reads it again.
             let count = zpath::join(&self.path, crate::zk::COUNT);
-            session.await_node(&count).await?;
+            let read_at = options.check.as_ref().map(|c| c.version);
+            tokio::select! {
+                made = session.await_node(&count) => made?,
+                changed = async {
+                    match read_at {
+                        Some(version) => self.rules_changed(session, version).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    changed?;
+                    return Err(ZkError::Changed { path: self.path.clone() });
+                }
+            }
             return Semaphore::new(&self.path, Permits::Shared(count), options)
                 .acquire(session, self.take, None)
                 .await;

@@ -226,18 +226,45 @@ impl Semaphore {
     }
 
     /// Makes `locks` and `leases` under the semaphore node; a missing
-    /// semaphore node is made only with `create_parent`.
+    /// semaphore node is made only with `create_parent`. With a check
+    /// ([`LockOptions::check`]), each is made only while the checked data
+    /// is as read: a contender that read an old mode leaves no semaphore
+    /// under a lock that is no longer one.
     async fn ensure_layout(&self, session: &Session) -> Result<()> {
         let client = session.client();
         let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
+        let check = self.options.check.as_ref();
         for child in [LOCKS, LEASES] {
             let at = path::join(&self.path, child);
             loop {
-                match session
-                    .retry("create", &at, || client.create(&at, &[], &dir))
-                    .await
-                {
-                    Ok(_) => break,
+                let made = session
+                    .retry("create", &at, || async {
+                        let Some(check) = check else {
+                            return client.create(&at, &[], &dir).await.map(|_| ());
+                        };
+                        let mut writer = client.new_multi_writer();
+                        writer.add_check_version(&check.path, check.version)?;
+                        writer.add_create(&at, &[], &dir)?;
+                        match writer.commit().await {
+                            Ok(_) => Ok(()),
+                            Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
+                                Err(zk::Error::BadVersion)
+                            }
+                            Err(zk::MultiWriteError::OperationFailed { source, .. })
+                            | Err(zk::MultiWriteError::RequestFailed { source }) => Err(source),
+                        }
+                    })
+                    .await;
+                match made {
+                    Err(ZkError::Zk {
+                        source: zk::Error::BadVersion,
+                        ..
+                    }) => {
+                        return Err(ZkError::Changed {
+                            path: check.map_or_else(|| self.path.clone(), |c| c.path.clone()),
+                        })
+                    }
+                    Ok(()) => break,
                     Err(ZkError::Zk {
                         source: zk::Error::NodeExists,
                         ..

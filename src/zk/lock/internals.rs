@@ -150,7 +150,9 @@ async fn queue_and_wait(
                     };
                     break (name, czxid, children);
                 }
-                Err(CreateError::Changed(at)) => return Err(ZkError::Changed { path: at }),
+                Err(CreateError::Changed(at) | CreateError::Replaced(at)) => {
+                    return Err(ZkError::Changed { path: at })
+                }
                 Err(CreateError::Zk(zk::Error::NoNode)) if spec.create_parent => {
                     let dir = zk::CreateMode::Persistent.with_acls(session.node_acls());
                     match session
@@ -191,6 +193,13 @@ async fn queue_and_wait(
                         {
                             debug!(%node, "found the node of a create whose reply was lost");
                             guard.arm_created(node, stat.czxid);
+                            if let Some(check) = &spec.check {
+                                if !still_the_one_read(session, check).await? {
+                                    return Err(ZkError::Changed {
+                                        path: check.path.clone(),
+                                    });
+                                }
+                            }
                             break (name, stat.czxid, children);
                         }
                     }
@@ -263,6 +272,10 @@ async fn queue_and_wait(
 enum CreateError {
     /// The checked node's data changed (or it is gone): nothing was made.
     Changed(String),
+    /// Our node was made, but under the checked node made again since it
+    /// was read (its version started over): our node is to go, found by
+    /// its protected name.
+    Replaced(String),
     /// The create itself failed.
     Zk(zk::Error),
 }
@@ -296,20 +309,34 @@ fn create_checked<'a>(
         .add_create(prefix, &spec.data, options)
         .map_err(|e| ZkError::from_client("create", prefix, e))?;
     let commit = writer.commit();
-    Ok(Either::Right(commit.map(move |committed| {
+    // Sent behind the transaction, so answered after it: the node the
+    // check passed on is the one read only if its czxid is the one read.
+    let checked = client.check_stat(&check.path);
+    Ok(Either::Right(async move {
+        let committed = commit.await;
+        let checked = checked.await;
         match committed {
-            Ok(results) => results
-                .into_iter()
-                .find_map(|r| match r {
-                    zk::MultiWriteResult::Create { path, stat } => Some((
-                        path::name_of(&path).to_owned(),
-                        (!stat.is_invalid()).then_some(stat),
-                    )),
-                    _ => None,
-                })
-                .ok_or(CreateError::Zk(zk::Error::UnexpectedError(
-                    "a multi with a create answered no path".to_owned(),
-                ))),
+            Ok(results) => {
+                let created = results
+                    .into_iter()
+                    .find_map(|r| match r {
+                        zk::MultiWriteResult::Create { path, stat } => Some((
+                            path::name_of(&path).to_owned(),
+                            (!stat.is_invalid()).then_some(stat),
+                        )),
+                        _ => None,
+                    })
+                    .ok_or(CreateError::Zk(zk::Error::UnexpectedError(
+                        "a multi with a create answered no path".to_owned(),
+                    )))?;
+                match checked {
+                    Ok(Some(stat)) if stat.czxid == check.czxid => Ok(created),
+                    // Made again since it was read (or gone since): our
+                    // node is under rules nobody read.
+                    Ok(_) => Err(CreateError::Replaced(check.path.clone())),
+                    Err(e) => Err(CreateError::Zk(e)),
+                }
+            }
             Err(zk::MultiWriteError::OperationFailed {
                 index: 0,
                 source: zk::Error::BadVersion | zk::Error::NoNode,
@@ -319,7 +346,17 @@ fn create_checked<'a>(
             }
             Err(zk::MultiWriteError::RequestFailed { source }) => Err(CreateError::Zk(source)),
         }
-    })))
+    }))
+}
+
+/// Whether `check`'s node is still the one read (not deleted and made
+/// again since: its version alone cannot tell).
+async fn still_the_one_read(session: &Session, check: &super::VersionCheck) -> Result<bool> {
+    let client = session.client();
+    let stat = session
+        .retry("check", &check.path, || client.check_stat(&check.path))
+        .await?;
+    Ok(stat.is_some_and(|s| s.czxid == check.czxid))
 }
 
 /// The czxid of our node, when a multi's reply had no valid stat for it.

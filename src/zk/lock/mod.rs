@@ -36,7 +36,8 @@ pub struct LockOptions {
     /// Queue only if this node's data is still at this version: our node
     /// is created in one transaction with the check, so what the caller
     /// read there (how the lock is to be taken) still holds when it
-    /// queues. Else [`crate::zk::ZkError::Changed`], with nothing made.
+    /// queues. Else [`crate::zk::ZkError::Changed`], with nothing left
+    /// behind.
     pub check: Option<VersionCheck>,
 }
 
@@ -48,6 +49,11 @@ pub struct VersionCheck {
     pub path: String,
     /// The data version it was read at.
     pub version: i32,
+    /// Its czxid as read: a node deleted and made again starts its data
+    /// version over, so the version alone cannot tell the node made again
+    /// (under other rules) from the one read. Checked against the node as
+    /// it stands just after our create (a read sent behind it).
+    pub czxid: i64,
 }
 
 /// An exclusive lock: one holder at a time.
