@@ -1413,6 +1413,87 @@ async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
     .await;
 }
 
+/// Review of issue 44, item 6: while zkgate waits for a process it may
+/// not signal to end, the hold is still watched. Revoked meanwhile (its
+/// node deleted), zkgate says at once that the process runs on beside
+/// whoever comes next, still waits for it, and exits 6, the exit of a
+/// lost hold. Failed before the fix: nothing was said until the process
+/// ended, and zkgate exited 2 as if the hold had been kept.
+#[tokio::test]
+async fn a_hold_lost_while_waiting_for_a_process_zkgate_may_not_signal_is_said_and_exits_6() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncBufReadExt;
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path();
+    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = at.join("zkgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &bin).unwrap();
+    let become_other = at.join("become-other");
+    std::fs::copy("/usr/bin/setpriv", &become_other).unwrap();
+    std::fs::set_permissions(&become_other, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let done = at.join("done");
+    let script = format!(
+        "{} --reuid 65534 --regid 65534 --clear-groups sh -c 'sleep 6; touch {}' & sleep 30",
+        become_other.display(),
+        done.display(),
+    );
+    let mut holder = support::zkgate_binary(
+        &bin,
+        &connect,
+        &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+    );
+    holder.uid(1000).gid(1000).stderr(Stdio::piped());
+    let mut holder = holder.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stderr.take().unwrap()).lines();
+    let mut err = String::new();
+    read_until(&mut lines, &mut err, "waiting for them to end").await;
+    // Revoked, as the controller revokes: the holder's node deleted.
+    let s = session(&connect).await;
+    let lock = format!("{LOCKS}/db");
+    for node in children(&s, &lock).await {
+        s.client()
+            .delete(&format!("{lock}/{node}"), None)
+            .await
+            .unwrap();
+    }
+    read_until(&mut lines, &mut err, "run on beside whoever comes next").await;
+    assert!(
+        !done.exists(),
+        "said while the process still ran, not after it ended"
+    );
+    let status = exited(&mut holder, Duration::from_secs(20)).await;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        err.push_str(&line);
+        err.push('\n');
+    }
+    assert_eq!(status.code(), Some(6), "{err}");
+    assert!(done.exists(), "the process was still waited for: {err}");
+}
+
+/// Reads `lines` into `err` until one contains `needle` (20 s at most).
+async fn read_until(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    err: &mut String,
+    needle: &str,
+) {
+    let reading = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            err.push_str(&line);
+            err.push('\n');
+            if line.contains(needle) {
+                return true;
+            }
+        }
+        false
+    };
+    match tokio::time::timeout(Duration::from_secs(20), reading).await {
+        Ok(true) => {}
+        Ok(false) => panic!("zkgate ended without saying {needle:?}: {err}"),
+        Err(_) => panic!("zkgate did not say {needle:?} in time: {err}"),
+    }
+}
+
 /// The state letter of a process (`/proc/PID/stat`), `None` once gone.
 fn proc_state(pid: u32) -> Option<char> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::exit::{AgentError, Exit};
 use super::procs::{exit_code, pause_tree, resume_tree, stop_tree, tree, Stopping, TREE_POLL};
@@ -132,7 +132,9 @@ pub enum Ended<T> {
 /// could not be stopped when the coordination is lost, so it is refused:
 /// once a look (every [`UNSIGNALABLE_SCAN`]) finds one, the command is
 /// terminated, that process is waited for, and this returns a usage error
-/// (exit 2). One that appears and is orphaned between two looks is waited
+/// (exit 2), unless `interrupt` resolves while it is waited for (the hold
+/// was lost: said at once, as that process runs on beside the next
+/// holder), which is then what this returns. One that appears and is orphaned between two looks is waited
 /// for too, at the end ([`stop_tree`] never leaves a process running).
 /// Orphans that exit while the command runs are reaped as they go (we are
 /// their subreaper).
@@ -186,9 +188,30 @@ pub async fn supervise<T>(
                 // the hold is lost or the pod stopped. Stop what we can
                 // now, and wait for the rest to end before going on.
                 let what = tree::describe(&found);
+                warn!(processes = %what, "the command started processes zkgate may not signal: stopping the command and waiting for them to end");
                 let kill_at = Instant::now() + grace;
                 let code = terminate(&mut child, guardian, kill_at).await;
-                stop_tree(None, kill_at).await;
+                // The hold is still watched while they run: a loss is
+                // said at once (they run beside the next holder, which
+                // nothing here can prevent) and is what we exit with.
+                let rest = stop_tree(None, kill_at);
+                tokio::pin!(rest);
+                let mut lost = None;
+                loop {
+                    tokio::select! {
+                        () = &mut rest => break,
+                        reason = &mut interrupt, if lost.is_none() => {
+                            error!(processes = %what, "lost while processes zkgate may not signal still run: they run on beside whoever comes next; waiting for them to end");
+                            lost = Some(reason);
+                        }
+                        sig = signals.any() => {
+                            warn!(signal = %sig, processes = %what, "not passed on: zkgate may not signal these processes; waiting for them to end");
+                        }
+                    }
+                }
+                if let Some(reason) = lost {
+                    return Ok(Ended::Interrupted(reason, code));
+                }
                 return Err(AgentError::usage(format!(
                     "the command started processes of another user, which zkgate may not signal: {what}; \
                      zkgate could not stop them when it must (a lost hold, a stop), so it stopped the command \
