@@ -452,8 +452,7 @@ async fn a_contender_does_not_queue_under_a_lock_node_made_again() {
     let err = contender
         .acquire(&s, Some(Instant::now() + Duration::from_secs(10)))
         .await
-        .err()
-        .expect("no hold under rules nobody read");
+        .expect_err("no hold under rules nobody read");
     assert!(matches!(err, ZkError::Changed { .. }), "{err:?}");
     assert!(children(&s, lock).await.is_empty(), "our node is gone");
 }
