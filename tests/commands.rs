@@ -1377,12 +1377,12 @@ async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
         done.display(),
         ran_on.display()
     );
-    let mut holder = support::zkgate_binary(
+    let holder = support::zkgate_binary_as_user(
         &bin,
         &connect,
         &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+        at,
     );
-    holder.uid(1000).gid(1000);
     let (code, err) = tokio::time::timeout(Duration::from_secs(25), output(holder))
         .await
         .expect("zkgate refused the command before it ended");
@@ -1438,12 +1438,13 @@ async fn a_hold_lost_while_waiting_for_a_process_zkgate_may_not_signal_is_said_a
         become_other.display(),
         done.display(),
     );
-    let mut holder = support::zkgate_binary(
+    let mut holder = support::zkgate_binary_as_user(
         &bin,
         &connect,
         &["lock", "run", "db", "--create", "--", "sh", "-c", &script],
+        at,
     );
-    holder.uid(1000).gid(1000).stderr(Stdio::piped());
+    holder.stderr(Stdio::piped());
     let mut holder = holder.spawn().unwrap();
     let mut lines = tokio::io::BufReader::new(holder.stderr.take().unwrap()).lines();
     let mut err = String::new();

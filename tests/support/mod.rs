@@ -301,6 +301,29 @@ pub fn zkgate_binary(bin: &Path, connect: &str, args: &[&str]) -> tokio::process
     cmd
 }
 
+/// `zkgate_binary`, run as an ordinary user (uid and gid 1000): the TLS
+/// material (root's alone where the test server made it) is copied into
+/// `dir`, which that user can read, and named from there.
+pub fn zkgate_binary_as_user(
+    bin: &Path,
+    connect: &str,
+    args: &[&str],
+    dir: &Path,
+) -> tokio::process::Command {
+    use std::os::unix::fs::PermissionsExt;
+    let mut cmd = zkgate_binary(bin, connect, args);
+    for (name, file) in tls_env(connect) {
+        let file_name = file.file_name().expect("a TLS file's name");
+        let copy = dir.join(format!("user-{}", file_name.to_string_lossy()));
+        std::fs::copy(&file, &copy).expect("copy the TLS material");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644))
+            .expect("make the TLS material readable");
+        cmd.env(name, copy);
+    }
+    cmd.uid(1000).gid(1000);
+    cmd
+}
+
 /// Runs a command to its end; its exit code and standard error.
 pub async fn output(mut cmd: tokio::process::Command) -> (i32, String) {
     let out = cmd
