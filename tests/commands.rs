@@ -1357,19 +1357,9 @@ async fn a_participant_of_a_run_waits_while_the_barrier_does_not_say_its_run() {
 /// exited 0.
 #[tokio::test]
 async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
-    use std::os::unix::fs::PermissionsExt;
     let connect = isolated_connect();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, bin, become_other) = another_users_kit();
     let at = dir.path();
-    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
-    // zkgate as an ordinary user (its build dir is root's alone).
-    let bin = at.join("zkgate");
-    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &bin).unwrap();
-    // A set-user-ID root program that makes its command another user's
-    // for good (real, effective and saved user IDs alike).
-    let become_other = at.join("become-other");
-    std::fs::copy("/usr/bin/setpriv", &become_other).unwrap();
-    std::fs::set_permissions(&become_other, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let (done, ran_on) = (at.join("done"), at.join("ran-on"));
     let script = format!(
         "{} --reuid 65534 --regid 65534 --clear-groups sh -c 'sleep 2; touch {}' & sleep 30; touch {}",
@@ -1421,17 +1411,10 @@ async fn a_command_that_starts_a_process_zkgate_may_not_signal_is_refused() {
 /// ended, and zkgate exited 2 as if the hold had been kept.
 #[tokio::test]
 async fn a_hold_lost_while_waiting_for_a_process_zkgate_may_not_signal_is_said_and_exits_6() {
-    use std::os::unix::fs::PermissionsExt;
     use tokio::io::AsyncBufReadExt;
     let connect = isolated_connect();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, bin, become_other) = another_users_kit();
     let at = dir.path();
-    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let bin = at.join("zkgate");
-    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &bin).unwrap();
-    let become_other = at.join("become-other");
-    std::fs::copy("/usr/bin/setpriv", &become_other).unwrap();
-    std::fs::set_permissions(&become_other, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let done = at.join("done");
     let script = format!(
         "{} --reuid 65534 --regid 65534 --clear-groups sh -c 'sleep 6; touch {}' & sleep 30",
@@ -1470,6 +1453,88 @@ async fn a_hold_lost_while_waiting_for_a_process_zkgate_may_not_signal_is_said_a
     }
     assert_eq!(status.code(), Some(6), "{err}");
     assert!(done.exists(), "the process was still waited for: {err}");
+}
+
+/// Review of issue 44, item 6: with `/proc` mounted `hidepid=2`, another
+/// user's processes are not in zkgate's `/proc` at all, so the command's
+/// tree looked empty while one ran. A process of the command that /proc
+/// hides is waited for (zkgate has a child still) before the hold is
+/// given up, and zkgate says so. Failed before the fix: zkgate released
+/// the lock and exited at once, the hidden process running on.
+#[tokio::test]
+async fn a_process_of_the_command_that_proc_hides_is_waited_for() {
+    let connect = isolated_connect();
+    let (dir, bin, become_other) = another_users_kit();
+    let at = dir.path();
+    let (started, done) = (at.join("started"), at.join("done"));
+    // The command starts another user's process and exits once that runs
+    // as the other user (before, it was visible, and stopped as any).
+    let script = format!(
+        "{} --reuid 65534 --regid 65534 --clear-groups sh -c 'touch {}; sleep 3; touch {}' & \
+         while [ ! -e {} ]; do sleep 0.05; done",
+        become_other.display(),
+        started.display(),
+        done.display(),
+        started.display(),
+    );
+    // zkgate as uid 1000, in namespaces of its own whose /proc hides the
+    // processes of other users from it (the host's /proc untouched).
+    let mut holder = tokio::process::Command::new("unshare");
+    holder
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "sh",
+            "-c",
+        ])
+        .arg("mount -t proc -o hidepid=2 proc /proc && exec \"$@\"")
+        .args([
+            "sh",
+            "setpriv",
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+        ])
+        .arg(&bin)
+        .args(["lock", "run", "db", "--create", "--", "sh", "-c", &script])
+        .env("ZKGATE_ZOOKEEPER", &connect)
+        .envs(support::readable_tls_env(&connect, at))
+        .env("ZKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let (code, err) = tokio::time::timeout(Duration::from_secs(25), output(holder))
+        .await
+        .expect("zkgate ended");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        done.exists(),
+        "the hidden process was waited for before the lock was given up: {err}"
+    );
+    assert!(err.contains("/proc does not show"), "{err}");
+}
+
+/// What a test of a process zkgate may not signal needs: a directory
+/// anyone may write, with a copy of zkgate an ordinary user may run (the
+/// build dir is root's alone) and a set-user-ID root program that makes
+/// its command another user's for good (real, effective and saved user
+/// IDs alike): `become-other --reuid 65534 --regid 65534 --clear-groups
+/// COMMAND...`.
+fn another_users_kit() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path();
+    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = at.join("zkgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_zkgate"), &bin).unwrap();
+    let become_other = at.join("become-other");
+    std::fs::copy("/usr/bin/setpriv", &become_other).unwrap();
+    std::fs::set_permissions(&become_other, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    (dir, bin, become_other)
 }
 
 /// Reads `lines` into `err` until one contains `needle` (20 s at most).

@@ -23,7 +23,9 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::exit::{AgentError, Exit};
-use super::procs::{exit_code, pause_tree, resume_tree, stop_tree, tree, Stopping, TREE_POLL};
+use super::procs::{
+    exit_code, pause_tree, resume_tree, stop_tree, tree, Hidden, Stopping, TREE_POLL,
+};
 use super::Termination;
 
 /// The terminal's requests to stop a process: SIGTSTP (Ctrl-Z), SIGTTIN
@@ -169,7 +171,7 @@ pub async fn supervise<T>(
                 match status {
                     Ok(status) => break (Ended::Exited(exit_code(status)), kill_at),
                     Err(e) => {
-                        stop_tree(None, kill_at).await;
+                        stop_tree(None, kill_at, Hidden::WaitFor).await;
                         return Err(AgentError::new(Exit::Internal, format!("lost track of the command: {e}")));
                     }
                 }
@@ -194,7 +196,7 @@ pub async fn supervise<T>(
                 // The hold is still watched while they run: a loss is
                 // said at once (they run beside the next holder, which
                 // nothing here can prevent) and is what we exit with.
-                let rest = stop_tree(None, kill_at);
+                let rest = stop_tree(None, kill_at, Hidden::WaitFor);
                 tokio::pin!(rest);
                 let mut lost = None;
                 loop {
@@ -256,7 +258,7 @@ pub async fn supervise<T>(
             let _ = nix::sys::signal::kill(guardian, sig);
         }
     };
-    stop_tree(None, kill_at).await;
+    stop_tree(None, kill_at, Hidden::WaitFor).await;
     Ok(ended)
 }
 

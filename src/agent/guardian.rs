@@ -168,7 +168,7 @@ pub async fn run(parent: i32, grace: Duration, command: &[String]) -> Result<i32
     };
     // What the command left gets its grace, unless zkgate dies meanwhile;
     // what is passed on still reaches the command's group.
-    let leftovers = procs::stop_tree(None, Instant::now() + grace);
+    let leftovers = procs::stop_tree(None, Instant::now() + grace, procs::Hidden::PassUp);
     tokio::pin!(leftovers);
     loop {
         tokio::select! {

@@ -106,13 +106,40 @@ const UNSTOPPABLE_POLL: Duration = Duration::from_millis(250);
 /// left. Processes zkgate may not signal are waited for, never left
 /// running behind our back: a hold is kept (and a barrier not left) until
 /// they end, and the user is told once which they are.
-async fn stop_all(mut stopping: Stopping) {
+///
+/// `/proc` mounted with `hidepid` does not show another user's processes
+/// at all: with [`Hidden::WaitFor`], nothing is left only once we have no
+/// child either (a hidden process below us comes to us, the subreaper,
+/// when its visible parents end), and hidden ones are waited for like
+/// those we may not signal. Only where no child of ours is one tokio
+/// still waits for.
+async fn stop_all(mut stopping: Stopping, hidden: Hidden) {
     let me = Pid::this();
     let mut told = false;
+    let mut told_hidden = false;
     loop {
         tree::reap_exited_children(me, None);
         match stopping.step() {
-            Left::Nothing => return,
+            Left::Nothing => {
+                if hidden == Hidden::PassUp || !tree::any_child_runs() {
+                    return;
+                }
+                // One that has appeared in /proc since the look is
+                // stopped at the next look, at once; one that has not is
+                // hidden: zkgate does not learn its PID.
+                if !tree::descendants(me).is_empty() {
+                    tokio::time::sleep(TREE_POLL).await;
+                    continue;
+                }
+                if !told_hidden {
+                    error!(
+                        "processes of the command still run that /proc does not show zkgate (mounted with hidepid: another user's, \
+                         or one that made itself not dumpable), so zkgate cannot stop them; waiting for them to end before going on"
+                    );
+                    told_hidden = true;
+                }
+                tokio::time::sleep(UNSTOPPABLE_POLL).await;
+            }
             Left::Some => tokio::time::sleep(TREE_POLL).await,
             Left::Unstoppable(pids) => {
                 if !told {
@@ -130,7 +157,19 @@ async fn stop_all(mut stopping: Stopping) {
 
 /// SIGKILL, now, to every process below us, until none is left.
 pub(super) async fn kill_tree() {
-    stop_all(Stopping::new(None, Instant::now())).await
+    stop_all(Stopping::new(None, Instant::now()), Hidden::PassUp).await
+}
+
+/// What [`stop_tree`] does about processes below us that `/proc` hides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hidden {
+    /// Waits for them, saying so: the process that holds (zkgate), which
+    /// must not give its hold up while they run.
+    WaitFor,
+    /// Leaves them to our own subreaper when we end: the guardian, whose
+    /// log may go nowhere (a pipe it may not open again), so that zkgate
+    /// waits for them and says so.
+    PassUp,
 }
 
 /// Stops every process left of the command (every descendant of ours but
@@ -139,18 +178,18 @@ pub(super) async fn kill_tree() {
 /// none is left. Called once the command itself has been reaped (or will
 /// never be waited for), so nothing we reap here is a child tokio still
 /// waits for.
-pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant) {
+pub(super) async fn stop_tree(spared: Option<Pid>, kill_at: Instant, hidden: Hidden) {
     let me = Pid::this();
     tree::reap_exited_children(me, None);
     let left = tree::descendants(me);
-    if left.is_empty() {
+    if left.is_empty() && (hidden == Hidden::PassUp || !tree::any_child_runs()) {
         return;
     }
     info!(
         processes = left.len(),
         "the command left processes behind; stopping them before going on"
     );
-    stop_all(Stopping::new(spared, kill_at)).await
+    stop_all(Stopping::new(spared, kill_at), hidden).await
 }
 
 /// How long [`pause_tree`] tries to see every process below us stopped.
@@ -190,7 +229,7 @@ pub(super) fn resume_tree() {
 
 /// The process tree below a process, read from `/proc`.
 pub(super) mod tree {
-    use nix::sys::wait::{waitpid, WaitPidFlag};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     use nix::unistd::Pid;
 
     /// A process's parent and whether it has ended, from
@@ -315,6 +354,23 @@ pub(super) mod tree {
             at += 1;
         }
         live
+    }
+
+    /// Whether a child of ours still runs, seen in `/proc` or not (with
+    /// `hidepid`, another user's is not). Reaps every child of ours that
+    /// has exited on the way (hidden zombies too, which
+    /// [`reap_exited_children`] cannot see), so it may be called only
+    /// where none is one tokio waits for.
+    pub(in crate::agent) fn any_child_runs() -> bool {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => return true,
+                // One had exited, and is reaped now: look again.
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                // ECHILD: no child at all.
+                Err(_) => return false,
+            }
+        }
     }
 
     /// Reaps our children (orphans of the command re-parented to us) that

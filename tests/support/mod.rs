@@ -301,27 +301,34 @@ pub fn zkgate_binary(bin: &Path, connect: &str, args: &[&str]) -> tokio::process
     cmd
 }
 
-/// `zkgate_binary`, run as an ordinary user (uid and gid 1000): the TLS
-/// material (root's alone where the test server made it) is copied into
-/// `dir`, which that user can read, and named from there.
+/// `zkgate_binary`, run as an ordinary user (uid and gid 1000), with the
+/// TLS material from [`readable_tls_env`] in `dir`.
 pub fn zkgate_binary_as_user(
     bin: &Path,
     connect: &str,
     args: &[&str],
     dir: &Path,
 ) -> tokio::process::Command {
-    use std::os::unix::fs::PermissionsExt;
     let mut cmd = zkgate_binary(bin, connect, args);
-    for (name, file) in tls_env(connect) {
-        let file_name = file.file_name().expect("a TLS file's name");
-        let copy = dir.join(format!("user-{}", file_name.to_string_lossy()));
-        std::fs::copy(&file, &copy).expect("copy the TLS material");
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644))
-            .expect("make the TLS material readable");
-        cmd.env(name, copy);
-    }
-    cmd.uid(1000).gid(1000);
+    cmd.envs(readable_tls_env(connect, dir)).uid(1000).gid(1000);
     cmd
+}
+
+/// [`tls_env`] for an ordinary user: the TLS material (root's alone where
+/// the test server made it) copied into `dir`, readable by anyone.
+pub fn readable_tls_env(connect: &str, dir: &Path) -> Vec<(&'static str, std::path::PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    tls_env(connect)
+        .into_iter()
+        .map(|(name, file)| {
+            let file_name = file.file_name().expect("a TLS file's name");
+            let copy = dir.join(format!("user-{}", file_name.to_string_lossy()));
+            std::fs::copy(&file, &copy).expect("copy the TLS material");
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644))
+                .expect("make the TLS material readable");
+            (name, copy)
+        })
+        .collect()
 }
 
 /// Runs a command to its end; its exit code and standard error.
