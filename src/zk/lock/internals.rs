@@ -210,6 +210,9 @@ async fn queue_and_wait(
     };
 
     let mut last_progress: Option<Instant> = None;
+    // The check sent with the latest listing after a wake-up, not yet
+    // answered (see below).
+    let mut confirmation = None;
     loop {
         let queue = contender::queue(&children);
         let Some(index) = queue.iter().position(|c| c.name == name) else {
@@ -226,7 +229,16 @@ async fn queue_and_wait(
             // up) may answer from a past in which our node still stood and
             // our session lived: confirm with the leader before holding.
             if woken {
-                listed_at = confirm_ours(session, &node).await?;
+                listed_at = match confirmation.take() {
+                    Some((sent, reply)) => match checked(&node, sent, reply.await)? {
+                        Some(confirmed) => confirmed,
+                        None => {
+                            session.await_connected().await?;
+                            confirm_ours(session, &node).await?
+                        }
+                    },
+                    None => confirm_ours(session, &node).await?,
+                };
             }
             return Ok(Acquired {
                 node,
@@ -264,7 +276,30 @@ async fn queue_and_wait(
         // or merely changed, and others may have joined or left.
         woken = true;
         listed_at = Instant::now();
-        children = list(session, parent).await?;
+        // The confirmation that our node stands goes out with the listing,
+        // not after its answer: when the listing shows us first, the
+        // handoff pays no second round trip. It proves the same, only
+        // from an earlier moment (its send time, before the listing's
+        // answer); when we are not first, its answer is not waited for.
+        let listing = client.list_children(parent);
+        let (sent, reply) = send_check(session, &path::join(parent, &name))?;
+        children = match listing.await {
+            Ok(children) => {
+                confirmation = Some((sent, reply));
+                children
+            }
+            Err(zk::Error::NoNode) => {
+                return Err(ZkError::Deleted {
+                    path: parent.to_owned(),
+                })
+            }
+            // Lost, or refused for a reason `list` tells: that reply's
+            // check is not waited for either.
+            Err(_) => {
+                confirmation = None;
+                list(session, parent).await?
+            }
+        };
     }
 }
 
@@ -424,29 +459,57 @@ async fn find_registration(
 /// a transaction only a quorum behind the leader answers; it fails when our
 /// session has been expired). The check's send time, what it confirms.
 async fn confirm_ours(session: &Session, node: &str) -> Result<Instant> {
-    let client = session.client();
     loop {
-        let sent = Instant::now();
-        let mut writer = client.new_multi_writer();
-        writer
-            .add_check_version(node, -1)
-            .map_err(|e| ZkError::from_client("check", node, e))?;
-        match writer.commit().await {
-            Ok(_) => return Ok(sent),
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::NoNode,
-                ..
-            }) => {
-                return Err(ZkError::NodeRemoved {
-                    path: node.to_owned(),
-                })
-            }
-            Err(e) => {
-                let e = zk::Error::from(e);
-                if !is_connection_loss(&e) {
-                    return Err(ZkError::from_client("check", node, e));
-                }
-                session.await_connected().await?;
+        let (sent, reply) = send_check(session, node)?;
+        if let Some(confirmed) = checked(node, sent, reply.await)? {
+            return Ok(confirmed);
+        }
+        session.await_connected().await?;
+    }
+}
+
+/// The check of [`confirm_ours`], sent now (the client sends a request
+/// when it is made, not when its reply is awaited): its send time and its
+/// reply.
+fn send_check<'a>(
+    session: &'a Session,
+    node: &str,
+) -> Result<(
+    Instant,
+    impl std::future::Future<
+            Output = std::result::Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError>,
+        > + 'a,
+)> {
+    let mut writer = session.client().new_multi_writer();
+    writer
+        .add_check_version(node, -1)
+        .map_err(|e| ZkError::from_client("check", node, e))?;
+    let sent = Instant::now();
+    Ok((sent, writer.commit()))
+}
+
+/// What the reply to a check of our `node` sent at `sent` says: it stood
+/// then (`Some(sent)`), or nothing (`None`: the connection was lost before
+/// the answer, so ask again once connected). Gone is an error.
+fn checked(
+    node: &str,
+    sent: Instant,
+    reply: std::result::Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError>,
+) -> Result<Option<Instant>> {
+    match reply {
+        Ok(_) => Ok(Some(sent)),
+        Err(zk::MultiWriteError::OperationFailed {
+            source: zk::Error::NoNode,
+            ..
+        }) => Err(ZkError::NodeRemoved {
+            path: node.to_owned(),
+        }),
+        Err(e) => {
+            let e = zk::Error::from(e);
+            if is_connection_loss(&e) {
+                Ok(None)
+            } else {
+                Err(ZkError::from_client("check", node, e))
             }
         }
     }
