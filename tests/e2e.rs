@@ -181,7 +181,7 @@ impl Cluster {
         let local = [
             ("ghcr.io/zkgate/zkgate:0.2.0", "zkgate:local"),
             ("busybox:1.36", "workload:local"),
-            ("zookeeper.zookeeper.svc:2181", zookeeper.as_str()),
+            ("zkgate-zookeeper.zkgate-system.svc:2181", zookeeper.as_str()),
         ];
         for (from, to) in local {
             text = text.replace(from, to);
