@@ -1057,3 +1057,69 @@ async fn a_member_on_the_other_credential_of_a_rotation_records_the_opening() {
     told_a.sort();
     assert_eq!(told_a, told_b);
 }
+
+/// A member cut off from ZooKeeper mid-round (its connection stalls; the
+/// server expires its session, the others end the round and meet its
+/// replacement in the next) has its command dead before the next round's
+/// commands start, even a command that ignores SIGTERM and a kill grace
+/// longer than what is left of the session: the loss is acted on early
+/// enough for the grace to fit before the session can expire (found in
+/// review: the kill came the whole `--kill-grace` after a fifth of the
+/// session timeout before the expiry, so the next round ran beside it).
+#[tokio::test]
+async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let chroot = &connect[support::shared_zookeeper().len()..];
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let through_proxy = format!("{}{chroot}", proxy.address());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let beat = d.join("beat");
+    let cut_off_script = format!(
+        "trap '' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        b = beat.display()
+    );
+    let cut_off = gang_member(
+        &through_proxy,
+        "run",
+        "p0",
+        &["--kill-grace", "3s", "--", "sh", "-c", &cut_off_script],
+    );
+    let p1 = member(&connect, "p1", &script(d, "p1", &[STAYS, "true"]));
+    eventually(Duration::from_secs(30), "round 0's commands run", || async {
+        (beat.exists() && runs(d, "p1").len() == 1).then_some(())
+    })
+    .await;
+    proxy.stall();
+    eventually(Duration::from_secs(30), "round 0 ended", || async {
+        (top(&admin, &gang).await.round == Some(1)).then_some(())
+    })
+    .await;
+    // The pod's replacement, on a connection of its own.
+    let replacement = member(&connect, "p0", &script(d, "p0-next", &["true"]));
+    let (code, err) = ended(cut_off, "p0").await;
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("lost"), "{err}");
+    for (id, p) in [("p0", replacement), ("p1", p1)] {
+        let (code, err) = ended(p, id).await;
+        assert_eq!(code, 0, "{id}: {err}");
+    }
+    let last_beat = read_beat(&beat);
+    let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
+    let first = *next_round.iter().min().unwrap();
+    assert!(
+        last_beat < first,
+        "the cut-off member's command ran {} ms into the next round",
+        (last_beat - first) / 1_000_000
+    );
+    proxy.resume();
+}
+
+/// The time (ns) a beating command last wrote.
+fn read_beat(path: &Path) -> u128 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

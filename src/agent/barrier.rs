@@ -672,7 +672,14 @@ impl<'a> BarrierCommand<'a> {
                 Some(joined) => joined,
                 None => continue,
             };
-            let registration = self.registration(session, &entered);
+            // A registration that may be lost is acted on early enough for
+            // the command to be dead, SIGKILL included, before the server
+            // can expire the session: the others then end the round and
+            // may start the next, which must not run beside it.
+            let loss_grace = grace.min(session.timeout() / 4);
+            let registration = self
+                .registration(session, &entered)
+                .with_reserve(loss_grace + session.timeout() / 10);
             // What the command is told of its round: which it is (a restart
             // resumes from a checkpoint, say), and its place among the
             // round's members, by id.
@@ -692,9 +699,18 @@ impl<'a> BarrierCommand<'a> {
                     },
                 }
             };
-            let ended =
-                child::supervise(child::spawn(command, &env, grace)?, stop, interrupt, grace)
-                    .await?;
+            let ended = child::supervise_graced(
+                child::spawn(command, &env, grace)?,
+                stop,
+                interrupt,
+                grace,
+                // Watching the round can fail with the session too.
+                |interruption| match interruption {
+                    Interruption::RoundOver(_) => grace,
+                    Interruption::Lost(_) | Interruption::Failed(_) => loss_grace,
+                },
+            )
+            .await?;
             if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
                 // Our pod is going: whatever the command made of the
                 // signal, this member is gone from the round, which ends

@@ -151,10 +151,24 @@ pub enum Ended<T> {
 /// stopped within a second is continued and the stop ignored, with a
 /// warning, rather than leave it running while we are stopped.
 pub async fn supervise<T>(
+    child: Child,
+    signals: &mut Termination,
+    interrupt: impl Future<Output = T>,
+    grace: Duration,
+) -> Result<Ended<T>, AgentError> {
+    supervise_graced(child, signals, interrupt, grace, |_| grace).await
+}
+
+/// [`supervise`], with the kill grace of an interruption chosen by what
+/// interrupted (`grace_for`): a hold that may be lost leaves only what is
+/// left of the session for the command to end in, while a round that
+/// ended for the others can give it the whole grace.
+pub async fn supervise_graced<T>(
     mut child: Child,
     signals: &mut Termination,
     interrupt: impl Future<Output = T>,
     grace: Duration,
+    grace_for: impl Fn(&T) -> Duration,
 ) -> Result<Ended<T>, AgentError> {
     let guardian = child.id().map(|id| Pid::from_raw(id as i32));
     let me = Pid::this();
@@ -177,7 +191,7 @@ pub async fn supervise<T>(
                 }
             }
             reason = &mut interrupt => {
-                let kill_at = Instant::now() + grace;
+                let kill_at = Instant::now() + grace_for(&reason);
                 let code = terminate(&mut child, guardian, kill_at).await;
                 break (Ended::Interrupted(reason, code), kill_at);
             }
