@@ -536,8 +536,10 @@ pub struct Common {
     /// The ZooKeeper session timeout asked for.
     #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub session_timeout: Duration,
-    /// How long to keep trying to reach ZooKeeper before giving up (exit 5).
-    #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration)]
+    /// How long to keep trying to reach ZooKeeper before giving up (exit
+    /// 5); 0: for as long as it takes, within --timeout (exit 3), as the
+    /// containers the webhook injects do.
+    #[arg(long, env = "ZKGATE_CONNECT_TIMEOUT", default_value = "15s", value_parser = duration_or_zero)]
     pub connect_timeout: Duration,
     /// Credentials and TLS.
     #[command(flatten)]
@@ -800,6 +802,15 @@ fn duration(s: &str) -> Result<Duration, String> {
         return Err("must be longer than zero".into());
     }
     Ok(d)
+}
+
+/// [`duration`], or 0 (meaning no limit where a flag says so).
+fn duration_or_zero(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (expected a duration such as 90s or 10m, or 0)"))
 }
 
 /// A credential given on the command line or in the environment; empty

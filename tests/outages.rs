@@ -205,3 +205,69 @@ async fn an_opened_barriers_sidecar_stays_ready_through_an_outage_and_leaves_aft
     }
     drop(server);
 }
+
+/// Issue 43, item 3: a pod admitted while ZooKeeper is down (admission
+/// needs none) waits for it. Its injected containers say
+/// `--connect-timeout 0`: the init form's `barrier enter` started with
+/// the server away keeps trying, says that it waits, and passes the
+/// barrier with its peer once the server is back (before, its first
+/// attempt gave up after 15 s with exit 5, which `restartPolicy: Never`
+/// makes the pod's failure). With `--timeout`, it gives up at the
+/// timeout, exit 3, nothing registered.
+#[tokio::test]
+async fn a_participant_started_while_zookeeper_is_down_waits_for_it() {
+    let mut server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    server.kill();
+    let enter = |id: &str, extra: &[&str]| {
+        let mut args = vec![
+            "barrier",
+            "enter",
+            "late",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--connect-timeout",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        zkgate(&connect, &args)
+            .env("ZKGATE_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn zkgate")
+    };
+    let bounded = enter("bounded", &["--timeout", "3s"]);
+    let (code, err) = finished(bounded, Duration::from_secs(30)).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no ZooKeeper server"), "{err}");
+    let mut waiting: Vec<_> = ["a", "b"].iter().map(|id| (*id, enter(id, &[]))).collect();
+    // The outage: longer than an attempt (15 s) and than the default
+    // --connect-timeout, by which the code before had given up.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for (id, child) in &mut waiting {
+        assert!(
+            child.try_wait().expect("look at the process").is_none(),
+            "{id} ended before ZooKeeper came back"
+        );
+    }
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server.wait_serving(Duration::from_secs(30));
+        server
+    })
+    .await
+    .unwrap();
+    for (id, child) in waiting {
+        let (code, err) = finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{id}: {err}");
+        assert!(
+            err.contains("ZooKeeper unreachable: waiting for it"),
+            "{id} never said it waited: {err}"
+        );
+    }
+    drop(server);
+}

@@ -21,6 +21,12 @@ use crate::zk::{Session, SessionOptions};
 
 pub use exit::{AgentError, Exit};
 
+/// How long each attempt of a participant waiting for ZooKeeper
+/// (`--connect-timeout 0`) tries before the next.
+const REACH_ATTEMPT: Duration = Duration::from_secs(15);
+/// How often a participant waiting for ZooKeeper says it still waits.
+const UNREACHABLE_REPORT: Duration = Duration::from_secs(30);
+
 /// Who takes part, and how to reach ZooKeeper: what every participant
 /// command needs.
 #[derive(Clone, Debug)]
@@ -59,14 +65,65 @@ impl Participant {
     /// session makes also grant READ to the namespace's other credential
     /// during a rotation's grace window (see [`Participant::readers`]).
     pub async fn connect(&self) -> Result<Session, AgentError> {
-        let mut session = Session::connect(&self.session)
-            .await
-            .map_err(|e| self.explain(e))?;
+        let mut session = self.reach().await?;
         if self.session.credential.is_some() {
             let readers = self.readers(&session).await;
             session.grant_read(&readers);
         }
         Ok(session)
+    }
+
+    /// Reaches ZooKeeper: trying for `--connect-timeout`, or with 0 (what
+    /// the webhook gives the containers it injects) for as long as it
+    /// takes, within `--timeout` if one is given: a pod admitted while
+    /// ZooKeeper is down (admission needs none) waits for it as it would
+    /// wait at its barrier, saying so every [`UNREACHABLE_REPORT`], instead
+    /// of failing its first attempt (which `restartPolicy: Never` makes
+    /// the pod's end). A credential refused or a TLS handshake that fails
+    /// is said at once: waiting mends neither.
+    async fn reach(&self) -> Result<Session, AgentError> {
+        if !self.session.connect_timeout.is_zero() {
+            return Session::connect(&self.session)
+                .await
+                .map_err(|e| self.explain(e));
+        }
+        let deadline = self.deadline();
+        let mut options = self.session.clone();
+        options.connect_timeout = REACH_ATTEMPT;
+        let since = Instant::now();
+        let mut reported: Option<Instant> = None;
+        loop {
+            let attempt = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, Session::connect(&options)).await {
+                    Ok(attempt) => attempt,
+                    Err(_) => return Err(self.unreached(since)),
+                },
+                None => Session::connect(&options).await,
+            };
+            match attempt {
+                Err(crate::zk::ZkError::Unreachable { .. }) => {}
+                other => return other.map_err(|e| self.explain(e)),
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.unreached(since));
+            }
+            if reported.is_none_or(|at| at.elapsed() >= UNREACHABLE_REPORT) {
+                reported = Some(Instant::now());
+                tracing::warn!(servers = %self.connect_string(), waited = ?since.elapsed(), "ZooKeeper unreachable: waiting for it");
+            }
+        }
+    }
+
+    /// `--timeout` passed before ZooKeeper answered.
+    fn unreached(&self, since: Instant) -> AgentError {
+        AgentError::new(
+            Exit::TimedOut,
+            format!(
+                "no ZooKeeper server of {} answered within --timeout ({} waited); nothing was registered",
+                self.connect_string(),
+                humantime::format_duration(Duration::from_secs(since.elapsed().as_secs()))
+            ),
+        )
     }
 
     /// The digest ids the controller publishes in the namespace's node:

@@ -996,6 +996,9 @@ fn container(injection: &Injection, name: &str, wanted: Option<&Wanted>) -> Cont
         field("ZKGATE_POD_NAME", "metadata.name"),
         field("ZKGATE_NAMESPACE", "metadata.namespace"),
         field("ZKGATE_POD_UID", "metadata.uid"),
+        // Admission needs no ZooKeeper: a pod admitted while it is down
+        // waits for it (within its timeout) rather than fail at once.
+        value("ZKGATE_CONNECT_TIMEOUT", "0"),
     ];
     if injection.root != DEFAULT_ROOT {
         env.push(value("ZKGATE_ROOT", &injection.root));
@@ -1110,6 +1113,13 @@ mod tests {
         assert!(
             env(c, "ZKGATE_AUTH").is_none(),
             "no credential in the pod spec"
+        );
+        // Admitted while ZooKeeper is down, it waits for it.
+        assert_eq!(
+            env(c, "ZKGATE_CONNECT_TIMEOUT")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("0")
         );
         assert_eq!(
             env(c, "ZKGATE_CREDENTIALS_URL")
