@@ -1086,9 +1086,11 @@ async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
         &["--kill-grace", "3s", "--", "sh", "-c", &cut_off_script],
     );
     let p1 = member(&connect, "p1", &script(d, "p1", &[STAYS, "true"]));
-    eventually(Duration::from_secs(30), "round 0's commands run", || async {
-        (beat.exists() && runs(d, "p1").len() == 1).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "round 0's commands run",
+        || async { (beat.exists() && runs(d, "p1").len() == 1).then_some(()) },
+    )
     .await;
     proxy.stall();
     eventually(Duration::from_secs(30), "round 0 ended", || async {

@@ -94,10 +94,12 @@ impl Participant {
         let mut reported: Option<Instant> = None;
         loop {
             let attempt = match deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, Session::connect(&options)).await {
-                    Ok(attempt) => attempt,
-                    Err(_) => return Err(self.unreached(since)),
-                },
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline, Session::connect(&options)).await {
+                        Ok(attempt) => attempt,
+                        Err(_) => return Err(self.unreached(since)),
+                    }
+                }
                 None => Session::connect(&options).await,
             };
             match attempt {
