@@ -12,6 +12,8 @@
 //! `ZKGATE_TEST_CLUSTER` to its directory and runs them with
 //! `--run-ignored all`; run by hand without `ZKGATE_TEST_CLUSTER` they fail.
 
+#[path = "e2e/availability.rs"]
+mod availability;
 #[path = "e2e/failure_policy.rs"]
 mod failure_policy;
 #[path = "e2e/hostile_tenants.rs"]
@@ -181,7 +183,10 @@ impl Cluster {
         let local = [
             ("ghcr.io/zkgate/zkgate:0.2.0", "zkgate:local"),
             ("busybox:1.36", "workload:local"),
-            ("zkgate-zookeeper.zkgate-system.svc:2181", zookeeper.as_str()),
+            (
+                "zkgate-zookeeper.zkgate-system.svc:2181",
+                zookeeper.as_str(),
+            ),
         ];
         for (from, to) in local {
             text = text.replace(from, to);
@@ -1243,6 +1248,7 @@ spec:
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn deleting_the_leading_controller_pod_hands_over() {
     let c = cluster().await;
+    let _disrupting = c.disrupting_controllers().await;
     let leaders = eventually(WITHIN, "one leading controller pod", || async {
         let all = c.controllers().await;
         let leaders: Vec<_> = all.iter().filter(|p| p.2).cloned().collect();

@@ -264,7 +264,42 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
     assert!(
         default.contains("readOnlyRootFilesystem: true") && default.contains("runAsNonRoot: true")
     );
-    assert!(!default.contains("PodDisruptionBudget") && !default.contains("StatefulSet"));
+    assert!(!default.contains("StatefulSet"));
+    // Issue 43, item 5: highly available by default: two replicas, a
+    // PodDisruptionBudget, spread over nodes where there are several (and
+    // scheduled where there is one), a grace for leaving the Service.
+    assert!(
+        default.contains("kind: PodDisruptionBudget")
+            && default.contains("replicas: 2")
+            && default.contains("terminationGracePeriodSeconds: 30"),
+        "{default}"
+    );
+    let spread = default
+        .split("topologySpreadConstraints:")
+        .nth(1)
+        .expect("topologySpreadConstraints rendered");
+    assert!(
+        spread.contains("topologyKey: kubernetes.io/hostname")
+            && spread.contains("whenUnsatisfiable: ScheduleAnyway")
+            && spread.contains("app.kubernetes.io/name: zkgate"),
+        "{spread}"
+    );
+    assert!(!default.contains("priorityClassName"));
+    let single = template(&[
+        "--set",
+        "zookeeper.connect=zk:2181,replicaCount=1,priorityClassName=zkgate-critical,topologySpreadConstraints=null",
+    ]);
+    assert!(
+        !single.contains("PodDisruptionBudget")
+            && single.contains("priorityClassName: \"zkgate-critical\"")
+            && !single.contains("topologySpreadConstraints"),
+        "{single}"
+    );
+    ok(run(
+        &kubectl,
+        &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+        Some(&single),
+    ));
     ok(run(
         &kubectl,
         &["apply", "--dry-run=server", "-n", "default", "-f", "-"],

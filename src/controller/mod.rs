@@ -159,15 +159,27 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
     // This replica's ZooKeeper session, for the credential handout (served
     // beside the webhook by every replica, leading or not).
     let (sessions, session_rx) = tokio::sync::watch::channel(None);
-    if let Some(webhook) = options.webhook.clone() {
-        tokio::spawn(serve_webhook(
-            webhook,
-            client.clone(),
-            health.clone(),
-            session_rx,
-            shutdown.clone(),
-        ));
+    // Cancelled once the webhook no longer serves (at once without one):
+    // asked to stop, a replica serves admission and the handout (which
+    // reads ZooKeeper) until it has left the webhook's Service
+    // (`webhook::drain`), so its session and the process outlive that.
+    let webhook_stopped = CancellationToken::new();
+    match options.webhook.clone() {
+        Some(webhook) => {
+            tokio::spawn({
+                let (client, health) = (client.clone(), health.clone());
+                let (shutdown, stopped) = (shutdown.clone(), webhook_stopped.clone());
+                async move {
+                    let _stopped = stopped.drop_guard();
+                    serve_webhook(webhook, client, health, session_rx, shutdown).await;
+                }
+            });
+        }
+        None => webhook_stopped.cancel(),
     }
+    let webhook_served = || async {
+        let _ = tokio::time::timeout(WEBHOOK_STOP_LIMIT, webhook_stopped.cancelled()).await;
+    };
 
     // The ZooKeeper client's connection (its pings, its replies, its watch
     // events) runs on a thread of its own: a burst of reconciles must not
@@ -208,6 +220,9 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
                     Err(e) => Err(e),
                 };
                 metrics.set_leader(false);
+                if shutdown.is_cancelled() {
+                    webhook_served().await;
+                }
                 sessions.send_replace(None);
                 readiness.abort();
                 health.ready.store(false, Ordering::SeqCst);
@@ -234,10 +249,17 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             () = shutdown.cancelled() => break,
         }
     }
+    webhook_served().await;
     zookeeper_runtime.shutdown_background();
     info!("stopped");
     Ok(())
 }
+
+/// The longest a stopping replica waits for its webhook to stop serving:
+/// leaving the Service, then the calls in flight.
+const WEBHOOK_STOP_LIMIT: Duration = webhook::drain::DRAIN_LIMIT
+    .saturating_add(webhook::drain::SETTLE)
+    .saturating_add(Duration::from_secs(6));
 
 /// Serves the admission webhook on every replica (it needs no leadership),
 /// retrying with backoff what fails (a certificate Secret it may not write

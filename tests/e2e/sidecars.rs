@@ -54,6 +54,21 @@ impl Cluster {
     /// process runs) and returns when, by this machine's clock (µs), and
     /// the killed container's id.
     async fn kill_container(&self, namespace: &str, pod: &str, container: &str) -> (i64, String) {
+        self.signal_container(namespace, pod, container, "SIGKILL")
+            .await
+    }
+
+    /// Sends `signal` to the process of the running container `container`
+    /// of pod `pod` through containerd, as the kubelet does (SIGTERM when
+    /// it restarts a container), and returns when, by this machine's clock
+    /// (µs), and the container's id.
+    pub(super) async fn signal_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        signal: &str,
+    ) -> (i64, String) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         // The kubelet reports the running container's id a little after it runs.
         let id = eventually(
@@ -71,7 +86,7 @@ impl Cluster {
         let out = Command::new(kube_bin("ctr"))
             .arg("-a")
             .arg(self.dir.join("containerd/containerd.sock"))
-            .args(["-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", &id])
+            .args(["-n", "k8s.io", "tasks", "kill", "--signal", signal, &id])
             .output()
             .unwrap();
         assert!(

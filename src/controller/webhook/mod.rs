@@ -18,6 +18,7 @@
 
 pub mod barriers;
 pub mod certs;
+pub mod drain;
 pub mod handout;
 pub mod inject;
 
@@ -197,8 +198,9 @@ pub async fn run(
     let handouts = Arc::new(Handouts {
         options: options.handout.clone(),
         session,
-        client,
+        client: client.clone(),
     });
+    let leaving = drain::Leaving::default();
     let app = Router::new()
         .route("/mutate", post(mutate))
         .route(barriers::PATH, post(barriers::validate))
@@ -207,12 +209,27 @@ pub async fn run(
             Router::new()
                 .route(crate::handout::PATH, post(handout::serve))
                 .with_state(handouts),
-        );
+        )
+        .layer(axum::middleware::map_response({
+            let leaving = leaving.clone();
+            move |response| {
+                let leaving = leaving.clone();
+                async move { leaving.close_connections(response) }
+            }
+        }));
     let handle = axum_server::Handle::new();
+    let listing = match (&options.service, &options.pod_ip) {
+        (Some(service), Some(pod_ip)) if !pod_ip.is_empty() => Some(drain::Listing {
+            service: service.clone(),
+            pod_ip: pod_ip.clone(),
+        }),
+        _ => None,
+    };
     tokio::spawn({
-        let handle = handle.clone();
+        let (handle, client, health) = (handle.clone(), client.clone(), health.clone());
         async move {
             shutdown.cancelled().await;
+            drain::leave(&client, &health, &leaving, listing.as_ref()).await;
             handle.graceful_shutdown(Some(Duration::from_secs(5)));
         }
     });
