@@ -3,7 +3,8 @@
 //! semaphore; `lock sidecar` + `lock watch` pairs on the mutex; `barrier
 //! run` gangs) while faults are made for real, at random: a follower's
 //! quorum link to its leader cut (both ways) for a while, the leader
-//! SIGKILLed and restarted, a client's links stalled (sometimes past the
+//! SIGKILLed and restarted, the whole ensemble SIGKILLed for longer than
+//! the session timeout (a quorum loss) and restarted on its data, a client's links stalled (sometimes past the
 //! session timeout), a zkgate process SIGKILLed, SIGTERMed or SIGSTOPped
 //! (then SIGCONTed), a command's shell or its child SIGKILLed. Every process
 //! reaches the servers through proxies of its own (one per server).
@@ -758,8 +759,9 @@ async fn gang(
     }
 }
 
-/// The ensemble's faults, one at a time so a quorum always remains: a
-/// follower cut from its leader, or the leader SIGKILLed and restarted.
+/// The ensemble's faults, one at a time: a follower cut from its leader,
+/// the leader SIGKILLed and restarted, or (less often) every server
+/// SIGKILLed and restarted, a quorum loss past the session timeout.
 async fn ensemble_faults(
     world: Shared,
     mut ensemble: Ensemble,
@@ -780,7 +782,42 @@ async fn ensemble_faults(
         let Some(leader) = leader else {
             continue; // mid-election
         };
-        if rng.random_bool(0.5) {
+        let fault = rng.random_range(0..10);
+        if fault >= 8 {
+            // Issue 43, item 6: the quorum lost (every server SIGKILLed)
+            // for longer than the session timeout, sometimes longer than
+            // the clients' 1.4 timeouts, and back on its data: holds are
+            // given up in time, opened barriers stop nothing, and the
+            // checkers below judge what happened as for any other fault.
+            let down = Duration::from_millis(rng.random_range(5_000..10_000));
+            let n = event(
+                &world,
+                "the quorum lost",
+                format!("every server SIGKILLed, down {down:?}"),
+                None,
+            );
+            ensemble = tokio::task::spawn_blocking(move || {
+                for server in &mut ensemble.servers {
+                    server.kill();
+                }
+                ensemble
+            })
+            .await
+            .unwrap();
+            tokio::time::sleep(down).await;
+            ensemble = tokio::task::spawn_blocking(move || {
+                for server in &mut ensemble.servers {
+                    server.restart();
+                }
+                for server in &ensemble.servers {
+                    server.wait_serving(Duration::from_secs(60));
+                }
+                ensemble
+            })
+            .await
+            .unwrap();
+            event_ended(&world, n);
+        } else if fault < 4 {
             let follower = (leader + rng.random_range(1..3)) % 3;
             // Past the session timeout (the leader expires the sessions
             // the follower still serves) and sometimes past the follower's
