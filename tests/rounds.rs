@@ -1125,3 +1125,72 @@ fn read_beat(path: &Path) -> u128 {
         .parse()
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// A member whose round ended for another reason (a member failed) gives
+/// its command the whole `--kill-grace`, as a round over asks; but if it is
+/// cut off from ZooKeeper meanwhile, its session may expire and the others
+/// meet its replacement in the next round before the grace ends: the loss
+/// cuts the grace short, so the command is dead before the session can
+/// expire (found in review: the command ran on for the whole 20 s grace,
+/// about 15 s into the next round).
+#[tokio::test]
+async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_round() {
+    let (connect, _admin, _gang) = gang(2, None).await;
+    let chroot = &connect[support::shared_zookeeper().len()..];
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let through_proxy = format!("{}{chroot}", proxy.address());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (beat, termed, fail) = (d.join("beat"), d.join("termed"), d.join("fail"));
+    let slow_to_stop = format!(
+        "trap 'touch {t}' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        b = beat.display(),
+        t = termed.display()
+    );
+    let cut_off = gang_member(
+        &through_proxy,
+        "run",
+        "p0",
+        &["--kill-grace", "20s", "--", "sh", "-c", &slow_to_stop],
+    );
+    let fails_when_told = format!(
+        "while [ ! -e {f} ]; do sleep 0.05; done; exit 1",
+        f = fail.display()
+    );
+    let p1 = member(
+        &connect,
+        "p1",
+        &script(d, "p1", &[&fails_when_told, "true"]),
+    );
+    eventually(
+        Duration::from_secs(30),
+        "round 0's commands run",
+        || async { (beat.exists() && runs(d, "p1").len() == 1).then_some(()) },
+    )
+    .await;
+    std::fs::write(&fail, "").unwrap();
+    // p0 saw the round end (its command got SIGTERM): cut it off now.
+    eventually(
+        Duration::from_secs(30),
+        "p0's command told to stop",
+        || async { termed.exists().then_some(()) },
+    )
+    .await;
+    proxy.stall();
+    let replacement = member(&connect, "p0", &script(d, "p0-next", &["true"]));
+    for (id, p) in [("p0", replacement), ("p1", p1)] {
+        let (code, err) = ended(p, id).await;
+        assert_eq!(code, 0, "{id}: {err}");
+    }
+    let (code, err) = ended(cut_off, "p0").await;
+    assert_ne!(code, 0, "{err}");
+    let last_beat = read_beat(&beat);
+    let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
+    let first = *next_round.iter().min().unwrap();
+    assert!(
+        last_beat < first,
+        "the cut-off member's command ran {} ms into the next round: {err}",
+        (last_beat - first) / 1_000_000
+    );
+    proxy.resume();
+}

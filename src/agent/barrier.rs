@@ -1,5 +1,6 @@
 //! `zkgate barrier enter | leave | sidecar | run`.
 
+use futures::FutureExt as _;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -690,9 +691,14 @@ impl<'a> BarrierCommand<'a> {
                 ("ZKGATE_MEMBERS", members.len().to_string()),
             ];
             info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
+            // Followed by the interruption and, once the command is being
+            // stopped for another reason (the round ended), by the stop
+            // itself: a loss meanwhile cuts the grace short.
+            let lost = registration.lost().shared();
+            let lost_first = lost.clone();
             let interrupt = async {
                 tokio::select! {
-                    reason = registration.lost() => Interruption::Lost(reason),
+                    reason = lost_first => Interruption::Lost(reason),
                     over = gang.round_over(session, k, &members) => match over {
                         Ok(why) => Interruption::RoundOver(why),
                         Err(e) => Interruption::Failed(e),
@@ -709,6 +715,7 @@ impl<'a> BarrierCommand<'a> {
                     Interruption::RoundOver(_) => grace,
                     Interruption::Lost(_) | Interruption::Failed(_) => loss_grace,
                 },
+                lost.map(|_| loss_grace),
             )
             .await?;
             if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {

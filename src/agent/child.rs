@@ -156,20 +156,36 @@ pub async fn supervise<T>(
     interrupt: impl Future<Output = T>,
     grace: Duration,
 ) -> Result<Ended<T>, AgentError> {
-    supervise_graced(child, signals, interrupt, grace, |_| grace).await
+    supervise_graced(
+        child,
+        signals,
+        interrupt,
+        grace,
+        |_| grace,
+        std::future::pending(),
+    )
+    .await
 }
 
 /// [`supervise`], with the kill grace of an interruption chosen by what
 /// interrupted (`grace_for`): a hold that may be lost leaves only what is
 /// left of the session for the command to end in, while a round that
-/// ended for the others can give it the whole grace.
+/// ended for the others can give it the whole grace. And once the command
+/// is being stopped (interrupted, or ended by itself with processes left
+/// behind), `hurry` is still followed: when it resolves, with a grace, the
+/// SIGKILL comes no later than that grace from then (the hold was lost
+/// while the command took its time).
 pub async fn supervise_graced<T>(
     mut child: Child,
     signals: &mut Termination,
     interrupt: impl Future<Output = T>,
     grace: Duration,
     grace_for: impl Fn(&T) -> Duration,
+    hurry: impl Future<Output = Duration>,
 ) -> Result<Ended<T>, AgentError> {
+    tokio::pin!(hurry);
+    // Whether `hurry` resolved (it is not polled again).
+    let mut hurried = false;
     let guardian = child.id().map(|id| Pid::from_raw(id as i32));
     let me = Pid::this();
     let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
@@ -191,8 +207,8 @@ pub async fn supervise_graced<T>(
                 }
             }
             reason = &mut interrupt => {
-                let kill_at = Instant::now() + grace_for(&reason);
-                let code = terminate(&mut child, guardian, kill_at).await;
+                let mut kill_at = Instant::now() + grace_for(&reason);
+                let code = terminate_hurried(&mut child, guardian, &mut kill_at, hurry.as_mut(), &mut hurried).await;
                 break (Ended::Interrupted(reason, code), kill_at);
             }
             _ = scan.tick() => {
@@ -272,7 +288,12 @@ pub async fn supervise_graced<T>(
             let _ = nix::sys::signal::kill(guardian, sig);
         }
     };
-    stop_tree(None, kill_at, Hidden::WaitFor).await;
+    tokio::select! {
+        () = stop_tree(None, kill_at, Hidden::WaitFor) => {}
+        grace = hurry, if !hurried => {
+            stop_tree(None, kill_at.min(Instant::now() + grace), Hidden::WaitFor).await;
+        }
+    }
     Ok(ended)
 }
 
@@ -283,12 +304,39 @@ pub async fn supervise_graced<T>(
 /// guardian too, at `kill_at`. The command's exit code (as its guardian
 /// reports it).
 async fn terminate(child: &mut Child, guardian: Option<Pid>, kill_at: Instant) -> i32 {
-    let mut stopping = Stopping::new(guardian, kill_at);
+    let mut kill_at = kill_at;
+    terminate_hurried(
+        child,
+        guardian,
+        &mut kill_at,
+        std::pin::pin!(std::future::pending()),
+        &mut false,
+    )
+    .await
+}
+
+/// [`terminate`], bringing the SIGKILL forward (and `kill_at` with it)
+/// when `hurry` resolves with a shorter grace from then. `hurried` says
+/// whether it has resolved (then it is not polled again).
+async fn terminate_hurried(
+    child: &mut Child,
+    guardian: Option<Pid>,
+    kill_at: &mut Instant,
+    mut hurry: std::pin::Pin<&mut impl Future<Output = Duration>>,
+    hurried: &mut bool,
+) -> i32 {
+    let mut stopping = Stopping::new(guardian, *kill_at);
     loop {
         stopping.step();
         tokio::select! {
             status = child.wait() => {
                 return status.map(exit_code).unwrap_or(137);
+            }
+            grace = hurry.as_mut(), if !*hurried => {
+                *hurried = true;
+                *kill_at = (*kill_at).min(Instant::now() + grace);
+                stopping.kill_by(*kill_at);
+                warn!(grace = ?grace, "the hold may be lost while the command stops: killing it within the grace that is left");
             }
             () = tokio::time::sleep(TREE_POLL) => {}
         }

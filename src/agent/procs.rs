@@ -53,6 +53,11 @@ impl Stopping {
         }
     }
 
+    /// Brings the SIGKILL forward to `kill_at` if that is sooner.
+    pub(super) fn kill_by(&mut self, kill_at: Instant) {
+        self.kill_at = self.kill_at.min(kill_at);
+    }
+
     /// One look: signals what is there; what is left.
     pub(super) fn step(&mut self) -> Left {
         if !self.killing && Instant::now() >= self.kill_at {
