@@ -23,7 +23,9 @@ pub use exit::{AgentError, Exit};
 
 /// How long each attempt of a participant waiting for ZooKeeper
 /// (`--connect-timeout 0`) tries before the next.
-const REACH_ATTEMPT: Duration = Duration::from_secs(15);
+/// Short, so that the first failure is said soon; long enough for a
+/// handshake with a loaded server.
+const REACH_ATTEMPT: Duration = Duration::from_secs(5);
 /// How often a participant waiting for ZooKeeper says it still waits.
 const UNREACHABLE_REPORT: Duration = Duration::from_secs(30);
 
@@ -102,16 +104,18 @@ impl Participant {
                 }
                 None => Session::connect(&options).await,
             };
-            match attempt {
-                Err(crate::zk::ZkError::Unreachable { .. }) => {}
+            let why = match attempt {
+                Err(e @ crate::zk::ZkError::Unreachable { .. }) => e,
                 other => return other.map_err(|e| self.explain(e)),
-            }
+            };
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(self.unreached(since));
             }
+            // The cause too: a name that does not resolve (a typo in the
+            // connect string) must not pass for an outage.
             if reported.is_none_or(|at| at.elapsed() >= UNREACHABLE_REPORT) {
                 reported = Some(Instant::now());
-                tracing::warn!(servers = %self.connect_string(), waited = ?since.elapsed(), "ZooKeeper unreachable: waiting for it");
+                tracing::warn!(error = %why, waited = ?since.elapsed(), "ZooKeeper unreachable: waiting for it");
             }
         }
     }

@@ -42,6 +42,22 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(15);
 /// kube-proxy applies endpoint changes within about a second
 /// (`--iptables-min-sync-period`, 1 s by default).
 pub const SETTLE: Duration = Duration::from_secs(2);
+/// What `/readyz` says while the replica leaves.
+const STOPPING: &str = "stopping: leaving the webhook's Service before it stops serving";
+
+/// Marks the webhook serving (ready) once it listens, unless it is leaving
+/// already: whichever of this and [`leave`] runs last, a leaving replica
+/// ends unready.
+pub fn ready_unless_leaving(health: &Health, leaving: &Leaving) {
+    if leaving.is_set() {
+        return;
+    }
+    health.set_webhook(None);
+    if leaving.is_set() {
+        health.set_webhook(Some(STOPPING.into()));
+    }
+}
+
 /// How often the endpoints are read while waiting.
 const POLL: Duration = Duration::from_millis(250);
 
@@ -90,10 +106,10 @@ pub async fn leave(
     leaving: &Leaving,
     listing: Option<&Listing>,
 ) {
-    health.set_webhook(Some(
-        "stopping: leaving the webhook's Service before it stops serving".into(),
-    ));
+    // Leaving first: the webhook's start, were it still on its way,
+    // then cannot make the replica ready again (see `ready_unless_leaving`).
     leaving.set();
+    health.set_webhook(Some(STOPPING.into()));
     let Some(listing) = listing else { return };
     let (namespace, name) = &listing.service;
     let endpoints = Api::<Endpoints>::namespaced(client.clone(), namespace);
@@ -163,6 +179,32 @@ mod tests {
         assert!(!lists_ready(Some(&e), "10.0.0.2"));
         assert!(!lists_ready(Some(&e), "10.0.0.3"));
         assert!(!lists_ready(None, "10.0.0.1"));
+    }
+
+    fn health() -> Health {
+        Health {
+            metrics: Default::default(),
+            ready: Default::default(),
+            failing: Default::default(),
+            webhook: std::sync::Mutex::new(Some("not yet".into())),
+            serves_admission: true,
+            zookeeper_reached: true.into(),
+        }
+    }
+
+    /// Found in review: the webhook's start, if it came after the stop,
+    /// made the leaving replica ready again (and a SIGTERM that is not a
+    /// deletion then never took it out of the Service).
+    #[test]
+    fn a_webhook_that_starts_while_leaving_stays_unready() {
+        let (h, leaving) = (health(), Leaving::default());
+        leaving.set();
+        h.set_webhook(Some(STOPPING.into()));
+        ready_unless_leaving(&h, &leaving);
+        assert!(h.readiness().is_err());
+        let (h, leaving) = (health(), Leaving::default());
+        ready_unless_leaving(&h, &leaving);
+        assert!(h.readiness().is_ok());
     }
 
     #[test]

@@ -227,6 +227,7 @@ pub async fn run(
     };
     tokio::spawn({
         let (handle, client, health) = (handle.clone(), client.clone(), health.clone());
+        let leaving = leaving.clone();
         async move {
             shutdown.cancelled().await;
             drain::leave(&client, &health, &leaving, listing.as_ref()).await;
@@ -234,10 +235,10 @@ pub async fn run(
         }
     });
     tokio::spawn({
-        let handle = handle.clone();
+        let (handle, leaving) = (handle.clone(), leaving.clone());
         async move {
             if handle.listening().await.is_some() {
-                health.set_webhook(None);
+                drain::ready_unless_leaving(&health, &leaving);
             }
         }
     });
