@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use support::proxy::Proxy;
-use support::{children, eventually, session};
+use support::{children, eventually, read_nanos, session};
 
 const LOCKS: &str = "/zkgate/namespaces/default/locks";
 
@@ -22,14 +22,6 @@ fn piped(mut cmd: tokio::process::Command) -> tokio::process::Child {
 fn signal_pid(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid this test spawned.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
-}
-
-fn read_nanos(path: &Path) -> u128 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A loop that ignores SIGTERM and writes the time to `beat` every 20 ms.

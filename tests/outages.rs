@@ -15,6 +15,17 @@ use tokio::time::Instant;
 /// participants' 4 s), after which the client gives its session up.
 const OUTAGE: Duration = Duration::from_secs(8);
 
+/// Starts `server` again on its data and returns once it serves.
+async fn back_on_its_data(mut server: ZkServer) -> ZkServer {
+    tokio::task::spawn_blocking(move || {
+        server.restart();
+        server.wait_serving(Duration::from_secs(30));
+        server
+    })
+    .await
+    .unwrap()
+}
+
 fn wrap_participant(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::process::Child {
     let script = format!(
         "touch {dir}/started-{id}; sleep {work_secs}; touch {dir}/done-{id}",
@@ -74,13 +85,7 @@ async fn a_zookeeper_outage_longer_than_the_session_timeout_stops_no_opened_gang
     let down_at = Instant::now();
     server.kill();
     tokio::time::sleep(OUTAGE).await;
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server.wait_serving(Duration::from_secs(30));
-        server
-    })
-    .await
-    .unwrap();
+    let server = back_on_its_data(server).await;
     let mut logs = Vec::new();
     // c first: its leave reports everyone left, which must come after the
     // others' commands ended.
@@ -166,13 +171,7 @@ async fn an_opened_barriers_sidecar_stays_ready_through_an_outage_and_leaves_aft
     .await;
     server.kill();
     tokio::time::sleep(OUTAGE).await;
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server.wait_serving(Duration::from_secs(30));
-        server
-    })
-    .await
-    .unwrap();
+    let server = back_on_its_data(server).await;
     // Back on their sessions before they are asked to leave: the keeper's
     // own resume, not the leave's.
     eventually(Duration::from_secs(30), "both sidecars resumed", || async {
@@ -254,13 +253,7 @@ async fn a_participant_started_while_zookeeper_is_down_waits_for_it() {
             "{id} ended before ZooKeeper came back"
         );
     }
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server.wait_serving(Duration::from_secs(30));
-        server
-    })
-    .await
-    .unwrap();
+    let server = back_on_its_data(server).await;
     for (id, child) in waiting {
         let (code, err) = finished(child, Duration::from_secs(60)).await;
         assert_eq!(code, 0, "{id}: {err}");

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use support::proxy::{op, routes, Proxy};
-use support::{children, eventually, session, session_with_timeout};
+use support::{children, eventually, read_nanos, session, session_with_timeout};
 use tokio::time::Instant;
 use zkgate::zk::{
     BarrierData, DoubleBarrier, EnterOptions, HoldState, LockOptions, Mutex, ParticipantData,
@@ -391,14 +391,6 @@ async fn a_restart_of_the_same_pod_waits_for_its_old_registration_to_go() {
 
 const LOCKS: &str = "/zkgate/namespaces/default/locks";
 const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
-
-fn read_nanos(path: &std::path::Path) -> u128 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// A holder cut off from ZooKeeper (its connection through `proxy` stalls)
 /// while the next holder waits on a direct connection. `start_holder` gets

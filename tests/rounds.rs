@@ -1058,6 +1058,25 @@ async fn a_member_on_the_other_credential_of_a_rotation_records_the_opening() {
     assert_eq!(told_a, told_b);
 }
 
+/// `connect` (a chrooted connect string to the shared server) through a
+/// proxy of its own, which the test can stall: the proxy, and the connect
+/// string through it.
+async fn proxied(connect: &str) -> (support::proxy::Proxy, String) {
+    let chroot = &connect[support::shared_zookeeper().len()..];
+    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
+    let through = format!("{}{chroot}", proxy.address());
+    (proxy, through)
+}
+
+/// A command that writes the time (ns) to `beat` every 20 ms until killed,
+/// with `on_term` as its SIGTERM trap (`''`: ignored).
+fn beating(beat: &Path, on_term: &str) -> String {
+    format!(
+        "trap {on_term} TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        b = beat.display()
+    )
+}
+
 /// A member cut off from ZooKeeper mid-round (its connection stalls; the
 /// server expires its session, the others end the round and meet its
 /// replacement in the next) has its command dead before the next round's
@@ -1069,16 +1088,11 @@ async fn a_member_on_the_other_credential_of_a_rotation_records_the_opening() {
 #[tokio::test]
 async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
     let (connect, admin, gang) = gang(2, None).await;
-    let chroot = &connect[support::shared_zookeeper().len()..];
-    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
-    let through_proxy = format!("{}{chroot}", proxy.address());
+    let (proxy, through_proxy) = proxied(&connect).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let beat = d.join("beat");
-    let cut_off_script = format!(
-        "trap '' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
-        b = beat.display()
-    );
+    let cut_off_script = beating(&beat, "''");
     let cut_off = gang_member(
         &through_proxy,
         "run",
@@ -1106,7 +1120,7 @@ async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
         let (code, err) = ended(p, id).await;
         assert_eq!(code, 0, "{id}: {err}");
     }
-    let last_beat = read_beat(&beat);
+    let last_beat = support::read_nanos(&beat);
     let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
     let first = *next_round.iter().min().unwrap();
     assert!(
@@ -1115,15 +1129,6 @@ async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
         (last_beat - first) / 1_000_000
     );
     proxy.resume();
-}
-
-/// The time (ns) a beating command last wrote.
-fn read_beat(path: &Path) -> u128 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A member whose round ended for another reason (a member failed) gives
@@ -1136,17 +1141,11 @@ fn read_beat(path: &Path) -> u128 {
 #[tokio::test]
 async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_round() {
     let (connect, _admin, _gang) = gang(2, None).await;
-    let chroot = &connect[support::shared_zookeeper().len()..];
-    let proxy = support::proxy::Proxy::start(support::shared_zookeeper()).await;
-    let through_proxy = format!("{}{chroot}", proxy.address());
+    let (proxy, through_proxy) = proxied(&connect).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (beat, termed, fail) = (d.join("beat"), d.join("termed"), d.join("fail"));
-    let slow_to_stop = format!(
-        "trap 'touch {t}' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
-        b = beat.display(),
-        t = termed.display()
-    );
+    let slow_to_stop = beating(&beat, &format!("'touch {}'", termed.display()));
     let cut_off = gang_member(
         &through_proxy,
         "run",
@@ -1184,7 +1183,7 @@ async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_ro
     }
     let (code, err) = ended(cut_off, "p0").await;
     assert_ne!(code, 0, "{err}");
-    let last_beat = read_beat(&beat);
+    let last_beat = support::read_nanos(&beat);
     let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
     let first = *next_round.iter().min().unwrap();
     assert!(

@@ -346,6 +346,16 @@ pub async fn output(mut cmd: tokio::process::Command) -> (i32, String) {
 
 /// Waits for a process with a deadline and returns its exit code and
 /// standard error (which must have been piped).
+/// The nanoseconds since the epoch a command wrote into `path`
+/// (`date +%s%N`): its start, its last heartbeat.
+pub fn read_nanos(path: &std::path::Path) -> u128 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 pub async fn finished(child: tokio::process::Child, within: Duration) -> (i32, String) {
     let out = tokio::time::timeout(within, child.wait_with_output())
         .await
