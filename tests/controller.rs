@@ -760,8 +760,14 @@ async fn lease_ends_before_the_next_holder(
     for holder in holders {
         let (code, err) = finished(holder).await;
         assert_eq!(code, Some(6), "a holder exits 6 at its lease's end: {err}");
+        // Under load the watch may see the sidecar's confirmation lapse
+        // before its withdrawal lands (seen once in CI's busiest pass):
+        // the same stop, told by the trust's end; what the test checks
+        // is below, that the command was dead before the next started.
         assert!(
-            err.contains("leaseDuration") || err.contains("withdrew the token"),
+            err.contains("leaseDuration")
+                || err.contains("withdrew the token")
+                || err.contains("stopped confirming the hold"),
             "{err}"
         );
     }
