@@ -1468,6 +1468,7 @@ async fn chaos_locks_and_barriers_under_random_faults() {
         Ensemble::start_with(EnsembleConfig {
             tick: Duration::from_millis(500),
             sync_limit: 20,
+            ..Default::default()
         })
     })
     .await

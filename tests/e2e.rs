@@ -20,6 +20,8 @@ mod failure_policy;
 mod hostile_tenants;
 #[path = "e2e/queues.rs"]
 mod queues;
+#[path = "e2e/quorum.rs"]
+mod quorum;
 #[path = "e2e/sidecars.rs"]
 mod sidecars;
 mod support;
@@ -1118,8 +1120,6 @@ async fn acting_as_the_controllers_service_account_nobody_gets_a_token() {
 #[tokio::test]
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn over_tls_a_pods_container_gets_its_certificates_from_the_controller_and_passes() {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use kube::api::{Patch, PatchParams, PostParams};
     let c = cluster().await;
     let ns = c.namespace().await;
     let tls = c.dir.join("zk/tls");
@@ -1128,78 +1128,27 @@ async fn over_tls_a_pods_container_gets_its_certificates_from_the_controller_and
         .trim()
         .to_owned();
     let root = format!("/e2e-tls-{}", ns.name);
-    let label = json!({ "metadata": { "labels": { "zkgate.io/webhook": "disabled", "zkgate-e2e-tls": ns.name } } });
-    Api::<Namespace>::all(c.client.clone())
-        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
-        .await
-        .unwrap();
-    let port = support::zookeeper::free_port();
-    let hook = format!("https://{HOST_IP}:{port}");
-    let configuration = format!("zkgate-e2e-tls-{}", ns.name);
-    let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": { "name": configuration },
-        "webhooks": [{
-            "name": "credentials.pods.zkgate.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 10,
-            "clientConfig": { "url": format!("{hook}/mutate") },
-            "rules": [{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced" }],
-            "objectSelector": { "matchExpressions": [{ "key": "zkgate.io/credentials", "operator": "Exists" }] },
-            "namespaceSelector": { "matchLabels": { "zkgate-e2e-tls": ns.name } }
-        }]
-    }))
-    .unwrap();
-    let configurations: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
-    configurations
-        .create(&PostParams::default(), &config)
-        .await
-        .unwrap();
     let file = |name: &str| tls.join(name).to_string_lossy().into_owned();
-    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
-        .args(["controller", "--zookeeper", &zookeeper, "--root", &root])
-        .args(["--id", "e2e-tls", "--watch-namespace", &ns.name])
-        .args([
-            "--metrics-addr",
-            &format!("127.0.0.1:{}", support::zookeeper::free_port()),
-        ])
-        .args([
-            "--webhook-addr",
-            &format!("{HOST_IP}:{port}"),
-            "--image",
-            "zkgate:local",
-        ])
-        .args([
-            "--webhook-names",
-            HOST_IP,
-            "--webhook-secret",
-            "zkgate-e2e-tls",
-        ])
-        .args(["--webhook-secret-namespace", &ns.name])
-        .args([
-            "--webhook-configuration",
-            &configuration,
-            "--handout-url",
-            &hook,
-        ])
-        .args([
-            "--tls-ca",
-            &file("ca.crt"),
-            "--tls-cert",
-            &file("client.crt"),
-        ])
-        .args(["--tls-key", &file("client.key")])
-        .args(["--participant-ca-cert", &file("ca.crt")])
-        .args(["--participant-ca-key", &file("ca.key")])
-        .env("KUBECONFIG", c.dir.join("kubeconfig"))
-        .env("ZKGATE_LOG", "zkgate=info,warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the controller");
-    support::kube::ca_bundle_published(&c.client, &configuration, WITHIN).await;
+    let _controller = c
+        .host_controller(
+            &ns.name,
+            &zookeeper,
+            &root,
+            &["credentials"],
+            &[
+                "--tls-ca",
+                &file("ca.crt"),
+                "--tls-cert",
+                &file("client.crt"),
+                "--tls-key",
+                &file("client.key"),
+                "--participant-ca-cert",
+                &file("ca.crt"),
+                "--participant-ca-key",
+                &file("ca.key"),
+            ],
+        )
+        .await;
     let pod = format!(
         r#"apiVersion: v1
 kind: Pod
@@ -1236,9 +1185,121 @@ spec:
     .await;
     let log = c.logs(&ns.name, "solo", "barrier").await;
     assert_eq!(done, "Succeeded", "{log}");
-    let _ = configurations
-        .delete(&configuration, &DeleteParams::default())
-        .await;
+}
+
+/// A controller run on the host rather than the chart's: bound to the
+/// cluster's bridge, watching one namespace under a ZooKeeper root of its
+/// own, and registered by a webhook configuration of the test's for that
+/// namespace alone. Stopped, and its configuration deleted, when dropped.
+struct HostController {
+    _process: tokio::process::Child,
+    client: Client,
+    configuration: String,
+}
+
+impl Drop for HostController {
+    fn drop(&mut self) {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        let client = self.client.clone();
+        let name = self.configuration.clone();
+        // Best effort, as for the namespace: nothing else selects it.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let configurations: Api<MutatingWebhookConfiguration> = Api::all(client);
+                let _ = configurations.delete(&name, &DeleteParams::default()).await;
+            });
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts a [`HostController`] for `namespace` on `zookeeper` under
+    /// `root` (with `args` added), its webhook taking the pods labelled
+    /// `zkgate.io/KIND` for each of `kinds`; the chart's webhook is told to
+    /// leave the namespace alone (`zkgate.io/webhook: disabled`). Returns
+    /// once the configuration carries the controller's CA.
+    async fn host_controller(
+        &self,
+        namespace: &str,
+        zookeeper: &str,
+        root: &str,
+        kinds: &[&str],
+        args: &[&str],
+    ) -> HostController {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        use kube::api::{Patch, PatchParams, PostParams};
+        let label = json!({ "metadata": { "labels": { "zkgate.io/webhook": "disabled", "zkgate-e2e-host": namespace } } });
+        Api::<Namespace>::all(self.client.clone())
+            .patch(namespace, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .expect("label the namespace");
+        let port = support::zookeeper::free_port();
+        let hook = format!("https://{HOST_IP}:{port}");
+        let configuration = format!("zkgate-e2e-host-{namespace}");
+        let webhooks: Vec<_> = kinds
+            .iter()
+            .map(|kind| {
+                json!({
+                    "name": format!("{kind}.pods.zkgate.io"),
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "IfNeeded",
+                    "clientConfig": { "url": format!("{hook}/mutate") },
+                    "rules": [{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced" }],
+                    "objectSelector": { "matchExpressions": [{ "key": format!("zkgate.io/{kind}"), "operator": "Exists" }] },
+                    "namespaceSelector": { "matchLabels": { "zkgate-e2e-host": namespace } }
+                })
+            })
+            .collect();
+        let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": { "name": configuration },
+            "webhooks": webhooks,
+        }))
+        .expect("a webhook configuration");
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("create the webhook configuration");
+        let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args(["controller", "--zookeeper", zookeeper, "--root", root])
+            .args([
+                "--id",
+                &format!("e2e-{namespace}"),
+                "--watch-namespace",
+                namespace,
+            ])
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", support::zookeeper::free_port()),
+            ])
+            .args([
+                "--webhook-addr",
+                &format!("{HOST_IP}:{port}"),
+                "--image",
+                "zkgate:local",
+            ])
+            .args(["--webhook-names", HOST_IP])
+            .args(["--webhook-secret", "zkgate-e2e-host"])
+            .args(["--webhook-secret-namespace", namespace])
+            .args(["--webhook-configuration", &configuration])
+            .args(["--handout-url", &hook])
+            .args(args)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .env("ZKGATE_LOG", "zkgate=info,warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the controller");
+        support::kube::ca_bundle_published(&self.client, &configuration, WITHIN).await;
+        HostController {
+            _process: process,
+            client: self.client.clone(),
+            configuration,
+        }
+    }
 }
 
 /// The controller's own pods (2 replicas, the chart's ServiceAccount and

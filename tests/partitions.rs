@@ -27,6 +27,7 @@ fn slow_to_notice() -> EnsembleConfig {
     EnsembleConfig {
         tick: Duration::from_millis(500),
         sync_limit: 20,
+        ..Default::default()
     }
 }
 

@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use super::*;
 
 /// This machine's clock in microseconds (the pods' `now-us` reads the same).
-fn now_us() -> i64 {
+pub(super) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -24,7 +24,7 @@ fn now_us() -> i64 {
 
 /// The status of container `name` of `pod`, an init container (a native
 /// sidecar) or a main one.
-fn status_of(pod: &Pod, name: &str) -> Option<ContainerStatus> {
+pub(super) fn status_of(pod: &Pod, name: &str) -> Option<ContainerStatus> {
     let status = pod.status.as_ref()?;
     status
         .init_container_statuses
@@ -36,7 +36,7 @@ fn status_of(pod: &Pod, name: &str) -> Option<ContainerStatus> {
 }
 
 /// The exit code of container `name` of `pod`, once it terminated.
-fn exit_of(pod: &Pod, name: &str) -> Option<i32> {
+pub(super) fn exit_of(pod: &Pod, name: &str) -> Option<i32> {
     Some(status_of(pod, name)?.state?.terminated?.exit_code)
 }
 
@@ -99,7 +99,12 @@ impl Cluster {
 
     /// Waits until Job `name` has `n` succeeded pods, and returns how many
     /// failed (which, unlike [`Cluster::job_succeeded`], may be some).
-    async fn job_succeeded_after_failures(&self, namespace: &str, name: &str, n: i32) -> i32 {
+    pub(super) async fn job_succeeded_after_failures(
+        &self,
+        namespace: &str,
+        name: &str,
+        n: i32,
+    ) -> i32 {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
         eventually(WITHIN, &format!("Job {name} to succeed"), || async {
             let status = jobs.get(name).await.ok()?.status?;
@@ -111,7 +116,7 @@ impl Cluster {
 
 /// Asserts that `holds` (from, until, token, pod) never overlapped and
 /// that their fencing tokens rose in the order of the holds.
-fn assert_took_turns(mut holds: Vec<Hold>) {
+pub(super) fn assert_took_turns(mut holds: Vec<Hold>) {
     holds.sort();
     for pair in holds.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
@@ -258,11 +263,11 @@ async fn the_lock_sidecar_example_takes_turns_with_increasing_fencing_tokens() {
 /// ends, `stopped-us T` when `lock watch` stopped it (SIGTERM). The trap
 /// ignores TERM first, so that its own `now-us` is not stopped with the
 /// rest of the command's tree.
-const WATCHED_HOLD: &str = r#"echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; trap "trap \"\" TERM; echo stopped-us \$(now-us); exit 143" TERM; sleep 12 & wait $!; echo until-us $(now-us)'"#;
+pub(super) const WATCHED_HOLD: &str = r#"echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; trap "trap \"\" TERM; echo stopped-us \$(now-us); exit 143" TERM; sleep 12 & wait $!; echo until-us $(now-us)'"#;
 
 /// A hold a pod's log tells: (from, until or stopped, token, pod) and
 /// whether it was stopped.
-fn watched_hold(log: &str, pod: &str) -> Option<(Hold, bool)> {
+pub(super) fn watched_hold(log: &str, pod: &str) -> Option<(Hold, bool)> {
     let from = times(log, "from-us");
     let (until, stopped) = (times(log, "until-us"), times(log, "stopped-us"));
     let token: i64 = log

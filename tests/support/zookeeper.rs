@@ -1,7 +1,7 @@
 //! Starting ZooKeeper 3.8 (Debian's `zookeeper` package) for tests.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -19,11 +19,15 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// Sends a four-letter command and returns the answer.
+/// Sends a four-letter command to a server on loopback and returns the
+/// answer.
 pub fn four_letter(port: u16, cmd: &str) -> Option<String> {
-    let mut s =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
-            .ok()?;
+    four_letter_at((Ipv4Addr::LOCALHOST, port).into(), cmd)
+}
+
+/// [`four_letter`] to a server at `addr`.
+pub fn four_letter_at(addr: SocketAddr, cmd: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     s.write_all(cmd.as_bytes()).ok()?;
     let mut out = String::new();
@@ -35,6 +39,8 @@ pub fn four_letter(port: u16, cmd: &str) -> Option<String> {
 /// test process dies (parent-death signal), so no server outlives a run.
 pub struct ZkServer {
     pub port: u16,
+    /// The address its client port is bound to.
+    host: Ipv4Addr,
     dir: PathBuf,
     config: PathBuf,
     child: Option<Child>,
@@ -60,6 +66,7 @@ impl ZkServer {
         let config = write_config(&dir, port, &[], 0, &EnsembleConfig::default());
         let mut server = ZkServer {
             port,
+            host: Ipv4Addr::LOCALHOST,
             dir,
             config,
             child: None,
@@ -122,7 +129,7 @@ impl ZkServer {
     fn serving(&self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(srvr) = four_letter(self.port, "srvr") {
+            if let Some(srvr) = self.four_letter("srvr") {
                 if srvr.contains("Mode:") {
                     return Ok(());
                 }
@@ -138,12 +145,18 @@ impl ZkServer {
 
     /// `host:port`.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Sends a four-letter command to this server.
+    pub fn four_letter(&self, cmd: &str) -> Option<String> {
+        four_letter_at((self.host, self.port).into(), cmd)
     }
 
     /// Whether `srvr` says this server leads the ensemble.
     pub fn is_leader(&self) -> bool {
-        four_letter(self.port, "srvr").is_some_and(|s| s.contains("Mode: leader"))
+        self.four_letter("srvr")
+            .is_some_and(|s| s.contains("Mode: leader"))
     }
 
     /// The server's process id, while it runs.
@@ -180,6 +193,9 @@ impl Drop for ZkServer {
 pub struct EnsembleConfig {
     pub tick: Duration,
     pub sync_limit: u32,
+    /// Where the servers take clients: loopback, or the local cluster's
+    /// bridge for pods to reach them (never an outside address).
+    pub host: Ipv4Addr,
 }
 
 impl Default for EnsembleConfig {
@@ -187,6 +203,7 @@ impl Default for EnsembleConfig {
         EnsembleConfig {
             tick: Duration::from_millis(500),
             sync_limit: 5,
+            host: Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -201,10 +218,11 @@ fn write_config(
     let data = dir.join("data");
     std::fs::create_dir_all(&data).expect("data dir");
     let mut cfg = format!(
-        "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+        "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress={}\nadmin.enableServer=false\n\
          4lw.commands.whitelist=*\nextendedTypesEnabled=true\nmaxClientCnxns=0\nmaxSessionTimeout=60000\n",
         tuning.tick.as_millis(),
-        data.display()
+        data.display(),
+        tuning.host
     );
     if !peers.is_empty() {
         cfg.push_str(&format!("initLimit=20\nsyncLimit={}\n", tuning.sync_limit));
@@ -283,6 +301,7 @@ impl Ensemble {
                 let config = write_config(&dir, port, &peers, i + 1, &tuning);
                 ZkServer {
                     port,
+                    host: tuning.host,
                     dir,
                     config,
                     child: None,
