@@ -265,3 +265,91 @@ async fn a_participant_started_while_zookeeper_is_down_waits_for_it() {
     }
     drop(server);
 }
+
+/// `zkgate barrier run g` as member `id` of a gang in rounds (a 4 s
+/// session, a 1 s kill grace): its command appends its start to
+/// `DIR/runs-ID`, works `work_secs`, and touches `DIR/done-ID`.
+fn gang_member(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::process::Child {
+    let script = format!(
+        "echo start >> {dir}/runs-{id}; sleep {work_secs}; touch {dir}/done-{id}",
+        dir = dir.display()
+    );
+    let uid = format!("uid-{id}");
+    zkgate(
+        connect,
+        &[
+            "barrier",
+            "run",
+            "g",
+            "--id",
+            id,
+            "--pod-uid",
+            &uid,
+            "--session-timeout",
+            "4s",
+            "--kill-grace",
+            "1s",
+            "--timeout",
+            "90s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .env("ZKGATE_LOG", "info")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn zkgate")
+}
+
+/// Issue 43, item 1, in rounds: a gang whose round opened runs through an
+/// outage longer than the session timeout without a restart. Before, each
+/// member's registration was watched like a hold and given up before the
+/// session could expire: every command was stopped, each member exited 5,
+/// and the gang would have met again in round 1. Now each member's command
+/// is marked as running (the next round, were there one, would wait for
+/// it), so nothing needs stopping: the commands run once, to their end,
+/// and round 0 completes.
+#[tokio::test]
+async fn a_gang_in_rounds_runs_through_an_outage_longer_than_the_session_timeout() {
+    let server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let admin = support::session(&connect).await;
+    let path = "/zkgate/namespaces/default/barriers/g";
+    let gang = support::make_gang(&admin, path, 3, Some(3)).await;
+    let _ = admin.close().await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = [("a", 16), ("b", 16), ("c", 4)];
+    let members: Vec<_> = work
+        .iter()
+        .map(|(id, secs)| (*id, gang_member(&connect, dir.path(), id, *secs)))
+        .collect();
+    eventually(Duration::from_secs(20), "every command started", || async {
+        work.iter()
+            .all(|(id, _)| dir.path().join(format!("runs-{id}")).exists())
+            .then_some(())
+    })
+    .await;
+    let mut server = server;
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let server = back_on_its_data(server).await;
+    for (id, child) in members {
+        let (code, err) = finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+        let runs = std::fs::read_to_string(dir.path().join(format!("runs-{id}"))).unwrap();
+        assert_eq!(runs.lines().count(), 1, "{id}'s command ran again: {err}");
+        assert!(!err.contains("terminated"), "{id}: {err}");
+    }
+    let admin = support::session(&server.address()).await;
+    let (data, _) = admin.client().get_data(gang.path()).await.unwrap();
+    let top = zkgate::zk::BarrierData::parse(gang.path(), &data)
+        .unwrap()
+        .unwrap();
+    assert_eq!(top.round, Some(0), "the gang restarted: {:?}", top.ends);
+    assert!(top.ends.is_empty(), "{:?}", top.ends);
+    let _ = admin.close().await;
+}

@@ -22,23 +22,8 @@ async fn gang(participants: u32, max_restarts: Option<u32>) -> (String, Session,
     let chroot = format!("/t-{}", uuid::Uuid::new_v4().simple());
     let connect = format!("{}{chroot}", support::shared_zookeeper());
     let admin = session(&connect).await;
-    let path = format!("{BARRIERS}/g");
-    let data = BarrierData {
-        participants,
-        uid: Some("the-barrier".into()),
-        run: Some(String::new()),
-        round: Some(0),
-        max_restarts,
-        ..BarrierData::default()
-    };
-    DoubleBarrier::new(&path)
-        .create(&admin, &data)
-        .await
-        .expect("make the barrier");
-    let gang = GangBarrier::new(&path);
-    gang.ensure_round(&admin, &data, 0)
-        .await
-        .expect("make round 0");
+    let gang =
+        support::make_gang(&admin, &format!("{BARRIERS}/g"), participants, max_restarts).await;
     (connect, admin, gang)
 }
 
@@ -457,7 +442,7 @@ async fn enter_and_leave_on_a_barrier_in_rounds_are_refused_with_the_reason() {
     let left = support::children(&admin, gang.path()).await;
     assert_eq!(
         left,
-        ["round-0"],
+        ["round-0", "running"],
         "something of the refused commands stayed"
     );
 }
@@ -1077,27 +1062,34 @@ fn beating(beat: &Path, on_term: &str) -> String {
     )
 }
 
-/// A member cut off from ZooKeeper mid-round (its connection stalls; the
-/// server expires its session, the others end the round and meet its
-/// replacement in the next) has its command dead before the next round's
-/// commands start, even a command that ignores SIGTERM and a kill grace
-/// longer than what is left of the session: the loss is acted on early
-/// enough for the grace to fit before the session can expire (found in
-/// review: the kill came the whole `--kill-grace` after a fifth of the
-/// session timeout before the expiry, so the next round ran beside it).
+/// A member cut off from ZooKeeper mid-round while the server runs on (its
+/// connection stalls): the server expires its session, its registration
+/// goes, and the other member ends the round and waits in the next for it.
+/// Its command, marked as running, runs on while it is cut off (before,
+/// it was stopped before the session could expire, as a hold is), and the
+/// next round waits for it: once the member is back, told its session
+/// expired, it stops its command (which ignores SIGTERM: SIGKILL after the
+/// kill grace), removes the mark and meets the gang in round 1. No command
+/// of round 1 started before the cut-off command's last sign of life.
 #[tokio::test]
-async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
+async fn a_cut_off_members_command_runs_on_and_the_next_round_waits_for_it() {
     let (connect, admin, gang) = gang(2, None).await;
     let (proxy, through_proxy) = proxied(&connect).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let beat = d.join("beat");
-    let cut_off_script = beating(&beat, "''");
     let cut_off = gang_member(
         &through_proxy,
         "run",
         "p0",
-        &["--kill-grace", "3s", "--", "sh", "-c", &cut_off_script],
+        &[
+            "--kill-grace",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &script(d, "p0", &[&beating(&beat, "''"), "true"]),
+        ],
     );
     let p1 = member(&connect, "p1", &script(d, "p1", &[STAYS, "true"]));
     eventually(
@@ -1111,36 +1103,51 @@ async fn a_cut_off_members_command_is_dead_before_the_next_round_starts() {
         (top(&admin, &gang).await.round == Some(1)).then_some(())
     })
     .await;
-    // The pod's replacement, on a connection of its own.
-    let replacement = member(&connect, "p0", &script(d, "p0-next", &["true"]));
-    let (code, err) = ended(cut_off, "p0").await;
-    assert_eq!(code, 5, "{err}");
-    assert!(err.contains("lost"), "{err}");
-    for (id, p) in [("p0", replacement), ("p1", p1)] {
+    let ended_at = support::now_nanos();
+    // Cut off, the command goes on well past the round's end for the
+    // others, who wait for it.
+    eventually(
+        Duration::from_secs(30),
+        "the cut-off command to run on",
+        || async { (support::read_nanos(&beat) > ended_at + 2_000_000_000).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        runs(d, "p1").len(),
+        1,
+        "round 1 started beside the cut-off command"
+    );
+    proxy.resume();
+    for (id, p) in [("p0", cut_off), ("p1", p1)] {
         let (code, err) = ended(p, id).await;
         assert_eq!(code, 0, "{id}: {err}");
+        if id == "p0" {
+            assert!(
+                err.contains("our registration in the round was lost"),
+                "{err}"
+            );
+        }
     }
     let last_beat = support::read_nanos(&beat);
-    let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
+    let next_round = [runs(d, "p0")[1].0, runs(d, "p1")[1].0];
     let first = *next_round.iter().min().unwrap();
     assert!(
         last_beat < first,
         "the cut-off member's command ran {} ms into the next round",
         (last_beat - first) / 1_000_000
     );
-    proxy.resume();
 }
 
 /// A member whose round ended for another reason (a member failed) gives
-/// its command the whole `--kill-grace`, as a round over asks; but if it is
-/// cut off from ZooKeeper meanwhile, its session may expire and the others
-/// meet its replacement in the next round before the grace ends: the loss
-/// cuts the grace short, so the command is dead before the session can
-/// expire (found in review: the command ran on for the whole 20 s grace,
-/// about 15 s into the next round).
+/// its command the whole `--kill-grace`, as a round over asks, and is cut
+/// off from ZooKeeper meanwhile, for longer than its session timeout: the
+/// next round waits for its command's mark, so the grace is not cut short
+/// (before, the loss cut it short to have the command dead before the
+/// session could expire) and still no command of the next round starts
+/// before it is dead.
 #[tokio::test]
 async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_round() {
-    let (connect, _admin, _gang) = gang(2, None).await;
+    let (connect, admin, gang) = gang(2, None).await;
     let (proxy, through_proxy) = proxied(&connect).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -1150,7 +1157,14 @@ async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_ro
         &through_proxy,
         "run",
         "p0",
-        &["--kill-grace", "20s", "--", "sh", "-c", &slow_to_stop],
+        &[
+            "--kill-grace",
+            "8s",
+            "--",
+            "sh",
+            "-c",
+            &script(d, "p0", &[&slow_to_stop, "true"]),
+        ],
     );
     let fails_when_told = format!(
         "while [ ! -e {f} ]; do sleep 0.05; done; exit 1",
@@ -1175,21 +1189,30 @@ async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_ro
         || async { termed.exists().then_some(()) },
     )
     .await;
+    let termed_at = support::now_nanos();
     proxy.stall();
-    let replacement = member(&connect, "p0", &script(d, "p0-next", &["true"]));
-    for (id, p) in [("p0", replacement), ("p1", p1)] {
+    eventually(Duration::from_secs(30), "round 0 ended", || async {
+        (top(&admin, &gang).await.round == Some(1)).then_some(())
+    })
+    .await;
+    // The whole grace: still running past the session timeout (4 s).
+    eventually(
+        Duration::from_secs(30),
+        "the command to run out its grace",
+        || async { (support::read_nanos(&beat) > termed_at + 5_000_000_000).then_some(()) },
+    )
+    .await;
+    proxy.resume();
+    for (id, p) in [("p0", cut_off), ("p1", p1)] {
         let (code, err) = ended(p, id).await;
         assert_eq!(code, 0, "{id}: {err}");
     }
-    let (code, err) = ended(cut_off, "p0").await;
-    assert_ne!(code, 0, "{err}");
     let last_beat = support::read_nanos(&beat);
-    let next_round = [runs(d, "p0-next")[0].0, runs(d, "p1")[1].0];
+    let next_round = [runs(d, "p0")[1].0, runs(d, "p1")[1].0];
     let first = *next_round.iter().min().unwrap();
     assert!(
         last_beat < first,
-        "the cut-off member's command ran {} ms into the next round: {err}",
+        "the cut-off member's command ran {} ms into the next round",
         (last_beat - first) / 1_000_000
     );
-    proxy.resume();
 }

@@ -11,8 +11,8 @@ use super::in_place::PodRecord;
 use super::ready::{Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::zk::{
-    when_reachable, within, BarrierData, DoubleBarrier, EnterOptions, Entered, Entry, GangBarrier,
-    HoldMonitor, KeptRegistration, RoundEnd, Session,
+    for_want_of_zookeeper, when_reachable, within, BarrierData, DoubleBarrier, EnterOptions,
+    Entered, Entry, GangBarrier, HoldMonitor, KeptRegistration, RoundEnd, RunMarks, Session,
 };
 
 /// How often a waiting participant logs its progress.
@@ -484,7 +484,10 @@ impl<'a> BarrierCommand<'a> {
             members,
             ..
         } = loop {
-            if let Some(joined) = self.join_round(session, stop, &gang, &mut uid).await? {
+            if let Some(joined) = self
+                .join_round(session, stop, &gang, &mut uid, None)
+                .await?
+            {
                 break joined;
             }
         };
@@ -587,11 +590,7 @@ impl<'a> BarrierCommand<'a> {
         let found = self.peek(&session, &mut stop).await;
         match found {
             Ok(Some(data)) if data.round.is_some() => {
-                let outcome = self
-                    .run_in_rounds(&session, &mut stop, command, grace)
-                    .await;
-                close(session).await;
-                return outcome;
+                return self.run_in_rounds(session, &mut stop, command, grace).await;
             }
             Ok(_) => {}
             Err(e) => {
@@ -644,53 +643,147 @@ impl<'a> BarrierCommand<'a> {
     /// round, runs the command, and when the round ends (a member's
     /// command failed, a member was lost or restarted) stops the command's
     /// whole tree and meets the others again in the next round; the
-    /// command never runs while a command of the round before still runs
-    /// (the next round opens only once every member has registered in it,
-    /// and each stops its command first). Arriving at a round that opened
-    /// without us (our container restarted) ends that round. Returns the
-    /// command's code once a round finished with it: `0` when every member
-    /// completed. A member that completes marks the round finishing, and
-    /// from then on a failure no longer restarts the gang.
+    /// command never runs while a command of an earlier round still runs
+    /// (see [`RunMarks`]: ours is marked before it starts and unmarked once
+    /// it is dead). Arriving at a round that opened without us (our
+    /// container restarted) ends that round. Returns the command's code
+    /// once a round finished with it: `0` when every member completed. A
+    /// member that completes marks the round finishing, and from then on a
+    /// failure no longer restarts the gang.
+    ///
+    /// Once marked, the command needs ZooKeeper only to start and to end:
+    /// an outage of any length stops nothing, what needs ZooKeeper (the
+    /// round's end, the leave) waits for it, and our registration is kept
+    /// (the session resumed). Only a registration known to be gone (the
+    /// server says our session expired, or it was deleted) ends our part
+    /// in the round: the command is stopped, and we meet the gang in the
+    /// next round. On a barrier without marks (its controller predates
+    /// them) the rule from before holds: the command is stopped before our
+    /// session could expire. Closes `session`.
     async fn run_in_rounds(
         &self,
-        session: &Session,
+        session: Session,
         stop: &mut Termination,
         command: &[String],
         grace: Duration,
     ) -> Result<i32, AgentError> {
         let p = self.participant;
         let gang = GangBarrier::new(self.barrier.path());
+        let marks = RunMarks::of(gang.path());
+        let mut session = session;
+        // A mark an earlier life of ours left: its command is dead (our
+        // container restarted), and it must not hold up a round we join.
+        if let Err(e) = marks.unmark(&session, &p.id).await {
+            close(session).await;
+            return Err(p.explain(e));
+        }
         // The barrier we found (`run` waited for it): one of another uid
         // later is a new Barrier of the same name, and ours was deleted.
         let mut uid = None;
-        loop {
-            let Joined {
-                k,
-                round,
-                entered,
-                members,
-            } = match self.join_round(session, stop, &gang, &mut uid).await? {
-                Some(joined) => joined,
-                None => continue,
+        let outcome = loop {
+            let joined = match self
+                .join_round(&session, stop, &gang, &mut uid, Some(&marks))
+                .await
+            {
+                Ok(Some(joined)) => joined,
+                Ok(None) => continue,
+                Err(e) => break Err(e),
             };
-            // A registration that may be lost is acted on early enough for
-            // the command to be dead, SIGKILL included, before the server
-            // can expire the session: the others then end the round and
-            // may start the next, which must not run beside it.
+            let (after, outcome) = self
+                .run_round(session, stop, command, grace, &gang, &marks, joined)
+                .await;
+            session = after;
+            match outcome {
+                Ok(Some(code)) => break Ok(code),
+                Ok(None) => continue,
+                Err(e) => break Err(e),
+            }
+        };
+        close(session).await;
+        outcome
+    }
+
+    /// Runs the command in the round we joined (see
+    /// [`BarrierCommand::run_in_rounds`]) and deals with its end: `Some`
+    /// code when we are done, `None` to meet the gang again in the next
+    /// round. Returns the session to go on with (a new one when ours was
+    /// lost).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_round(
+        &self,
+        session: Session,
+        stop: &mut Termination,
+        command: &[String],
+        grace: Duration,
+        gang: &GangBarrier,
+        marks: &RunMarks,
+        joined: Joined,
+    ) -> (Session, Result<Option<i32>, AgentError>) {
+        let p = self.participant;
+        let Joined {
+            k,
+            round,
+            entered,
+            members,
+            marked,
+        } = joined;
+        // What the command is told of its round: which it is (a restart
+        // resumes from a checkpoint, say), and its place among the round's
+        // members, by id.
+        let rank = rank_of(&members, &p.id);
+        let env = [
+            ("ZKGATE_ROUND", k.to_string()),
+            ("ZKGATE_RANK", rank.to_string()),
+            ("ZKGATE_MEMBERS", members.len().to_string()),
+        ];
+        let child = match child::spawn(command, &env, grace) {
+            Ok(child) => child,
+            Err(e) => {
+                let unmarked = marks.unmark(&session, &p.id).await;
+                if let Err(u) = unmarked {
+                    warn!(error = %u, "could not remove our run mark; the controller removes it when the pod ends");
+                }
+                return (session, Err(e));
+            }
+        };
+        info!(barrier = %gang.path(), round = k, members = members.len(), marked, "round open: running the command");
+        let mut kept = KeptRegistration::new(session, entered.node.clone());
+        let ended = if marked {
+            // Watching the round needs ZooKeeper; while it is away the
+            // command goes on, and the watch resumes with the session.
+            let interrupt = async {
+                loop {
+                    match gang.round_over(kept.session(), k, &members).await {
+                        Ok(why) => break Interruption::RoundOver(why),
+                        Err(e) if for_want_of_zookeeper(&e) => {
+                            warn!(barrier = %gang.path(), round = k, error = %e, "ZooKeeper unreachable: the command goes on, and the round is watched again once it is back");
+                            if let Err(reason) = kept.back().await {
+                                break Interruption::Lost(reason);
+                            }
+                        }
+                        Err(e) => break Interruption::Failed(e),
+                    }
+                }
+            };
+            child::supervise_graced(
+                child,
+                stop,
+                interrupt,
+                grace,
+                |_| grace,
+                std::future::pending(),
+            )
+            .await
+        } else {
+            // No marks: a registration that may be lost is acted on early
+            // enough for the command to be dead, SIGKILL included, before
+            // the server can expire the session: the others then end the
+            // round and may start the next, which must not run beside it.
+            let session = kept.session();
             let loss_grace = grace.min(session.timeout() / 4);
             let registration = self
                 .registration(session, &entered)
                 .with_reserve(loss_grace + session.timeout() / 10);
-            // What the command is told of its round: which it is (a restart
-            // resumes from a checkpoint, say), and its place among the
-            // round's members, by id.
-            let rank = rank_of(&members, &p.id);
-            let env = [
-                ("ZKGATE_ROUND", k.to_string()),
-                ("ZKGATE_RANK", rank.to_string()),
-                ("ZKGATE_MEMBERS", members.len().to_string()),
-            ];
-            info!(barrier = %gang.path(), round = k, members = members.len(), "round open: running the command");
             // Followed by the interruption and, once the command is being
             // stopped for another reason (the round ended), by the stop
             // itself: a loss meanwhile cuts the grace short.
@@ -705,8 +798,8 @@ impl<'a> BarrierCommand<'a> {
                     },
                 }
             };
-            let ended = child::supervise_graced(
-                child::spawn(command, &env, grace)?,
+            child::supervise_graced(
+                child,
                 stop,
                 interrupt,
                 grace,
@@ -717,88 +810,190 @@ impl<'a> BarrierCommand<'a> {
                 },
                 lost.map(|_| loss_grace),
             )
-            .await?;
-            if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
-                // Our pod is going: whatever the command made of the
-                // signal, this member is gone from the round, which ends
-                // for the others (they meet our replacement, if any, in
-                // the next).
-                let why = format!("{} was stopped by {}", p.id, exit.signal_name());
-                self.end_round(session, &gang, k, &why, &entered.node)
-                    .await?;
-                info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
-                // Not a completion, even if the command made it one: the
-                // pod must not count as succeeded while its gang restarts
-                // without it (the Job replaces a failed one).
-                return Ok(if *code == 0 { exit as i32 } else { *code });
+            .await
+        };
+        let outcome = self
+            .after_round(&mut kept, stop, gang, marks, k, &round, ended, marked)
+            .await;
+        (kept.into_session(), outcome)
+    }
+
+    /// What follows the command's end in round `k` (see
+    /// [`BarrierCommand::run_round`]): the run mark removed (the command
+    /// is dead), then the round finished, ended or met again. Everything
+    /// here that needs ZooKeeper waits for it.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_round(
+        &self,
+        kept: &mut KeptRegistration,
+        stop: &mut Termination,
+        gang: &GangBarrier,
+        marks: &RunMarks,
+        k: u32,
+        round: &DoubleBarrier,
+        ended: Result<Ended<Interruption>, AgentError>,
+        marked: bool,
+    ) -> Result<Option<i32>, AgentError> {
+        let p = self.participant;
+        let node = kept.node().to_owned();
+        // The command is dead (or never ran): the next round need not wait
+        // for it any more.
+        let unmarked = when_reachable(kept, async |s| marks.unmark(s, &p.id).await).await;
+        if let Err(e) = unmarked {
+            warn!(error = %e, "could not remove our run mark; the controller removes it when the pod ends");
+        }
+        let ended = ended?;
+        if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
+            // Our pod is going: whatever the command made of the signal,
+            // this member is gone from the round, which ends for the others
+            // (they meet our replacement, if any, in the next).
+            let why = format!("{} was stopped by {}", p.id, exit.signal_name());
+            self.end_kept_round(kept, gang, k, round, &why, &node)
+                .await?;
+            info!(barrier = %gang.path(), round = k, code, "stopped by {}: the round was ended for the others", exit.signal_name());
+            // Not a completion, even if the command made it one: the pod
+            // must not count as succeeded while its gang restarts without
+            // it (the Job replaces a failed one).
+            return Ok(Some(if *code == 0 { exit as i32 } else { *code }));
+        }
+        match ended {
+            Ended::Exited(0) => {
+                if when_reachable(kept, async |s| gang.start_leaving(s, k).await)
+                    .await
+                    .map_err(|e| p.explain(e))?
+                {
+                    info!(barrier = %gang.path(), round = k, "the command completed; leaving the round");
+                    let deadline = p.deadline();
+                    within(
+                        deadline,
+                        || format!("waiting for everyone to leave the barrier {}", round.path()),
+                        when_reachable(kept, async |s| round.leave(s, &p.id, deadline).await),
+                    )
+                    .await
+                    .map_err(|e| p.explain(e))?;
+                    info!(barrier = %round.path(), id = %p.id, "everyone has left");
+                    return Ok(Some(0));
+                }
+                // The round ended as we completed: the gang runs again, and
+                // so do we.
+                info!(barrier = %gang.path(), round = k, "the command completed, but the round had ended: meeting again");
+                self.withdraw_kept(kept, &node).await?;
+                Ok(None)
             }
-            match ended {
-                Ended::Exited(0) => {
-                    if gang
-                        .start_leaving(session, k)
-                        .await
-                        .map_err(|e| p.explain(e))?
-                    {
-                        info!(barrier = %gang.path(), round = k, "the command completed; leaving the round");
-                        self.leave_at(&round, session, p.deadline()).await?;
-                        return Ok(0);
+            Ended::Exited(code) => {
+                let why = format!("{}'s command exited {code}", p.id);
+                match self
+                    .end_kept_round(kept, gang, k, round, &why, &node)
+                    .await?
+                {
+                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
+                        info!(barrier = %gang.path(), round = k, code, "the command failed: the gang meets again");
+                        Ok(None)
                     }
-                    // The round ended as we completed: the gang runs again,
-                    // and so do we.
-                    info!(barrier = %gang.path(), round = k, "the command completed, but the round had ended: meeting again");
-                    self.withdraw(session, &entered.node).await?;
-                }
-                Ended::Exited(code) => {
-                    let why = format!("{}'s command exited {code}", p.id);
-                    match self
-                        .end_round(session, &gang, k, &why, &entered.node)
-                        .await?
-                    {
-                        RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => {
-                            info!(barrier = %gang.path(), round = k, code, "the command failed: the gang meets again");
-                        }
-                        RoundEnd::Finishing => {
-                            warn!(barrier = %gang.path(), round = k, code, "the command failed after a member completed: the gang cannot restart");
-                            return Ok(code);
-                        }
-                        RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
-                            warn!(barrier = %gang.path(), round = k, code, %reason, "the command failed and the gang cannot restart");
-                            return Ok(code);
-                        }
+                    RoundEnd::Finishing => {
+                        warn!(barrier = %gang.path(), round = k, code, "the command failed after a member completed: the gang cannot restart");
+                        Ok(Some(code))
+                    }
+                    RoundEnd::LimitReached(reason) | RoundEnd::Failed(reason) => {
+                        warn!(barrier = %gang.path(), round = k, code, %reason, "the command failed and the gang cannot restart");
+                        Ok(Some(code))
                     }
                 }
-                Ended::Interrupted(Interruption::RoundOver(why), code) => {
-                    info!(barrier = %gang.path(), round = k, %why, code, "the round ended: the command was stopped; meeting again");
-                    self.withdraw(session, &entered.node).await?;
-                    if let Some(exit) = stop.asked_to_stop() {
-                        return Err(AgentError::new(
-                            exit,
-                            format!(
-                                "stopped by {} after round {k} of the barrier {} ended ({why})",
-                                exit.signal_name(),
-                                gang.path()
-                            ),
-                        ));
-                    }
-                }
-                Ended::Interrupted(Interruption::Lost(reason), code) => {
-                    return Err(self.registration_lost(
-                        reason,
-                        &format!("; the command was terminated (it exited {code})"),
-                    ));
-                }
-                Ended::Interrupted(Interruption::Failed(e), code) => {
-                    let err = p.explain(e);
-                    return Err(AgentError::new(
-                        err.exit,
+            }
+            Ended::Interrupted(Interruption::RoundOver(why), code) => {
+                info!(barrier = %gang.path(), round = k, %why, code, "the round ended: the command was stopped; meeting again");
+                self.withdraw_kept(kept, &node).await?;
+                match stop.asked_to_stop() {
+                    Some(exit) => Err(AgentError::new(
+                        exit,
                         format!(
-                            "{}; the command was terminated (it exited {code})",
-                            err.message
+                            "stopped by {} after round {k} of the barrier {} ended ({why})",
+                            exit.signal_name(),
+                            gang.path()
                         ),
-                    ));
+                    )),
+                    None => Ok(None),
                 }
+            }
+            Ended::Interrupted(Interruption::Lost(reason), code) if marked => {
+                // Our registration is known gone (the servers ran on
+                // without us): the others end the round, or have; so do
+                // we, and meet them again, our command dead before the
+                // next round starts (it waited for our mark).
+                warn!(barrier = %gang.path(), round = k, %reason, code, "our registration in the round was lost: the command was stopped; meeting the gang again");
+                let why = format!("{} was lost in round {k} ({reason})", p.id);
+                match self
+                    .end_kept_round(kept, gang, k, round, &why, &node)
+                    .await?
+                {
+                    RoundEnd::Restarted { .. } | RoundEnd::AlreadyEnded => Ok(None),
+                    RoundEnd::Finishing => Err(self.registration_lost(
+                        reason,
+                        &format!(
+                            "; the command was terminated (it exited {code}) and round {k} is finishing (a member completed), so the gang cannot restart for us"
+                        ),
+                    )),
+                    RoundEnd::LimitReached(why) | RoundEnd::Failed(why) => {
+                        Err(failed_barrier(gang, &why))
+                    }
+                }
+            }
+            Ended::Interrupted(Interruption::Lost(reason), code) => Err(self.registration_lost(
+                reason,
+                &format!("; the command was terminated (it exited {code})"),
+            )),
+            Ended::Interrupted(Interruption::Failed(e), code) => {
+                let err = p.explain(e);
+                Err(AgentError::new(
+                    err.exit,
+                    format!(
+                        "{}; the command was terminated (it exited {code})",
+                        err.message
+                    ),
+                ))
             }
         }
+    }
+
+    /// [`BarrierCommand::end_round`] on a kept registration: each step
+    /// waits for ZooKeeper.
+    async fn end_kept_round(
+        &self,
+        kept: &mut KeptRegistration,
+        gang: &GangBarrier,
+        k: u32,
+        round: &DoubleBarrier,
+        why: &str,
+        node: &str,
+    ) -> Result<RoundEnd, AgentError> {
+        let p = self.participant;
+        let end = when_reachable(kept, async |s| gang.end_round(s, k, why).await)
+            .await
+            .map_err(|e| p.explain(e))?;
+        if end == RoundEnd::Finishing {
+            let deadline = p.deadline();
+            when_reachable(kept, async |s| round.leave(s, &p.id, deadline).await)
+                .await
+                .map_err(|e| p.explain(e))?;
+        } else {
+            self.withdraw_kept(kept, node).await?;
+        }
+        Ok(end)
+    }
+
+    /// Removes our registration from a round that ended, waiting for
+    /// ZooKeeper as long as it takes.
+    async fn withdraw_kept(
+        &self,
+        kept: &mut KeptRegistration,
+        node: &str,
+    ) -> Result<(), AgentError> {
+        when_reachable(kept, async |s| {
+            crate::zk::tree::delete_if_present(s, node).await
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| self.participant.explain(e))
     }
 
     /// Joins the current round of `gang` (see [`BarrierCommand::run_in_rounds`]):
@@ -814,6 +1009,7 @@ impl<'a> BarrierCommand<'a> {
         stop: &mut Termination,
         gang: &GangBarrier,
         uid: &mut Option<Option<String>>,
+        marks: Option<&RunMarks>,
     ) -> Result<Option<Joined>, AgentError> {
         let p = self.participant;
         let failed = |reason: &str| failed_barrier(gang, reason);
@@ -870,8 +1066,16 @@ impl<'a> BarrierCommand<'a> {
             // No command of this round while one of the round before
             // still runs (a member whose pod is stopping, which this
             // round went on without, may take its grace period).
+            let emptied = async {
+                gang.await_round_empty(session, before).await?;
+                // And no command of an earlier round still runs whose
+                // member's registration went before it (cut off, say).
+                RunMarks::of(gang.path())
+                    .await_none_before(session, k)
+                    .await
+            };
             let outcome = tokio::select! {
-                emptied = gang.await_round_empty(session, before) => emptied.map_err(|e| p.explain(e)),
+                emptied = emptied => emptied.map_err(|e| p.explain(e)),
                 reason = self.registration(session, &entered).lost() => Err(self.registration_lost(reason, "")),
                 exit = stop.received() => Err(AgentError::new(exit, format!("stopped by {} as round {k} of the barrier {} opened; the round was ended for the others", exit.signal_name(), gang.path()))),
             };
@@ -883,12 +1087,6 @@ impl<'a> BarrierCommand<'a> {
                 }
                 return Err(e);
             }
-            // Confirmed afresh: the command's monitor counts from here,
-            // not from the opening, which may be long past.
-            entered.confirmed_at = gang
-                .confirm(session, &entered.node)
-                .await
-                .map_err(|e| p.explain(e))?;
         }
         let mut members = loop {
             if let Some(members) = gang.members(session, k).await.map_err(|e| p.explain(e))? {
@@ -924,11 +1122,37 @@ impl<'a> BarrierCommand<'a> {
         } else {
             members.sort();
         }
+        // Our command marked before it starts (the wrap form), then our
+        // registration confirmed: a member of a later round that found our
+        // registration gone finds the mark (made before that).
+        let marked = match marks {
+            Some(marks) => marks
+                .mark(session, &p.id, k, &p.identity())
+                .await
+                .map_err(|e| p.explain(e))?,
+            None => false,
+        };
+        if marked || k > 0 {
+            // Confirmed afresh: the command's monitor counts from here,
+            // not from the opening, which may be long past.
+            match gang.confirm(session, &entered.node).await {
+                Ok(at) => entered.confirmed_at = at,
+                Err(e) => {
+                    if let (true, Some(marks)) = (marked, marks) {
+                        if let Err(u) = marks.unmark(session, &p.id).await {
+                            warn!(error = %u, "could not remove our run mark; the controller removes it when the pod ends");
+                        }
+                    }
+                    return Err(p.explain(e));
+                }
+            }
+        }
         Ok(Some(Joined {
             k,
             round,
             entered,
             members,
+            marked,
         }))
     }
 
@@ -1029,6 +1253,8 @@ struct Joined {
     entered: Entered,
     /// Its members' ids, sorted.
     members: Vec<String>,
+    /// Whether our command is marked as running (see [`RunMarks`]).
+    marked: bool,
 }
 
 /// Why a command running in a round was stopped.

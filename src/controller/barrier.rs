@@ -18,7 +18,7 @@ use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
 use crate::api::{Barrier, BarrierPhase, OnParticipantLoss};
 use crate::zk::tree::ChildNode;
-use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, READY};
+use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, RunMarks, READY};
 
 impl Reconciled for Barrier {
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
@@ -236,12 +236,14 @@ async fn apply_sized(
     }
     // In rounds, the registrations are the current round's: everything
     // below looks at that round's node.
+    let mut marked = false;
     let (live, mut node) = match top.round {
         None => (path.clone(), node),
         Some(k) => {
             let gang = GangBarrier::new(&path);
             gang.ensure_round(zk, &top, k).await?;
             prepare_rounds(zk, &gang, &top, k, size).await?;
+            marked = clear_run_marks(ctx, namespace, &gang).await?;
             let round = gang.round_path(k);
             match crate::zk::tree::snapshot(zk, &round).await? {
                 // Ended since the barrier node was read (the barrier node
@@ -387,7 +389,7 @@ async fn apply_sized(
     if changed {
         ctx.after.touch(namespace, &name);
     }
-    let recheck = persistent.then_some(POD_RECHECK);
+    let recheck = (persistent || marked).then_some(POD_RECHECK);
     let held_look = matches!(verdict, Verdict::Held(_)).then_some(after::RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck, held_look]).await)
 }
@@ -439,6 +441,43 @@ async fn prepare_rounds(
         crate::zk::tree::delete_tree(zk, &gang.round_path(old)).await?;
     }
     Ok(())
+}
+
+/// Removes the run marks of `gang` (see [`RunMarks`]) whose pod has
+/// finished or is gone: its command is dead, and a round waiting for it may
+/// start. A pod being deleted keeps its mark (its command may run out the
+/// grace period). Each removal is conditional on the mark's version, so a
+/// mark made again since the look stays. True while marks are left, to be
+/// looked at again.
+async fn clear_run_marks(
+    ctx: &Context,
+    namespace: &str,
+    gang: &GangBarrier,
+) -> Result<bool, Error> {
+    let marks = RunMarks::of(gang.path());
+    marks.ensure(&ctx.zk, gang.path()).await?;
+    let Some(node) = crate::zk::tree::snapshot(&ctx.zk, marks.path()).await? else {
+        return Ok(false);
+    };
+    let mut left = node.children.len();
+    for (mark, fate) in ctx.pods.fates(namespace, &node.children).await? {
+        if !matches!(fate, PodFate::Finished | PodFate::Gone) {
+            continue;
+        }
+        let path = crate::zk::path::join(marks.path(), &mark.name);
+        match ctx.zk.client().delete(&path, Some(mark.stat.version)).await {
+            Ok(()) => {
+                info!(barrier = %gang.path(), member = %mark.name, ?fate, "removed the run mark of a pod that ended");
+                left -= 1;
+            }
+            // Made again, or removed, since the look: the next look sees.
+            Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => {}
+            Err(e) => {
+                return Err(crate::zk::ZkError::from_client("delete", &path, e).into());
+            }
+        }
+    }
+    Ok(left > 0)
 }
 
 /// Removes the registrations among `registrations` (persistent children of

@@ -103,6 +103,17 @@ impl KeptRegistration {
         }
     }
 
+    /// Waits until our session is connected again (resumed: only the
+    /// server knows whether it expired) and our node is confirmed there.
+    /// However long ZooKeeper is away; `Err` only when the registration is
+    /// known gone: the server says our session expired, or our node was
+    /// deleted by someone else. For work watching something else with the
+    /// session, which failed for want of ZooKeeper
+    /// ([`for_want_of_zookeeper`]).
+    pub async fn back(&mut self) -> std::result::Result<(), LossReason> {
+        self.reachable(true).await.map(|_| ())
+    }
+
     /// Waits until our session is connected again (resumed, or a new one)
     /// and, with `registered`, our node confirmed there (made again on a
     /// new session), returning a watch of it. Without, the node is not
@@ -295,7 +306,7 @@ pub async fn when_reachable<T>(
 
 /// Whether `error` says only that ZooKeeper could not be reached (or our
 /// session was lost with it): worth trying again once it is back.
-fn for_want_of_zookeeper(error: &ZkError) -> bool {
+pub fn for_want_of_zookeeper(error: &ZkError) -> bool {
     match error {
         ZkError::Unreachable { .. } | ZkError::SessionExpired => true,
         ZkError::Zk { source, .. } => is_connection_loss(source),

@@ -13,7 +13,9 @@
 //!   is a [`LockHold`] with a fencing token and a [`HoldMonitor`] that tells
 //!   when the hold may be or is lost.
 //! - [`KeptRegistration`]: a registration in an opened barrier, kept
-//!   through any ZooKeeper outage (the work it started goes on).
+//!   through any ZooKeeper outage (the work it started goes on), and
+//!   [`RunMarks`]: in rounds, what tells the next round that a command of
+//!   the round before may still run.
 //! - [`acl`]: digest [`Credential`]s and ACLs. A session with a credential
 //!   makes every node it creates its credential's alone
 //!   ([`Session::node_acls`]); `tcp+tls://` servers are reached over TLS
@@ -35,6 +37,7 @@ mod kept;
 mod lock;
 pub mod path;
 pub mod rounds;
+pub mod running;
 mod semaphore;
 mod session;
 pub mod tree;
@@ -48,8 +51,9 @@ pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
 pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
-pub use kept::{when_reachable, KeptRegistration};
+pub use kept::{for_want_of_zookeeper, when_reachable, KeptRegistration};
 pub use lock::{LockOptions, Mutex, ReadWriteLock, VersionCheck};
 pub use rounds::{GangBarrier, RoundEnd};
+pub use running::{RunMark, RunMarks};
 pub use semaphore::{decode_count, encode_count, Permits, Semaphore, COUNT, LEASES, LOCKS};
 pub use session::{Session, SessionOptions, SessionState, SessionStats, StateWatcher, TlsSettings};

@@ -344,8 +344,15 @@ pub async fn output(mut cmd: tokio::process::Command) -> (i32, String) {
     )
 }
 
-/// Waits for a process with a deadline and returns its exit code and
-/// standard error (which must have been piped).
+/// This machine's clock in nanoseconds, as `date +%s%N` prints it.
+#[allow(dead_code)]
+pub fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .as_nanos()
+}
+
 /// The nanoseconds since the epoch a command wrote into `path`
 /// (`date +%s%N`): its start, its last heartbeat.
 pub fn read_nanos(path: &std::path::Path) -> u128 {
@@ -356,6 +363,8 @@ pub fn read_nanos(path: &std::path::Path) -> u128 {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Waits for a process with a deadline and returns its exit code and
+/// standard error (which must have been piped).
 pub async fn finished(child: tokio::process::Child, within: Duration) -> (i32, String) {
     let out = tokio::time::timeout(within, child.wait_with_output())
         .await
@@ -431,4 +440,38 @@ pub fn next_lock_holder(connect: &str, script: &str) -> tokio::process::Command 
             script,
         ],
     )
+}
+
+/// The barrier `g` in rounds of `participants` at `path`, made with
+/// `admin` as the controller makes it: the barrier node, round 0 and the
+/// node for the members' run marks.
+#[allow(dead_code)]
+pub async fn make_gang(
+    admin: &Session,
+    path: &str,
+    participants: u32,
+    max_restarts: Option<u32>,
+) -> zkgate::zk::GangBarrier {
+    use zkgate::zk::{BarrierData, DoubleBarrier, GangBarrier, RunMarks};
+    let data = BarrierData {
+        participants,
+        uid: Some("the-barrier".into()),
+        run: Some(String::new()),
+        round: Some(0),
+        max_restarts,
+        ..BarrierData::default()
+    };
+    DoubleBarrier::new(path)
+        .create(admin, &data)
+        .await
+        .expect("make the barrier");
+    let gang = GangBarrier::new(path);
+    gang.ensure_round(admin, &data, 0)
+        .await
+        .expect("make round 0");
+    RunMarks::of(path)
+        .ensure(admin, path)
+        .await
+        .expect("make the run marks' node");
+    gang
 }

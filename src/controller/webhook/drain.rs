@@ -28,10 +28,9 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
-use k8s_openapi::api::core::v1::Endpoints;
-use kube::api::Api;
 use tracing::{info, warn};
 
+use super::endpoints::{self, Endpoint};
 use crate::controller::http::Health;
 
 /// The longest a stopping replica waits to leave the Service: within the
@@ -112,11 +111,10 @@ pub async fn leave(
     health.set_webhook(Some(STOPPING.into()));
     let Some(listing) = listing else { return };
     let (namespace, name) = &listing.service;
-    let endpoints = Api::<Endpoints>::namespaced(client.clone(), namespace);
     let left = async {
         loop {
-            match endpoints.get_opt(name).await {
-                Ok(now) if !lists_ready(now.as_ref(), &listing.pod_ip) => return,
+            match endpoints::of_service(client, namespace, name).await {
+                Ok(now) if !lists_ready(&now, &listing.pod_ip) => return,
                 Ok(_) => {}
                 Err(e) => {
                     warn!(error = %e, "cannot read the webhook Service's endpoints while leaving it")
@@ -137,48 +135,29 @@ pub async fn leave(
 }
 
 /// Whether `endpoints` list `ip` among their ready addresses.
-fn lists_ready(endpoints: Option<&Endpoints>, ip: &str) -> bool {
-    endpoints
-        .and_then(|e| e.subsets.as_ref())
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s.addresses.iter().flatten())
-        .any(|a| a.ip == ip)
+fn lists_ready(endpoints: &[Endpoint], ip: &str) -> bool {
+    endpoints.iter().any(|e| e.ready && e.ip == ip)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset};
 
-    fn endpoints(ready: &[&str], not_ready: &[&str]) -> Endpoints {
-        let addresses = |ips: &[&str]| {
-            Some(
-                ips.iter()
-                    .map(|ip| EndpointAddress {
-                        ip: (*ip).to_owned(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            )
-        };
-        Endpoints {
-            subsets: Some(vec![EndpointSubset {
-                addresses: addresses(ready),
-                not_ready_addresses: addresses(not_ready),
-                ..Default::default()
-            }]),
-            ..Default::default()
+    fn endpoint(ip: &str, ready: bool) -> Endpoint {
+        Endpoint {
+            ip: ip.to_owned(),
+            port: Some(8443),
+            ready,
         }
     }
 
     #[test]
     fn only_a_ready_address_keeps_the_replica_in_the_service() {
-        let e = endpoints(&["10.0.0.1"], &["10.0.0.2"]);
-        assert!(lists_ready(Some(&e), "10.0.0.1"));
-        assert!(!lists_ready(Some(&e), "10.0.0.2"));
-        assert!(!lists_ready(Some(&e), "10.0.0.3"));
-        assert!(!lists_ready(None, "10.0.0.1"));
+        let e = [endpoint("10.0.0.1", true), endpoint("10.0.0.2", false)];
+        assert!(lists_ready(&e, "10.0.0.1"));
+        assert!(!lists_ready(&e, "10.0.0.2"));
+        assert!(!lists_ready(&e, "10.0.0.3"));
+        assert!(!lists_ready(&[], "10.0.0.1"));
     }
 
     fn health() -> Health {

@@ -19,6 +19,7 @@
 pub mod barriers;
 pub mod certs;
 pub mod drain;
+pub mod endpoints;
 pub mod handout;
 pub mod inject;
 
@@ -34,7 +35,7 @@ use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::Api;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
@@ -366,27 +367,12 @@ async fn handout_urls(
         .and_then(|s| s.ports)
         .and_then(|p| p.first().map(|p| p.port))
         .unwrap_or(443);
-    let endpoints = Api::<Endpoints>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await?;
-    let mut urls: Vec<String> = endpoints
-        .and_then(|e| e.subsets)
-        .unwrap_or_default()
+    // Not-ready ones too: a replica is not Ready until its webhook
+    // serves, and then it also hands out.
+    let mut urls: Vec<String> = endpoints::of_service(client, namespace, name)
+        .await?
         .into_iter()
-        .flat_map(|subset| {
-            let port = subset
-                .ports
-                .as_ref()
-                .and_then(|p| p.first().map(|p| p.port));
-            // Not-ready ones too: a replica is not Ready until its webhook
-            // serves, and then it also hands out.
-            subset
-                .addresses
-                .unwrap_or_default()
-                .into_iter()
-                .chain(subset.not_ready_addresses.unwrap_or_default())
-                .filter_map(move |a| Some(endpoint_url(&a.ip, port?)))
-        })
+        .filter_map(|e| Some(endpoint_url(&e.ip, e.port?)))
         .collect();
     urls.extend(own.map(str::to_owned));
     urls.sort();
