@@ -2554,6 +2554,66 @@ async fn a_restart_gang_barrier_reports_its_rounds_and_why_each_ended() {
     .await;
 }
 
+/// Issue 43, item 1: a Barrier in rounds gets the node for its members'
+/// run marks (made by the controller, with the barrier's ACL), and a mark
+/// stays while its pod runs: the next round waits for it. Once the pod
+/// has finished, or is gone, its command is dead, and the controller
+/// removes its mark, so that a gang whose member died (while ZooKeeper was
+/// away, say) is not held up for good.
+#[tokio::test]
+async fn the_run_marks_of_pods_that_ended_are_removed() {
+    let s = setup().await;
+    create_barrier(
+        &s,
+        "gang",
+        json!({ "participants": 2, "onParticipantLoss": "RestartGang" }),
+    )
+    .await;
+    let path = barrier_path(&s.ns, "gang");
+    let observer = session(&s.zk).await;
+    let marks = zkgate::zk::RunMarks::of(&path);
+    eventually(WITHIN, "the run marks' node", || async {
+        children(&observer, &path)
+            .await
+            .contains(&"running".to_owned())
+            .then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    for name in ["p-0", "p-1"] {
+        let uid = create_pod(
+            &pods,
+            json!({ "name": name, "labels": { "zkgate.io/barrier": "gang" } }),
+        )
+        .await;
+        let who = ParticipantData {
+            id: Some(name.into()),
+            pod: Some(name.into()),
+            pod_uid: Some(uid),
+            kill_grace_ms: None,
+        };
+        assert!(marks.mark(&observer, name, 0, &who).await.unwrap());
+    }
+    let finished = json!({ "status": { "phase": "Failed" } });
+    pods.patch_status("p-1", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .unwrap();
+    eventually(WITHIN, "p-1's mark removed", || async {
+        (children(&observer, marks.path()).await == ["p-0"]).then_some(())
+    })
+    .await;
+    pods.delete("p-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually(WITHIN, "p-0's mark removed", || async {
+        children(&observer, marks.path())
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
 /// Past `maxRestarts` the Barrier fails with `RestartLimit`, and says so.
 #[tokio::test]
 async fn a_restart_gang_barrier_past_its_restarts_fails_with_restart_limit() {

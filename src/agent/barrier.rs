@@ -673,7 +673,10 @@ impl<'a> BarrierCommand<'a> {
         let mut session = session;
         // A mark an earlier life of ours left: its command is dead (our
         // container restarted), and it must not hold up a round we join.
-        if let Err(e) = marks.unmark(&session, &p.id).await {
+        if let Err(e) = marks
+            .unmark_earlier_life(&session, &p.id, &p.identity())
+            .await
+        {
             close(session).await;
             return Err(p.explain(e));
         }

@@ -160,6 +160,48 @@ impl RunMarks {
         }
     }
 
+    /// Removes a mark of `id` that an earlier life of `who` left (its
+    /// process, and so its command, are dead: our container restarted), so
+    /// that it does not hold up the round we join. A mark of another pod of
+    /// the same name (another uid) is left to the controller, which
+    /// removes it once that pod has ended; so is one that changed since
+    /// read.
+    pub async fn unmark_earlier_life(
+        &self,
+        session: &Session,
+        id: &str,
+        who: &ParticipantData,
+    ) -> Result<()> {
+        let client = session.client();
+        let node = self.mark_path(id);
+        let (data, stat) = match session
+            .retry("read", &node, || client.get_data(&node))
+            .await
+        {
+            Ok(found) => found,
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if RunMark::parse(&data).is_some_and(|m| m.who.pod_uid != who.pod_uid) {
+            info!(marks = %self.path, id, "a mark of another pod of our name: left to the controller");
+            return Ok(());
+        }
+        match session
+            .retry("delete", &node, || client.delete(&node, Some(stat.version)))
+            .await
+        {
+            Ok(())
+            | Err(ZkError::Zk {
+                source: zk::Error::NoNode | zk::Error::BadVersion,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes `id`'s mark, if it is there: its command is dead.
     pub async fn unmark(&self, session: &Session, id: &str) -> Result<()> {
         super::tree::delete_if_present(session, &self.mark_path(id))

@@ -6,9 +6,10 @@
 //! timeout, and come back on their data.
 //!
 //! What must hold: a gang whose barrier opened runs on and completes as if
-//! nothing happened (no pod fails, no command is stopped), and a lock
-//! holder, which cannot know whether its session outlives the outage, is
-//! stopped during it, and nobody else holds until the quorum is back.
+//! nothing happened (no pod fails, no command is stopped), in rounds too
+//! (`RestartGang`: no restart), and a lock holder, which cannot know
+//! whether its session outlives the outage, is stopped during it, and
+//! nobody else holds until the quorum is back.
 
 use std::net::Ipv4Addr;
 
@@ -46,6 +47,12 @@ spec:
           securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
 "#;
 
+/// `examples/gang-restart` (3 pods in rounds, the wrap form): each run
+/// says its round when it starts and when it ends; the command outlives
+/// the outage.
+const IN_ROUNDS: &str =
+    "echo run-start-$ZKGATE_ROUND $(now-us); sleep 90; echo run-end-$ZKGATE_ROUND $(now-us)";
+
 #[tokio::test]
 #[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
 async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_stopped() {
@@ -75,6 +82,16 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
         .await;
 
     c.apply(&ns.name, GANG);
+    c.apply(
+        &ns.name,
+        &c.example(
+            "gang-restart/job.yaml",
+            &[(
+                "echo $(hostname) runs with the whole gang; sleep 30",
+                IN_ROUNDS,
+            )],
+        ),
+    );
     c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]));
     let hold = WATCHED_HOLD.replace("sleep 12", "sleep 30");
     c.apply(
@@ -90,17 +107,19 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
         ),
     );
 
-    // The gang's commands all run (its barrier opened), and one pod holds
-    // the lock (its command printed its start).
-    eventually(WITHIN, "the gang's 3 commands to start", || async {
-        let mut started = 0;
-        for pod in c.pods(&ns.name, "job-name=train").await {
-            let log = c.logs_if_any(&ns.name, &pod.name_any(), "worker").await;
-            started += usize::from(log.is_some_and(|l| l.contains("started-at-us")));
-        }
-        (started == 3).then_some(())
-    })
-    .await;
+    // The gangs' commands all run (their barriers opened), and one pod
+    // holds the lock (its command printed its start).
+    for (job, says) in [("train", "started-at-us"), ("train-rounds", "run-start-0")] {
+        eventually(WITHIN, &format!("{job}'s 3 commands to start"), || async {
+            let mut started = 0;
+            for pod in c.pods(&ns.name, &format!("job-name={job}")).await {
+                let log = c.logs_if_any(&ns.name, &pod.name_any(), "worker").await;
+                started += usize::from(log.is_some_and(|l| l.contains(says)));
+            }
+            (started == 3).then_some(())
+        })
+        .await;
+    }
     let holder = eventually(WITHIN, "a holder's command to start", || async {
         for pod in c.pods(&ns.name, "job-name=upload").await {
             let name = pod.name_any();
@@ -137,7 +156,9 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
 
     // The rest of the minute: the fault's length, not a wait for anything.
     tokio::time::sleep_until(quorum_back).await;
-    for pod in c.pods(&ns.name, "job-name=train").await {
+    let mut gangs = c.pods(&ns.name, "job-name=train").await;
+    gangs.extend(c.pods(&ns.name, "job-name=train-rounds").await);
+    for pod in gangs {
         let worker = status_of(&pod, "worker").expect("the worker's status");
         assert!(
             worker.state.as_ref().is_some_and(|s| s.running.is_some()) && worker.restart_count == 0,
@@ -178,6 +199,39 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
         .await;
     let status = barrier.status.expect("the Barrier's status");
     assert_eq!(status.entered, 3, "every member entered once: {status:?}");
+
+    // In rounds: no restart, each command run once, in round 0.
+    c.job_succeeded(&ns.name, "train-rounds", 3).await;
+    for pod in c.pods(&ns.name, "job-name=train-rounds").await {
+        let name = pod.name_any();
+        let log = c.logs(&ns.name, &name, "worker").await;
+        let (from, until) = (times(&log, "run-start-0"), times(&log, "run-end-0"));
+        assert!(
+            from.len() == 1 && from[0] < lost_at && until.len() == 1 && until[0] > back_at,
+            "{name}'s one command ran from before the outage to after it: {log}"
+        );
+        assert!(!log.contains("run-start-1"), "{name} ran again: {log}");
+        let worker = status_of(&pod, "worker").expect("the worker's status");
+        assert_eq!(worker.restart_count, 0, "{name}: {worker:?}");
+    }
+    let rounds = c
+        .barrier(
+            &ns.name,
+            "train-rounds",
+            "the gang in rounds to complete",
+            |b| {
+                b.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Some(BarrierPhase::Completed))
+            },
+        )
+        .await;
+    let status = rounds.status.expect("the Barrier's status");
+    assert_eq!(
+        (status.round, status.restarts),
+        (Some(0), 0),
+        "the gang in rounds restarted: {status:?}"
+    );
 
     // The lock: the stopped holder's pod failed and was replaced; nobody
     // held beside anyone, nor during the outage.
