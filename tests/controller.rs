@@ -2591,6 +2591,7 @@ async fn the_run_marks_of_pods_that_ended_are_removed() {
             pod: Some(name.into()),
             pod_uid: Some(uid),
             kill_grace_ms: None,
+            honours_run_marks: false,
         };
         assert!(marks.mark(&observer, name, 0, &who).await.unwrap());
     }

@@ -1216,3 +1216,111 @@ async fn a_member_cut_off_while_its_command_stops_has_it_dead_before_the_next_ro
         (last_beat - first) / 1_000_000
     );
 }
+
+/// Found in review: a finishing round (a member completed and is
+/// leaving) whose other member is cut off while the servers run on: the
+/// cut-off member's session expires and its registration goes, but its
+/// command, marked as running, runs on. The completed member's leave must
+/// not say "everyone has left" (and exit 0) while that command still runs:
+/// it waits for the mark too. Failed before the fix: p1 exited 0 with
+/// p0's command beating and its mark there.
+#[tokio::test]
+async fn a_finishing_round_is_not_left_while_a_cut_off_members_command_runs() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let (proxy, through_proxy) = proxied(&connect).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (beat, done) = (d.join("beat"), d.join("done"));
+    let runs_until_done = format!(
+        "while [ ! -e {f} ]; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+        f = done.display(),
+        b = beat.display()
+    );
+    let cut_off = gang_member(
+        &through_proxy,
+        "run",
+        "p0",
+        &["--kill-grace", "2s", "--", "sh", "-c", &runs_until_done],
+    );
+    let mut p1 = member(&connect, "p1", "true");
+    eventually(Duration::from_secs(30), "p0's command runs", || async {
+        beat.exists().then_some(())
+    })
+    .await;
+    let round0 = DoubleBarrier::new(gang.round_path(0));
+    eventually(Duration::from_secs(30), "round 0 is leaving", || async {
+        round0
+            .data_if_there(&admin)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.leaving)
+            .then_some(())
+    })
+    .await;
+    proxy.stall();
+    // p0's session (4 s) expires on the server meanwhile, its
+    // registration with it; its command beats on throughout.
+    let window = tokio::time::Instant::now() + Duration::from_secs(12);
+    while tokio::time::Instant::now() < window {
+        if let Some(status) = p1.try_wait().unwrap() {
+            let marks = support::children(&admin, &format!("{}/running", gang.path())).await;
+            panic!(
+                "p1 exited {status} (everyone has left) while p0's command ran; marks: {marks:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&done, "").unwrap();
+    proxy.resume();
+    // p0's command ran to its end (p0 had seen the round finishing
+    // before it was cut off), or was stopped once p0 was back and told
+    // its session expired (a finishing round cannot restart: exit 5).
+    let (code, err) = ended(cut_off, "p0").await;
+    assert!(code == 0 || code == 5, "p0: {err}");
+    let (code, err) = ended(p1, "p1").await;
+    assert_eq!(code, 0, "p1: {err}");
+}
+
+/// Found in review: a gang across an upgrade, with a member of a zkgate
+/// from before run marks (its registration does not say it honours them):
+/// that member would start the next round without waiting for a mark, so
+/// nobody in the round may run on through a lost registration. The
+/// opening's record says so, and the new member keeps the rule from
+/// before: it marks nothing (and so gives up its registration before its
+/// session could expire, as the cut-off tests before marks showed).
+#[tokio::test]
+async fn a_gang_with_a_member_from_before_run_marks_keeps_the_rule_from_before() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let old = session(&connect).await;
+    let round0 = gang.round(0);
+    let from_before = tokio::spawn(async move {
+        // Its registration says who it is, and nothing of marks.
+        let options = zkgate::zk::EnterOptions::default();
+        round0
+            .enter(&old, "p-old", &options, None)
+            .await
+            .expect("the member from before enters");
+        old
+    });
+    let p0 = member(&connect, "p0", &script(d, "p0", &[STAYS]));
+    eventually(Duration::from_secs(30), "p0's command runs", || async {
+        (runs(d, "p0").len() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        !gang.all_honour_marks(&admin, 0).await.unwrap(),
+        "the opening's record says every member honours marks"
+    );
+    assert_eq!(
+        support::children(&admin, &format!("{}/running", gang.path())).await,
+        Vec::<String>::new(),
+        "a mark was made in a gang with a member from before marks"
+    );
+    signal(&p0, libc::SIGTERM);
+    let (code, err) = ended(p0, "p0").await;
+    assert_eq!(code, 143, "{err}");
+    let _ = from_before.await.unwrap().close().await;
+}

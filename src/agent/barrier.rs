@@ -58,7 +58,12 @@ impl<'a> BarrierCommand<'a> {
 
     fn options(&self, persistent: bool) -> EnterOptions {
         EnterOptions {
-            data: self.participant.identity(),
+            // Every barrier member of this version waits for earlier
+            // rounds' run marks (see `join_round`).
+            data: crate::zk::ParticipantData {
+                honours_run_marks: true,
+                ..self.participant.identity()
+            },
             persistent,
             create_with_participants: self.participants,
             progress_every: Some(PROGRESS_EVERY),
@@ -839,13 +844,15 @@ impl<'a> BarrierCommand<'a> {
     ) -> Result<Option<i32>, AgentError> {
         let p = self.participant;
         let node = kept.node().to_owned();
-        // The command is dead (or never ran): the next round need not wait
-        // for it any more.
+        // Supervising failed (the command's fate unknown): the mark stays,
+        // for the controller to remove once the pod has ended.
+        let ended = ended?;
+        // The command is dead: the next round need not wait for it any
+        // more.
         let unmarked = when_reachable(kept, async |s| marks.unmark(s, &p.id).await).await;
         if let Err(e) = unmarked {
             warn!(error = %e, "could not remove our run mark; the controller removes it when the pod ends");
         }
-        let ended = ended?;
         if let (Some(exit), Ended::Exited(code)) = (stop.asked_to_stop(), &ended) {
             // Our pod is going: whatever the command made of the signal,
             // this member is gone from the round, which ends for the others
@@ -874,6 +881,7 @@ impl<'a> BarrierCommand<'a> {
                     )
                     .await
                     .map_err(|e| p.explain(e))?;
+                    self.await_commands_ended(kept, marks, k).await?;
                     info!(barrier = %round.path(), id = %p.id, "everyone has left");
                     return Ok(Some(0));
                 }
@@ -978,10 +986,42 @@ impl<'a> BarrierCommand<'a> {
             when_reachable(kept, async |s| round.leave(s, &p.id, deadline).await)
                 .await
                 .map_err(|e| p.explain(e))?;
+            self.await_commands_ended(kept, &RunMarks::of(gang.path()), k)
+                .await?;
         } else {
             self.withdraw_kept(kept, node).await?;
         }
         Ok(end)
+    }
+
+    /// After the leave of finishing round `k`: waits until no other
+    /// member's command of it (or of an earlier round) is marked as
+    /// running, so that "everyone has left" also means every command ended.
+    /// A member cut off while the servers ran on has left the round as far
+    /// as they know (its registration went with its session), but its
+    /// command may run on until it is back.
+    async fn await_commands_ended(
+        &self,
+        kept: &mut KeptRegistration,
+        marks: &RunMarks,
+        k: u32,
+    ) -> Result<(), AgentError> {
+        let p = self.participant;
+        let next = k.saturating_add(1);
+        within(
+            p.deadline(),
+            || {
+                format!(
+                    "waiting for the commands of round {k} of the barrier {} to end",
+                    marks.path()
+                )
+            },
+            when_reachable(kept, async |s| {
+                marks.await_none_before(s, next, &p.id).await
+            }),
+        )
+        .await
+        .map_err(|e| p.explain(e))
     }
 
     /// Removes our registration from a round that ended, waiting for
@@ -1074,7 +1114,7 @@ impl<'a> BarrierCommand<'a> {
                 // And no command of an earlier round still runs whose
                 // member's registration went before it (cut off, say).
                 RunMarks::of(gang.path())
-                    .await_none_before(session, k)
+                    .await_none_before(session, k, &p.id)
                     .await
             };
             let outcome = tokio::select! {
@@ -1128,12 +1168,22 @@ impl<'a> BarrierCommand<'a> {
         // Our command marked before it starts (the wrap form), then our
         // registration confirmed: a member of a later round that found our
         // registration gone finds the mark (made before that).
-        let marked = match marks {
-            Some(marks) => marks
-                .mark(session, &p.id, k, &p.identity())
+        // Only where every member of the round waits for marks: one of a
+        // zkgate from before them (a gang across an upgrade) could start
+        // the next round beside a command that runs on.
+        let all_honour = match marks {
+            Some(_) => gang
+                .all_honour_marks(session, k)
                 .await
                 .map_err(|e| p.explain(e))?,
             None => false,
+        };
+        let marked = match marks {
+            Some(marks) if all_honour => marks
+                .mark(session, &p.id, k, &p.identity())
+                .await
+                .map_err(|e| p.explain(e))?,
+            _ => false,
         };
         if marked || k > 0 {
             // Confirmed afresh: the command's monitor counts from here,

@@ -163,6 +163,7 @@ impl Participant {
             pod: self.pod_name.clone(),
             pod_uid: self.pod_uid.clone(),
             kill_grace_ms: None,
+            honours_run_marks: false,
         }
     }
 }

@@ -137,6 +137,13 @@ pub struct ParticipantData {
     /// (at most [`MAX_KILL_GRACE`] of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_grace_ms: Option<u64>,
+    /// A member of a barrier in rounds that waits for the run marks of
+    /// earlier rounds before its command starts ([`super::RunMarks`]).
+    /// Members run on through a lost registration only when every member
+    /// of their round does: one that does not (a zkgate from before marks,
+    /// in a gang across an upgrade) could start beside them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub honours_run_marks: bool,
 }
 
 /// The longest kill grace a holder may take, and the longest the controller

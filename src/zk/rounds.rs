@@ -23,7 +23,7 @@
 use tracing::{debug, info};
 use zookeeper_client as zk;
 
-use super::barrier::{BarrierData, DoubleBarrier, READY};
+use super::barrier::{BarrierData, DoubleBarrier, ParticipantData, READY};
 use super::error::{Result, ZkError, CONTENDED_ATTEMPTS};
 use super::path;
 use super::session::{is_connection_loss, Session, SessionState};
@@ -593,7 +593,8 @@ impl GangBarrier {
         members: Vec<String>,
     ) -> Result<Vec<String>> {
         let client = session.client();
-        let record = OpeningRecord::to_bytes(&members);
+        let marks = self.all_honour_marks_now(session, ready, &members).await?;
+        let record = OpeningRecord::to_bytes(&members, marks);
         if record.len() > MAX_RECORD_BYTES {
             debug!(
                 ready,
@@ -636,6 +637,57 @@ impl GangBarrier {
         }
     }
 
+    /// Whether every member of open round `k` waits for the run marks of
+    /// earlier rounds (see [`super::RunMarks`]), as its opening's record
+    /// says: only then may a member's command run on through a lost
+    /// registration. False without a record (members of a zkgate from
+    /// before records, or too many to record): the rule from before holds.
+    pub async fn all_honour_marks(&self, session: &Session, k: u32) -> Result<bool> {
+        let client = session.client();
+        let ready = path::join(&self.round_path(k), READY);
+        match session
+            .retry("read", &ready, || client.get_data(&ready))
+            .await
+        {
+            Ok((data, _)) => Ok(OpeningRecord::marks(&data)),
+            Err(ZkError::Zk {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether each of `members`' registrations (beside `ready`) says that
+    /// its member honours run marks; one gone counts as not.
+    async fn all_honour_marks_now(
+        &self,
+        session: &Session,
+        ready: &str,
+        members: &[String],
+    ) -> Result<bool> {
+        let client = session.client();
+        let round = &ready[..ready.len() - READY.len() - 1];
+        let found = futures::future::try_join_all(members.iter().map(|m| {
+            let node = path::join(round, m);
+            async move {
+                match session
+                    .retry("read", &node, || client.get_data(&node))
+                    .await
+                {
+                    Ok((data, _)) => Ok(ParticipantData::parse(&data).honours_run_marks),
+                    Err(ZkError::Zk {
+                        source: zk::Error::NoNode,
+                        ..
+                    }) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        }))
+        .await?;
+        Ok(found.into_iter().all(|honours| honours))
+    }
+
     /// Whether our registration `node` in round `k` was counted by its
     /// opening: made before `ready`. False for a late arrival, which passed
     /// a round that had opened without it.
@@ -675,16 +727,27 @@ const MAX_RECORD_BYTES: usize = 512 * 1024;
 #[derive(serde::Serialize, serde::Deserialize)]
 struct OpeningRecord {
     members: Vec<String>,
+    /// Whether every member honours run marks (see
+    /// [`GangBarrier::all_honour_marks`]); absent in a record of a zkgate
+    /// from before marks.
+    #[serde(default)]
+    marks: bool,
 }
 
 impl OpeningRecord {
-    fn to_bytes(members: &[String]) -> Vec<u8> {
+    fn to_bytes(members: &[String], marks: bool) -> Vec<u8> {
         let record = OpeningRecord {
             members: members.to_vec(),
+            marks,
         };
         // A list of strings always serializes; empty data would only
         // mean "no record" to every reader.
         serde_json::to_vec(&record).unwrap_or_default()
+    }
+
+    /// What the record in `data` says of run marks: false for none.
+    fn marks(data: &[u8]) -> bool {
+        serde_json::from_slice::<OpeningRecord>(data).is_ok_and(|r| r.marks)
     }
 
     /// The record in `data`; `None` for none (empty, as `ready` is made)

@@ -209,10 +209,12 @@ impl RunMarks {
             .map(|_| ())
     }
 
-    /// Waits, on watches, until no mark of a round before `k` is left: no
-    /// command of an earlier round still runs. Returns at once when the
+    /// Waits, on watches, until no mark of a round before `k` is left but
+    /// `ours` (the caller's own: a command of ours is dead by the time we
+    /// wait, so a mark of it that we could not remove must not hold us):
+    /// no command of an earlier round still runs. Returns at once when the
     /// barrier has no marks' node. Every wake-up lists the marks again.
-    pub async fn await_none_before(&self, session: &Session, k: u32) -> Result<()> {
+    pub async fn await_none_before(&self, session: &Session, k: u32, ours: &str) -> Result<()> {
         let client = session.client();
         let mut told = false;
         loop {
@@ -230,7 +232,7 @@ impl RunMarks {
                 Err(e) => return Err(e),
             };
             let mut earlier = Vec::new();
-            for id in &children {
+            for id in children.iter().filter(|id| *id != ours) {
                 let node = self.mark_path(id);
                 match session
                     .retry("read", &node, || client.get_data(&node))
@@ -293,6 +295,7 @@ mod tests {
                 pod: Some("train-0".into()),
                 pod_uid: Some("u-1".into()),
                 kill_grace_ms: None,
+                honours_run_marks: false,
             },
         };
         let bytes = mark.to_bytes();
