@@ -265,6 +265,7 @@ proptest! {
                 spec_problem: None,
                 held: None,
                 after_failed: None,
+                still_running: 0,
             });
             let st = out.status;
             let mut ids: Vec<_> = st.participants.iter().map(|p| p.id.as_str()).collect();

@@ -18,7 +18,7 @@ use super::removal::{self, Removal};
 use super::status::{self, BarrierObservation};
 use crate::api::{Barrier, BarrierPhase, OnParticipantLoss};
 use crate::zk::tree::ChildNode;
-use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, RunMarks, READY};
+use crate::zk::{BarrierData, DoubleBarrier, GangBarrier, RunMark, RunMarks, READY};
 
 impl Reconciled for Barrier {
     fn memory(ctx: &Context) -> &StatusMemory<Self::Status> {
@@ -236,14 +236,14 @@ async fn apply_sized(
     }
     // In rounds, the registrations are the current round's: everything
     // below looks at that round's node.
-    let mut marked = false;
+    let mut marked = 0;
     let (live, mut node) = match top.round {
         None => (path.clone(), node),
         Some(k) => {
             let gang = GangBarrier::new(&path);
             gang.ensure_round(zk, &top, k).await?;
             prepare_rounds(zk, &gang, &top, k, size).await?;
-            marked = clear_run_marks(ctx, namespace, &gang).await?;
+            marked = clear_run_marks(ctx, namespace, &gang, k).await?;
             let round = gang.round_path(k);
             match crate::zk::tree::snapshot(zk, &round).await? {
                 // Ended since the barrier node was read (the barrier node
@@ -362,6 +362,7 @@ async fn apply_sized(
         znode: &path,
         now: Timestamp::now(),
         spec_problem: spec_problem.as_deref(),
+        still_running: marked,
         held: match &verdict {
             Verdict::Held(why) => Some(why.as_str()),
             _ => None,
@@ -389,7 +390,7 @@ async fn apply_sized(
     if changed {
         ctx.after.touch(namespace, &name);
     }
-    let recheck = (persistent || marked).then_some(POD_RECHECK);
+    let recheck = (persistent || marked > 0).then_some(POD_RECHECK);
     let held_look = matches!(verdict, Verdict::Held(_)).then_some(after::RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck, held_look]).await)
 }
@@ -447,37 +448,43 @@ async fn prepare_rounds(
 /// finished or is gone: its command is dead, and a round waiting for it may
 /// start. A pod being deleted keeps its mark (its command may run out the
 /// grace period). Each removal is conditional on the mark's version, so a
-/// mark made again since the look stays. True while marks are left, to be
-/// looked at again.
+/// mark made again since the look stays. Returns how many marks of round
+/// `k` or before are left (to be looked at again).
 async fn clear_run_marks(
     ctx: &Context,
     namespace: &str,
     gang: &GangBarrier,
-) -> Result<bool, Error> {
+    k: u32,
+) -> Result<u32, Error> {
     let marks = RunMarks::of(gang.path());
     marks.ensure(&ctx.zk, gang.path()).await?;
     let Some(node) = crate::zk::tree::snapshot(&ctx.zk, marks.path()).await? else {
-        return Ok(false);
+        return Ok(0);
     };
-    let mut left = node.children.len();
+    let mut left = 0;
     for (mark, fate) in ctx.pods.fates(namespace, &node.children).await? {
+        // A mark we cannot read is taken as of this round or before, as
+        // the members waiting for marks take it.
+        let counts = u32::from(RunMark::parse(&mark.data).is_none_or(|m| m.round <= k));
         if !matches!(fate, PodFate::Finished | PodFate::Gone) {
+            left += counts;
             continue;
         }
         let path = crate::zk::path::join(marks.path(), &mark.name);
         match ctx.zk.client().delete(&path, Some(mark.stat.version)).await {
             Ok(()) => {
                 info!(barrier = %gang.path(), member = %mark.name, ?fate, "removed the run mark of a pod that ended");
-                left -= 1;
             }
             // Made again, or removed, since the look: the next look sees.
-            Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => {}
+            Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => {
+                left += counts
+            }
             Err(e) => {
                 return Err(crate::zk::ZkError::from_client("delete", &path, e).into());
             }
         }
     }
-    Ok(left > 0)
+    Ok(left)
 }
 
 /// Removes the registrations among `registrations` (persistent children of

@@ -51,6 +51,12 @@ pub struct BarrierObservation<'a> {
     /// Why it must fail because of its `after` (a named Barrier failed, or
     /// a cycle), if it must.
     pub after_failed: Option<&'a str>,
+    /// In rounds: how many commands of this round or an earlier one are
+    /// still marked as running ([`crate::zk::RunMarks`]). A member cut off
+    /// while the servers ran on has left as far as its registration goes,
+    /// but not until its command ended: the barrier is not Completed
+    /// before.
+    pub still_running: u32,
 }
 
 impl Capped for BarrierStatus {
@@ -180,7 +186,16 @@ pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
         };
         (BarrierPhase::Failed, Some(reason.clone()), message)
     } else if opened {
-        if members.is_empty() {
+        if members.is_empty() && obs.still_running > 0 {
+            (
+                BarrierPhase::Leaving,
+                None,
+                format!(
+                    "all {left} participants have left, but {} of their commands still run (a member cut off from ZooKeeper, its command marked as running)",
+                    obs.still_running
+                ),
+            )
+        } else if members.is_empty() {
             (
                 BarrierPhase::Completed,
                 None,
@@ -497,6 +512,7 @@ mod tests {
             spec_problem: None,
             held: None,
             after_failed: None,
+            still_running: 0,
         })
     }
 
@@ -563,6 +579,53 @@ mod tests {
             (Some(BarrierPhase::Completed), 2, 2)
         );
         assert_eq!(done.notes[0].reason, "Completed");
+    }
+
+    /// Issue 43: in rounds, a member cut off while the servers ran on has
+    /// its registration gone but its command marked as running: the
+    /// barrier is Leaving, not Completed, until the command ended.
+    #[test]
+    fn a_command_still_marked_as_running_keeps_the_barrier_leaving() {
+        let s = spec(2, None, OnParticipantLoss::RestartGang);
+        let data = BarrierData {
+            participants: 2,
+            ..Default::default()
+        };
+        let gone = node(data, vec![child(READY, 31, 32, "")]);
+        let previous = BarrierStatus {
+            phase: Some(BarrierPhase::Leaving),
+            entered: 2,
+            left: 1,
+            ..Default::default()
+        };
+        let observe_with = |still_running| {
+            barrier(&BarrierObservation {
+                spec: &s,
+                participants: 2,
+                created: Some(at(0)),
+                node: &gone,
+                previous: &previous,
+                generation: Some(1),
+                znode: "/b",
+                now: at(60),
+                spec_problem: None,
+                held: None,
+                after_failed: None,
+                still_running,
+            })
+        };
+        let running = observe_with(1);
+        assert_eq!(running.status.phase, Some(BarrierPhase::Leaving));
+        assert!(
+            running
+                .status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("still run")),
+            "{:?}",
+            running.status.message
+        );
+        assert_eq!(observe_with(0).status.phase, Some(BarrierPhase::Completed));
     }
 
     #[test]
@@ -679,6 +742,7 @@ mod tests {
             spec_problem: Some(problem),
             held: None,
             after_failed: None,
+            still_running: 0,
         };
         let empty = BarrierStatus::default();
         let first = barrier(&obs(&empty));

@@ -289,6 +289,7 @@ mod tests {
             spec_problem: None,
             held: None,
             after_failed: None,
+            still_running: 0,
         });
         let kept: Vec<_> = outcome
             .status
