@@ -141,6 +141,10 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
     );
 
     // Admitted again.
+    let resumed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     patch(json!({ "spec": {
         "suspend": false,
         "template": { "metadata": { "annotations": { "e2e.zkgate.io/work": "2" } } }
@@ -166,9 +170,12 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
     let status = again.status.unwrap();
     assert_eq!((status.entered, status.left), (4, 4), "{status:?}");
     let opened = status.opened_at.expect("openedAt").0.as_millisecond();
+    // Found in review: compared with the first opening, this could not
+    // fail (a Barrier made later opens later); the resume is the moment
+    // its opening must follow.
     assert!(
-        opened >= first_ready.ctime,
-        "the resumed run's Barrier says it opened at {opened} ms, not after the first opening"
+        opened >= resumed_at && opened > first_ready.ctime,
+        "the resumed run's Barrier says it opened at {opened} ms, before the resume ({resumed_at} ms)"
     );
     for pod in c.pods(&ns.name, "job-name=queued").await {
         assert!(
