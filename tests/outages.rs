@@ -353,3 +353,136 @@ async fn a_gang_in_rounds_runs_through_an_outage_longer_than_the_session_timeout
     assert!(top.ends.is_empty(), "{:?}", top.ends);
     let _ = admin.close().await;
 }
+
+/// One life of a pod in the sidecar form in rounds, as the kubelet starts
+/// it: `zkgate install --pod-dir` (it marks the life), then `zkgate
+/// barrier sidecar g --pod-dir` (a 4 s session).
+async fn sidecar_in_rounds(connect: &str, id: &str, pod: &Path) -> tokio::process::Child {
+    std::fs::create_dir_all(pod).unwrap();
+    let bin = pod.join("bin");
+    let (code, err) = support::output(zkgate(
+        connect,
+        &[
+            "install",
+            bin.to_str().unwrap(),
+            "--pod-dir",
+            pod.to_str().unwrap(),
+        ],
+    ))
+    .await;
+    assert_eq!(code, 0, "install: {err}");
+    let uid = format!("uid-{id}");
+    let ready = pod.join("ready");
+    zkgate(
+        connect,
+        &[
+            "barrier",
+            "sidecar",
+            "g",
+            "--id",
+            id,
+            "--pod-uid",
+            &uid,
+            "--session-timeout",
+            "4s",
+            "--timeout",
+            "90s",
+            "--ready-file",
+            ready.to_str().unwrap(),
+            "--pod-dir",
+            pod.to_str().unwrap(),
+        ],
+    )
+    .env("ZKGATE_LOG", "info")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn zkgate")
+}
+
+/// Issue 43, item 1, the sidecar form in rounds: once its round opened,
+/// the sidecar stays, and stays ready, through an outage longer than its
+/// session timeout, so its pod's main containers run on (before, it
+/// exited 7 by 4/5 T, and the kubelet restarted every container of the
+/// pod: the gang met again in round 1). Its pod's main containers are
+/// marked as running; when they complete, the sidecar leaves (exit 0) and
+/// the gang completes in round 0.
+#[tokio::test]
+async fn a_gang_of_sidecars_in_rounds_stays_ready_through_an_outage() {
+    let server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let admin = support::session(&connect).await;
+    let path = "/zkgate/namespaces/default/barriers/g";
+    let gang = support::make_gang(&admin, path, 2, Some(3)).await;
+    let _ = admin.close().await;
+    let dir = tempfile::tempdir().unwrap();
+    let pods = ["p0", "p1"].map(|id| (id, dir.path().join(id)));
+    let mut sidecars = Vec::new();
+    for (id, pod) in &pods {
+        sidecars.push((*id, sidecar_in_rounds(&connect, id, pod).await));
+    }
+    eventually(Duration::from_secs(20), "both sidecars ready", || async {
+        pods.iter()
+            .all(|(_, pod)| pod.join("ready").exists())
+            .then_some(())
+    })
+    .await;
+    let mut server = server;
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let server = back_on_its_data(server).await;
+    let admin = support::session(&server.address()).await;
+    // Back on their sessions (the keeper's resume) before they are asked
+    // to leave; their main containers still marked as running.
+    let marks = format!("{path}/running");
+    eventually(Duration::from_secs(30), "both sidecars resumed", || async {
+        let cons = server.four_letter("cons").unwrap_or_default();
+        let sessions = cons
+            .lines()
+            .filter(|l| l.contains("sid=0x") && !l.contains("sid=0xffffffffffffffff"))
+            .count();
+        (sessions >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(support::children(&admin, &marks).await, ["p0", "p1"]);
+    for (id, child) in &mut sidecars {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{id}'s sidecar exited during the outage"
+        );
+    }
+    for (id, pod) in &pods {
+        assert!(
+            pod.join("ready").exists(),
+            "{id}'s sidecar is no longer ready"
+        );
+    }
+    // The main containers completed: the kubelet runs the sidecar's
+    // preStop hook, then sends it SIGTERM.
+    for ((_, pod), (_, child)) in pods.iter().zip(&sidecars) {
+        let hook = pod.to_str().unwrap();
+        let (code, err) = support::output(zkgate(
+            &connect,
+            &["barrier", "stopping", "--pod-dir", hook, "--sidecar"],
+        ))
+        .await;
+        assert_eq!(code, 0, "stopping: {err}");
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    }
+    for (id, child) in sidecars {
+        let (code, err) = finished(child, Duration::from_secs(30)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+    }
+    let (data, _) = admin.client().get_data(gang.path()).await.unwrap();
+    let top = zkgate::zk::BarrierData::parse(gang.path(), &data)
+        .unwrap()
+        .unwrap();
+    assert_eq!(top.round, Some(0), "the gang restarted: {:?}", top.ends);
+    assert_eq!(
+        support::children(&admin, &marks).await,
+        Vec::<String>::new()
+    );
+    let _ = admin.close().await;
+}

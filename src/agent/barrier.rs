@@ -283,9 +283,20 @@ impl<'a> BarrierCommand<'a> {
         if let Some(record) = in_place {
             match self.peek(&session, &mut stop).await {
                 Ok(Some(data)) if data.round.is_some() => {
-                    let outcome = self
-                        .sidecar_in_rounds(&session, &mut stop, &readiness, record)
+                    let joined = self
+                        .sidecar_joins_round(&session, &mut stop, &readiness, record)
                         .await;
+                    let (session, outcome) = match joined {
+                        Ok(round) => {
+                            let mut kept =
+                                KeptRegistration::new(session, round.entered.node.clone());
+                            let outcome = self
+                                .sidecar_in_round(&mut kept, &mut stop, &readiness, record, round)
+                                .await;
+                            (kept.into_session(), outcome)
+                        }
+                        Err(e) => (session, Err(e)),
+                    };
                     readiness.clear();
                     if matches!(record.opened(), Ok(Some(_))) {
                         // Our registration of the round recorded stays
@@ -402,15 +413,19 @@ impl<'a> BarrierCommand<'a> {
     ///
     /// While [`PodRecord::opened`] is there, the caller abandons the
     /// session rather than closing it (the registration stays).
-    async fn sidecar_in_rounds(
+    ///
+    /// This part joins the round and reports ready
+    /// ([`BarrierCommand::sidecar_in_round`] holds it).
+    async fn sidecar_joins_round(
         &self,
         session: &Session,
         stop: &mut Termination,
         readiness: &Readiness,
         record: &PodRecord,
-    ) -> Result<i32, AgentError> {
+    ) -> Result<Joined, AgentError> {
         let p = self.participant;
         let gang = GangBarrier::new(self.barrier.path());
+        let marks = RunMarks::of(gang.path());
         let new_life = record.new_life();
         if new_life {
             // Marks of before our pod's last in-place restart (a
@@ -425,20 +440,18 @@ impl<'a> BarrierCommand<'a> {
                 ),
             ));
         }
-        let restart = |what: String| {
-            // Asked of the kubelet once per life: a sidecar of the same
-            // life finding this knows the kubelet did not do it.
-            if let Err(e) = record.ask_restart() {
-                return e;
-            }
-            AgentError::new(
-                Exit::Restart,
-                format!(
-                    "{what}: restarting the pod's containers to meet the gang in the next round"
-                ),
-            )
-        };
-        if let Some(k) = record.opened()? {
+        let restart = |what: String| restart_pod(record, what);
+        let opened = record.opened()?;
+        if new_life || opened.is_none() {
+            // No main container of ours runs now (the kubelet restarted
+            // them all, or none started in this life): a mark of ours is
+            // of a life whose commands are dead.
+            marks
+                .unmark_earlier_life(session, &p.id, &p.identity())
+                .await
+                .map_err(|e| p.explain(e))?;
+        }
+        if let Some(k) = opened {
             let why = if new_life {
                 format!("{}'s containers restarted in round {k}", p.id)
             } else {
@@ -483,39 +496,96 @@ impl<'a> BarrierCommand<'a> {
         // whose commands may run (once we report ready).
         record.end_new_life();
         let mut uid = None;
-        let Joined {
-            k,
-            entered,
-            members,
-            ..
-        } = loop {
+        let joined = loop {
             if let Some(joined) = self
-                .join_round(session, stop, &gang, &mut uid, None)
+                .join_round(session, stop, &gang, &mut uid, Some(&marks))
                 .await?
             {
                 break joined;
             }
         };
+        let k = joined.k;
         // Recorded before the main containers can start: a sidecar after
         // us then knows they may be running.
         record.set_opened(k)?;
-        record.tell_round(k, rank_of(&members, &p.id), members.len())?;
+        record.tell_round(k, rank_of(&joined.members, &p.id), joined.members.len())?;
         readiness.set_ready()?;
-        info!(barrier = %gang.path(), round = k, "round open: the main containers start");
-        let over = tokio::select! {
-            exit = stop.received() => Ok(Err(exit)),
-            over = gang.round_over(session, k, &members) => over.map(Ok),
-            reason = self.registration(session, &entered).lost() => {
-                readiness.clear();
-                // Kept: the next life ends the round, in case nobody did.
-                return Err(restart(format!(
-                    "our registration in round {k} of the barrier {} was lost: {reason} (servers {}); the others' round ends with it",
-                    gang.path(),
-                    p.connect_string()
-                )));
+        info!(barrier = %gang.path(), round = k, marked = joined.marked, "round open: the main containers start");
+        Ok(joined)
+    }
+
+    /// The round [`BarrierCommand::sidecar_joins_round`] joined, held while
+    /// the main containers run (see [`BarrierCommand::sidecar_joins_round`]
+    /// for how it ends). With the main containers marked as running (see
+    /// [`RunMarks`]), an outage of any length changes nothing: the round
+    /// is watched again once ZooKeeper is back, and only a registration
+    /// known to be gone (the server says our session expired) ends our
+    /// part (exit 7, the mark left for the next life). Without, the rule
+    /// from before: given up early enough for the main containers to be
+    /// stopped before our session could expire.
+    async fn sidecar_in_round(
+        &self,
+        kept: &mut KeptRegistration,
+        stop: &mut Termination,
+        readiness: &Readiness,
+        record: &PodRecord,
+        joined: Joined,
+    ) -> Result<i32, AgentError> {
+        let p = self.participant;
+        let gang = GangBarrier::new(self.barrier.path());
+        let marks = RunMarks::of(gang.path());
+        let restart = |what: String| restart_pod(record, what);
+        let Joined {
+            k,
+            entered,
+            members,
+            marked,
+            ..
+        } = joined;
+        let lost = |reason: crate::zk::LossReason| {
+            // Kept: the next life ends the round, in case nobody did.
+            restart(format!(
+                "our registration in round {k} of the barrier {} was lost: {reason} (servers {}); the others' round ends with it",
+                gang.path(),
+                p.connect_string()
+            ))
+        };
+        let over = if marked {
+            tokio::select! {
+                exit = stop.received() => Ok(Err(exit)),
+                over = async {
+                    loop {
+                        match gang.round_over(kept.session(), k, &members).await {
+                            Err(e) if for_want_of_zookeeper(&e) => {
+                                warn!(barrier = %gang.path(), round = k, error = %e, "ZooKeeper unreachable: the main containers go on, and the round is watched again once it is back");
+                                if let Err(reason) = kept.back().await {
+                                    break Err(reason);
+                                }
+                            }
+                            over => break Ok(over),
+                        }
+                    }
+                } => match over {
+                    Ok(over) => over.map(Ok),
+                    Err(reason) => {
+                        readiness.clear();
+                        return Err(lost(reason));
+                    }
+                },
+            }
+        } else {
+            let session = kept.session();
+            tokio::select! {
+                exit = stop.received() => Ok(Err(exit)),
+                over = gang.round_over(session, k, &members) => over.map(Ok),
+                reason = self.registration(session, &entered).lost() => {
+                    readiness.clear();
+                    return Err(lost(reason));
+                }
             }
         };
         readiness.clear();
+        let session = kept.session();
         match over.map_err(|e| p.explain(e))? {
             // Not withdrawn: the commands run until the kubelet stops them
             // on our exit; the next life withdraws it.
@@ -535,6 +605,12 @@ impl<'a> BarrierCommand<'a> {
                 let why = format!("{}'s pod is being stopped", p.id);
                 self.end_round(session, &gang, k, &why, &entered.node)
                     .await?;
+                // The kubelet stops a pod's sidecars after its main
+                // containers: theirs are dead.
+                marks
+                    .unmark(session, &p.id)
+                    .await
+                    .map_err(|e| p.explain(e))?;
                 record.clear_opened();
                 Err(AgentError::new(
                     exit,
@@ -554,6 +630,10 @@ impl<'a> BarrierCommand<'a> {
                     // The main containers have exited: waiting for the
                     // others to leave would only hold the pod up.
                     info!(barrier = %gang.path(), round = k, "the main containers completed; leaving the round");
+                    marks
+                        .unmark(session, &p.id)
+                        .await
+                        .map_err(|e| p.explain(e))?;
                     self.withdraw(session, &entered.node).await?;
                     record.clear_opened();
                     return Ok(0);
@@ -565,6 +645,10 @@ impl<'a> BarrierCommand<'a> {
                     p.id
                 );
                 gang.fail(session, &reason)
+                    .await
+                    .map_err(|e| p.explain(e))?;
+                marks
+                    .unmark(session, &p.id)
                     .await
                     .map_err(|e| p.explain(e))?;
                 self.withdraw(session, &entered.node).await?;
@@ -1240,6 +1324,20 @@ impl<'a> BarrierCommand<'a> {
             .map(|_| ())
             .map_err(|e| self.participant.explain(e))
     }
+}
+
+/// The sidecar in rounds' exit 7 for `what`: the kubelet restarts every
+/// container of the pod, to meet the gang in the next round. Asked of the
+/// kubelet once per life: a sidecar of the same life finding that it was
+/// asked knows the kubelet did not do it.
+fn restart_pod(record: &PodRecord, what: String) -> AgentError {
+    if let Err(e) = record.ask_restart() {
+        return e;
+    }
+    AgentError::new(
+        Exit::Restart,
+        format!("{what}: restarting the pod's containers to meet the gang in the next round"),
+    )
 }
 
 /// `id`'s place among a round's `members` (sorted [`by_number`]).
