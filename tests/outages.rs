@@ -486,3 +486,46 @@ async fn a_gang_of_sidecars_in_rounds_stays_ready_through_an_outage() {
     );
     let _ = admin.close().await;
 }
+
+/// Issue 43, item 1: a member of a gang in rounds waiting for its round to
+/// open waits through an outage longer than its session timeout (before,
+/// it exited 5 once its client gave the session up), and meets the gang
+/// once ZooKeeper is back: both commands run once, and the gang completes
+/// in round 0 or, had the opening counted a registration that then went,
+/// in a later round.
+#[tokio::test]
+async fn a_member_waiting_for_its_round_waits_through_an_outage() {
+    let server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let admin = support::session(&connect).await;
+    let path = "/zkgate/namespaces/default/barriers/g";
+    let gang = support::make_gang(&admin, path, 2, Some(3)).await;
+    let round0 = format!("{}/round-0", gang.path());
+    let dir = tempfile::tempdir().unwrap();
+    let early = gang_member(&connect, dir.path(), "a", 1);
+    eventually(
+        Duration::from_secs(20),
+        "a registered in round 0",
+        || async {
+            support::children(&admin, &round0)
+                .await
+                .contains(&"a".to_owned())
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = admin.close().await;
+    let mut server = server;
+    server.kill();
+    tokio::time::sleep(OUTAGE).await;
+    let _server = back_on_its_data(server).await;
+    let late = gang_member(&connect, dir.path(), "b", 1);
+    for (id, child) in [("a", early), ("b", late)] {
+        let (code, err) = finished(child, Duration::from_secs(60)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+        let runs = std::fs::read_to_string(dir.path().join(format!("runs-{id}"))).unwrap();
+        assert_eq!(runs.lines().count(), 1, "{id}: {err}");
+    }
+}
