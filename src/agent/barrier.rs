@@ -779,23 +779,6 @@ impl<'a> BarrierCommand<'a> {
             {
                 Ok(Some(joined)) => joined,
                 Ok(None) => continue,
-                // Meeting the gang needs ZooKeeper, and no command of ours
-                // runs: wait for it (within --timeout), then meet again.
-                Err(e) if e.exit == Exit::Unavailable && stop.asked_to_stop().is_none() => {
-                    warn!(barrier = %gang.path(), error = %e.message, "ZooKeeper unreachable while meeting the gang: waiting for it");
-                    let mut kept = KeptRegistration::new(session, gang.path().to_owned());
-                    let back = match p.deadline() {
-                        Some(deadline) => tokio::time::timeout_at(deadline, kept.reconnected())
-                            .await
-                            .ok(),
-                        None => Some(kept.reconnected().await),
-                    };
-                    session = kept.into_session();
-                    match back {
-                        Some(Ok(())) => continue,
-                        _ => break Err(e),
-                    }
-                }
                 Err(e) => break Err(e),
             };
             let (after, outcome) = self

@@ -103,14 +103,6 @@ impl KeptRegistration {
         }
     }
 
-    /// Waits until our session is connected again: resumed, or, when the
-    /// server says it expired, a new one (our node not looked at, nor made
-    /// again). However long ZooKeeper is away; `Err` only when that cannot
-    /// be (our credentials refused, the session closed).
-    pub async fn reconnected(&mut self) -> std::result::Result<(), LossReason> {
-        self.reachable(false).await.map(|_| ())
-    }
-
     /// Waits until our session is connected again (resumed: only the
     /// server knows whether it expired) and our node is confirmed there.
     /// However long ZooKeeper is away; `Err` only when the registration is
