@@ -849,6 +849,21 @@ async fn a_sidecar_in_rounds_tells_a_deleted_pod_and_a_crash_from_a_new_life() {
         data.round == Some(1) && data.ends[0].contains("p1's pod is being stopped"),
         "{data:?}"
     );
+    // Its main containers may outlive the grace period that the kubelet
+    // gives them before it stops the sidecar: the mark stays until the pod
+    // is gone, when the controller removes it (done here as it does it).
+    let marks = format!("{}/running", gang.path());
+    assert!(
+        support::children(&admin, &marks)
+            .await
+            .contains(&"p1".to_owned()),
+        "the stopped pod's mark was removed before the pod was gone"
+    );
+    admin
+        .client()
+        .delete(&format!("{marks}/p1"), None)
+        .await
+        .unwrap();
 
     // p0's next life, and p1's replacement p2, meet in round 1.
     let mut s0 = sidecar_life(&connect, "p0", &d0, true).await;

@@ -442,10 +442,13 @@ impl<'a> BarrierCommand<'a> {
         }
         let restart = |what: String| restart_pod(record, what);
         let opened = record.opened()?;
-        if new_life || opened.is_none() {
+        if new_life {
             // No main container of ours runs now (the kubelet restarted
-            // them all, or none started in this life): a mark of ours is
-            // of a life whose commands are dead.
+            // them all): a mark of ours is of a life whose commands are
+            // dead. (In the same life, even with no round recorded as
+            // opened, a sidecar before us may have let them start and its
+            // record been cleared since: its mark stays, replaced when we
+            // mark again, or removed by the controller once the pod ends.)
             marks
                 .unmark_earlier_life(session, &p.id, &p.identity())
                 .await
@@ -605,12 +608,10 @@ impl<'a> BarrierCommand<'a> {
                 let why = format!("{}'s pod is being stopped", p.id);
                 self.end_round(session, &gang, k, &why, &entered.node)
                     .await?;
-                // The kubelet stops a pod's sidecars after its main
-                // containers: theirs are dead.
-                marks
-                    .unmark(session, &p.id)
-                    .await
-                    .map_err(|e| p.explain(e))?;
+                // The mark stays: the kubelet stops a pod's sidecars after
+                // its main containers only until the grace period runs out,
+                // so theirs may still run; the controller removes it once
+                // the pod is gone (found in review).
                 record.clear_opened();
                 Err(AgentError::new(
                     exit,
