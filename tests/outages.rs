@@ -26,12 +26,47 @@ async fn back_on_its_data(mut server: ZkServer) -> ZkServer {
     .unwrap()
 }
 
+/// Starts a zkgate participant, logging at info, its standard error piped.
+fn spawned(mut command: tokio::process::Command) -> tokio::process::Child {
+    command
+        .env("ZKGATE_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn zkgate")
+}
+
+/// A server of this test's own with the barrier `g` in rounds of
+/// `participants` on it, made as the controller makes it.
+async fn server_with_gang(participants: u32) -> (ZkServer, String, zkgate::zk::GangBarrier) {
+    let server = tokio::task::spawn_blocking(ZkServer::standalone)
+        .await
+        .unwrap();
+    let connect = server.address();
+    let admin = support::session(&connect).await;
+    let path = "/zkgate/namespaces/default/barriers/g";
+    let gang = support::make_gang(&admin, path, participants, Some(3)).await;
+    let _ = admin.close().await;
+    (server, connect, gang)
+}
+
+/// The round the barrier node of `gang` is at, and why each round ended.
+async fn round_of(
+    admin: &zkgate::zk::Session,
+    gang: &zkgate::zk::GangBarrier,
+) -> (Option<u32>, Vec<String>) {
+    let (data, _) = admin.client().get_data(gang.path()).await.unwrap();
+    let top = zkgate::zk::BarrierData::parse(gang.path(), &data)
+        .unwrap()
+        .unwrap();
+    (top.round, top.ends)
+}
+
 fn wrap_participant(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::process::Child {
     let script = format!(
         "touch {dir}/started-{id}; sleep {work_secs}; touch {dir}/done-{id}",
         dir = dir.display()
     );
-    zkgate(
+    spawned(zkgate(
         connect,
         &[
             "barrier",
@@ -50,11 +85,7 @@ fn wrap_participant(connect: &str, dir: &Path, id: &str, work_secs: u32) -> toki
             "-c",
             &script,
         ],
-    )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn zkgate")
+    ))
 }
 
 /// The issue's first failure, as a user met it: three `barrier run`
@@ -125,7 +156,7 @@ async fn a_zookeeper_outage_longer_than_the_session_timeout_stops_no_opened_gang
 }
 
 fn sidecar(connect: &str, dir: &Path, id: &str) -> tokio::process::Child {
-    zkgate(
+    spawned(zkgate(
         connect,
         &[
             "barrier",
@@ -140,11 +171,7 @@ fn sidecar(connect: &str, dir: &Path, id: &str) -> tokio::process::Child {
             "--ready-file",
             &dir.join(format!("ready-{id}")).display().to_string(),
         ],
-    )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn zkgate")
+    ))
 }
 
 /// The sidecar form: once the barrier opened, the sidecar stays, and stays
@@ -275,7 +302,7 @@ fn gang_member(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::pr
         dir = dir.display()
     );
     let uid = format!("uid-{id}");
-    zkgate(
+    spawned(zkgate(
         connect,
         &[
             "barrier",
@@ -296,11 +323,7 @@ fn gang_member(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::pr
             "-c",
             &script,
         ],
-    )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn zkgate")
+    ))
 }
 
 /// Issue 43, item 1, in rounds: a gang whose round opened runs through an
@@ -313,14 +336,7 @@ fn gang_member(connect: &str, dir: &Path, id: &str, work_secs: u32) -> tokio::pr
 /// and round 0 completes.
 #[tokio::test]
 async fn a_gang_in_rounds_runs_through_an_outage_longer_than_the_session_timeout() {
-    let server = tokio::task::spawn_blocking(ZkServer::standalone)
-        .await
-        .unwrap();
-    let connect = server.address();
-    let admin = support::session(&connect).await;
-    let path = "/zkgate/namespaces/default/barriers/g";
-    let gang = support::make_gang(&admin, path, 3, Some(3)).await;
-    let _ = admin.close().await;
+    let (server, connect, gang) = server_with_gang(3).await;
     let dir = tempfile::tempdir().unwrap();
     let work = [("a", 16), ("b", 16), ("c", 4)];
     let members: Vec<_> = work
@@ -345,12 +361,9 @@ async fn a_gang_in_rounds_runs_through_an_outage_longer_than_the_session_timeout
         assert!(!err.contains("terminated"), "{id}: {err}");
     }
     let admin = support::session(&server.address()).await;
-    let (data, _) = admin.client().get_data(gang.path()).await.unwrap();
-    let top = zkgate::zk::BarrierData::parse(gang.path(), &data)
-        .unwrap()
-        .unwrap();
-    assert_eq!(top.round, Some(0), "the gang restarted: {:?}", top.ends);
-    assert!(top.ends.is_empty(), "{:?}", top.ends);
+    let (round, ends) = round_of(&admin, &gang).await;
+    assert_eq!(round, Some(0), "the gang restarted: {ends:?}");
+    assert!(ends.is_empty(), "{ends:?}");
     let _ = admin.close().await;
 }
 
@@ -373,7 +386,7 @@ async fn sidecar_in_rounds(connect: &str, id: &str, pod: &Path) -> tokio::proces
     assert_eq!(code, 0, "install: {err}");
     let uid = format!("uid-{id}");
     let ready = pod.join("ready");
-    zkgate(
+    spawned(zkgate(
         connect,
         &[
             "barrier",
@@ -392,11 +405,7 @@ async fn sidecar_in_rounds(connect: &str, id: &str, pod: &Path) -> tokio::proces
             "--pod-dir",
             pod.to_str().unwrap(),
         ],
-    )
-    .env("ZKGATE_LOG", "info")
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn zkgate")
+    ))
 }
 
 /// Issue 43, item 1, the sidecar form in rounds: once its round opened,
@@ -408,14 +417,7 @@ async fn sidecar_in_rounds(connect: &str, id: &str, pod: &Path) -> tokio::proces
 /// the gang completes in round 0.
 #[tokio::test]
 async fn a_gang_of_sidecars_in_rounds_stays_ready_through_an_outage() {
-    let server = tokio::task::spawn_blocking(ZkServer::standalone)
-        .await
-        .unwrap();
-    let connect = server.address();
-    let admin = support::session(&connect).await;
-    let path = "/zkgate/namespaces/default/barriers/g";
-    let gang = support::make_gang(&admin, path, 2, Some(3)).await;
-    let _ = admin.close().await;
+    let (server, connect, gang) = server_with_gang(2).await;
     let dir = tempfile::tempdir().unwrap();
     let pods = ["p0", "p1"].map(|id| (id, dir.path().join(id)));
     let mut sidecars = Vec::new();
@@ -435,7 +437,7 @@ async fn a_gang_of_sidecars_in_rounds_stays_ready_through_an_outage() {
     let admin = support::session(&server.address()).await;
     // Back on their sessions (the keeper's resume) before they are asked
     // to leave; their main containers still marked as running.
-    let marks = format!("{path}/running");
+    let marks = format!("{}/running", gang.path());
     eventually(Duration::from_secs(30), "both sidecars resumed", || async {
         let cons = server.four_letter("cons").unwrap_or_default();
         let sessions = cons
@@ -475,11 +477,8 @@ async fn a_gang_of_sidecars_in_rounds_stays_ready_through_an_outage() {
         let (code, err) = finished(child, Duration::from_secs(30)).await;
         assert_eq!(code, 0, "{id} exited {code}: {err}");
     }
-    let (data, _) = admin.client().get_data(gang.path()).await.unwrap();
-    let top = zkgate::zk::BarrierData::parse(gang.path(), &data)
-        .unwrap()
-        .unwrap();
-    assert_eq!(top.round, Some(0), "the gang restarted: {:?}", top.ends);
+    let (round, ends) = round_of(&admin, &gang).await;
+    assert_eq!(round, Some(0), "the gang restarted: {ends:?}");
     assert_eq!(
         support::children(&admin, &marks).await,
         Vec::<String>::new()
