@@ -787,7 +787,7 @@ fn or_deleted<T>(found: Result<T>, round: &str) -> Result<T> {
 }
 
 /// A session event that ends the wait: the session expired or was closed.
-fn check_session(event: &zk::WatchedEvent) -> Result<()> {
+pub(super) fn check_session(event: &zk::WatchedEvent) -> Result<()> {
     if event.event_type == zk::EventType::Session {
         if let Some(err) = SessionState::from_client(event.session_state).terminal_error() {
             return Err(err);

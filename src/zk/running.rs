@@ -33,6 +33,7 @@ use zookeeper_client as zk;
 use super::barrier::ParticipantData;
 use super::error::{Result, ZkError};
 use super::path;
+use super::rounds::check_session;
 use super::session::Session;
 
 /// The name of the node under a barrier in rounds that holds the marks.
@@ -174,16 +175,13 @@ impl RunMarks {
     ) -> Result<()> {
         let client = session.client();
         let node = self.mark_path(id);
-        let (data, stat) = match session
-            .retry("read", &node, || client.get_data(&node))
-            .await
-        {
-            Ok(found) => found,
-            Err(ZkError::Zk {
-                source: zk::Error::NoNode,
-                ..
-            }) => return Ok(()),
-            Err(e) => return Err(e),
+        let Some((data, stat)) = unless_missing(
+            session
+                .retry("read", &node, || client.get_data(&node))
+                .await,
+        )?
+        else {
+            return Ok(());
         };
         if RunMark::parse(&data).is_some_and(|m| m.who.pod_uid != who.pod_uid) {
             info!(marks = %self.path, id, "a mark of another pod of our name: left to the controller");
@@ -218,37 +216,29 @@ impl RunMarks {
         let client = session.client();
         let mut told = false;
         loop {
-            let (children, _, watch) = match session
-                .retry("watch", &self.path, || {
-                    client.get_and_watch_children(&self.path)
-                })
-                .await
-            {
-                Ok(found) => found,
-                Err(ZkError::Zk {
-                    source: zk::Error::NoNode,
-                    ..
-                }) => return Ok(()),
-                Err(e) => return Err(e),
+            let Some((children, _, watch)) = unless_missing(
+                session
+                    .retry("watch", &self.path, || {
+                        client.get_and_watch_children(&self.path)
+                    })
+                    .await,
+            )?
+            else {
+                return Ok(());
             };
             let mut earlier = Vec::new();
             for id in children.iter().filter(|id| *id != ours) {
                 let node = self.mark_path(id);
-                match session
-                    .retry("read", &node, || client.get_data(&node))
-                    .await
+                let found = unless_missing(
+                    session
+                        .retry("read", &node, || client.get_data(&node))
+                        .await,
+                )?;
+                // Unreadable data is nobody's mark of ours: a round's number
+                // we cannot tell is taken as earlier. (Gone since: ended.)
+                if found.is_some_and(|(data, _)| RunMark::parse(&data).is_none_or(|m| m.round < k))
                 {
-                    // Unreadable data is nobody's mark of ours: a round's
-                    // number we cannot tell is taken as earlier.
-                    Ok((data, _)) if RunMark::parse(&data).is_none_or(|m| m.round < k) => {
-                        earlier.push(id.clone())
-                    }
-                    Ok(_) => {}
-                    Err(ZkError::Zk {
-                        source: zk::Error::NoNode,
-                        ..
-                    }) => {}
-                    Err(e) => return Err(e),
+                    earlier.push(id.clone());
                 }
             }
             if earlier.is_empty() {
@@ -264,17 +254,22 @@ impl RunMarks {
             // re-marks only for a later round after unmarking, or in a new
             // life, which the watch on the children does not see; so the
             // wait also looks again every few seconds.
-            let event = tokio::time::timeout(RELOOK, watch.changed()).await;
-            if let Ok(event) = event {
-                if event.event_type == zk::EventType::Session {
-                    if let Some(err) =
-                        super::SessionState::from_client(event.session_state).terminal_error()
-                    {
-                        return Err(err);
-                    }
-                }
+            if let Ok(event) = tokio::time::timeout(RELOOK, watch.changed()).await {
+                check_session(&event)?;
             }
         }
+    }
+}
+
+/// `found`, with a missing node as `None`.
+fn unless_missing<T>(found: Result<T>) -> Result<Option<T>> {
+    match found {
+        Ok(found) => Ok(Some(found)),
+        Err(ZkError::Zk {
+            source: zk::Error::NoNode,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
