@@ -457,8 +457,9 @@ async fn clear_run_marks(
     k: u32,
 ) -> Result<u32, Error> {
     let marks = RunMarks::of(gang.path());
-    marks.ensure(&ctx.zk, gang.path()).await?;
     let Some(node) = crate::zk::tree::snapshot(&ctx.zk, marks.path()).await? else {
+        // Made once (not looked for on every reconcile): no mark yet.
+        marks.ensure(&ctx.zk, gang.path()).await?;
         return Ok(0);
     };
     let mut left = 0;
