@@ -104,6 +104,38 @@ impl<S: Clone + Default> StatusMemory<S> {
             .insert(uid.to_owned(), super::worth::digest(Some(status)));
     }
 
+    /// Writes `status` (in the form the API server hands back) for `uid`
+    /// through `write`, known as this term's own from before the write goes
+    /// out. Why before: the watch can hand the write back before its
+    /// response comes, and a status not yet known as the controller's own
+    /// is taken for someone else's, worth a reconcile (a new resource cost
+    /// two when the machine was busy). A failed write puts back what was
+    /// known before it.
+    pub async fn write_as_own<E>(
+        &self,
+        uid: &str,
+        status: &S,
+        write: impl std::future::Future<Output = Result<(), E>>,
+    ) -> Result<(), E>
+    where
+        S: std::fmt::Debug,
+    {
+        let before = self
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_owned(), super::worth::digest(Some(status)));
+        let outcome = write.await;
+        if outcome.is_err() {
+            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            match before {
+                Some(before) => written.insert(uid.to_owned(), before),
+                None => written.remove(uid),
+            };
+        }
+        outcome
+    }
+
     /// Whether `status`, read back for `uid`, is the last one this term
     /// wrote (or found there).
     pub fn is_written(&self, uid: &str, status: Option<&S>) -> bool
@@ -220,6 +252,44 @@ mod tests {
         );
         memory.forget("u");
         assert!(!memory.is_written("u", Some(&open)));
+    }
+
+    #[tokio::test]
+    async fn a_status_is_known_as_the_controllers_own_before_its_write_goes_out() {
+        let memory = StatusMemory::<BarrierStatus>::default();
+        let waiting = BarrierStatus {
+            entered: 1,
+            ..BarrierStatus::default()
+        };
+        // The watch hands the write back before the write's response.
+        let write = async {
+            assert!(
+                memory.is_written("u", Some(&waiting)),
+                "the write came back through the watch as someone else's"
+            );
+            Ok::<_, ()>(())
+        };
+        memory.write_as_own("u", &waiting, write).await.unwrap();
+        assert!(memory.is_written("u", Some(&waiting)));
+
+        let open = BarrierStatus {
+            phase: Some(BarrierPhase::Open),
+            entered: 3,
+            ..BarrierStatus::default()
+        };
+        let failed = memory.write_as_own("u", &open, async { Err(()) }).await;
+        assert!(failed.is_err());
+        assert!(
+            memory.is_written("u", Some(&waiting)),
+            "a failed write leaves the last one that went through"
+        );
+        assert!(!memory.is_written("u", Some(&open)));
+        let failed = memory.write_as_own("v", &open, async { Err(()) }).await;
+        assert!(failed.is_err());
+        assert!(
+            !memory.is_written("v", Some(&open)),
+            "nothing was written for v"
+        );
     }
 
     #[test]

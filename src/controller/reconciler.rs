@@ -281,10 +281,17 @@ pub async fn publish<K: Reconciled>(
     let changed = object.status() != Some(&written);
     if changed {
         ctx.confirm_leading().await?;
-        write_status(object, namespace, &written, ctx).await?;
+        K::memory(ctx)
+            .write_as_own(
+                &uid,
+                &written,
+                write_status(object, namespace, &written, ctx),
+            )
+            .await?;
+    } else {
+        K::memory(ctx).written(&uid, &written);
     }
     K::memory(ctx).remember(&uid, status);
-    K::memory(ctx).written(&uid, &written);
     for note in notes {
         ctx.record(object, note).await;
     }
