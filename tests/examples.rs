@@ -1,9 +1,9 @@
 //! The examples' manifests are accepted by the API server (server-side dry
-//! run, with the CRDs installed: zkgate's, and upstream's for JobSet and
-//! Kueue from `tests/crds`): their custom resources pass the CRD schemas
-//! with no field pruned, their Jobs are valid Jobs, every pod template is
-//! least-privilege and gets what it needs from the webhook, and no two
-//! examples use one resource name.
+//! run, with the CRDs installed: zkgate's, and JobSet's and Kueue's as
+//! released, from `tests/crds`): their custom resources pass the CRD
+//! schemas with no field pruned, their Jobs are valid Jobs, every pod
+//! template is least-privilege and gets what it needs from the webhook, and
+//! no two examples use one resource name.
 
 mod support;
 

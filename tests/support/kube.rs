@@ -95,8 +95,8 @@ pub async fn install_jobset_crd(client: &Client) {
     install_crd_file(client, "jobset.x-k8s.io_jobsets.yaml").await;
 }
 
-/// Applies the CRD of `tests/crds/FILE` (upstream's schema, trimmed for the
-/// 1.20 test server; idempotent) and waits until it is served.
+/// Applies the CRD of `tests/crds/FILE` (a release's, whole: see
+/// `scripts/upstream-crds`; idempotent) and waits until it is served.
 pub async fn install_crd_file(client: &Client, file: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/crds")
