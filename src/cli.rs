@@ -238,6 +238,14 @@ pub struct WebhookArgs {
     /// others that much longer.
     #[arg(long, env = "ZKGATE_PARTICIPANT_SESSION_TIMEOUT", value_parser = crate::controller::webhook::inject::session_timeout)]
     pub participant_session_timeout: Option<Duration>,
+    /// The resources of the containers the webhook injects: a JSON object
+    /// like a container's `resources`, of `cpu` and `memory` only, e.g.
+    /// `{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"cpu":"500m","memory":"64Mi"}}`
+    /// (the default); what it leaves out they do not get. A namespace whose
+    /// ResourceQuota asks every container for a limit admits labelled pods
+    /// only if these give it.
+    #[arg(long, env = "ZKGATE_PARTICIPANT_RESOURCES", value_parser = crate::controller::webhook::resources::parse)]
+    pub participant_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -347,6 +355,10 @@ impl ControllerArgs {
                 native_sidecars: false,
                 in_place_restart: false,
                 session_timeout: w.participant_session_timeout,
+                resources: w
+                    .participant_resources
+                    .clone()
+                    .unwrap_or_else(crate::controller::webhook::resources::default),
             },
             handout,
             service: w.webhook_service.clone(),

@@ -352,6 +352,7 @@ fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
         native_sidecars: true,
         in_place_restart: true,
         session_timeout: None,
+        resources: zkgate::controller::webhook::resources::default(),
     };
     let injected = inject(&pod, &injection)
         .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))

@@ -160,6 +160,18 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
             "webhook.participantSessionTimeout=0s",
             "participantSessionTimeout",
         ),
+        (
+            "webhook.participantResources.limits.cpu=lots",
+            "participantResources",
+        ),
+        (
+            "webhook.participantResources.limits.cpu=0",
+            "participantResources",
+        ),
+        (
+            "webhook.participantResources.limits.nvidia\\.com/gpu=1",
+            "participantResources",
+        ),
     ] {
         let (ok, text) = lint(set);
         assert!(!ok && text.contains(names), "{set} refused: {text}");
@@ -168,6 +180,7 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         "global.imageRegistry=registry.test",
         "zookeeper.sessionTimeout=1m30s",
         "webhook.participantSessionTimeout=30s",
+        "webhook.participantResources.limits.cpu=2",
         "zookeeper.tls.existingSecret=zk-tls,zookeeper.tls.certKey=tls.crt,zookeeper.tls.keyKey=tls.key",
     ] {
         let (ok, text) = lint(set);
@@ -212,6 +225,23 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         )
         .as_deref(),
         Some("30s")
+    );
+    // The injected containers' resources: the chart's defaults are the
+    // controller's own, and what is given reaches the controller in a form
+    // it takes (a bare number too, as --set and YAML give one).
+    let resources = |set: &str| {
+        let text = env_of(&deployment(set), "ZKGATE_PARTICIPANT_RESOURCES").expect("passed on");
+        zkgate::controller::webhook::resources::parse(&text)
+            .unwrap_or_else(|e| panic!("{set}: {text}: {e}"))
+    };
+    assert_eq!(
+        resources("replicaCount=1"),
+        zkgate::controller::webhook::resources::default()
+    );
+    let given = resources("webhook.participantResources.limits.cpu=2");
+    assert_eq!(
+        given.limits.unwrap()["cpu"],
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into())
     );
     let default = deployment("replicaCount=1");
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -977,6 +977,157 @@ async fn told_there_are_no_native_sidecars_the_webhook_refuses_the_sidecar_form(
         "{inits:?}"
     );
     drop(controller);
+    h.done().await;
+}
+
+/// Issue 46, item 3: a namespace whose ResourceQuota asks every container
+/// for CPU and memory limits admits labelled pods of every form with the
+/// participants' default resources (without a CPU limit, what they had
+/// before, the quota refused every one: "must specify limits.cpu").
+/// Resources the controller is told are what the containers get;
+/// resources it cannot use stop it at once, saying why.
+#[tokio::test]
+async fn a_namespace_that_asks_every_container_for_limits_admits_labelled_pods() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let quotas: Api<ResourceQuota> = Api::namespaced(h.client.clone(), &h.ns);
+    let hard = json!({ "limits.cpu": "8", "limits.memory": "8Gi", "requests.cpu": "8", "requests.memory": "8Gi" });
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": { "name": "limits-required" }, "spec": { "hard": hard }
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // What kube-controller-manager's quota controller would write (this
+    // tier runs no controller-manager): the quota is enforced once its
+    // status knows its resources.
+    let used = json!({ "limits.cpu": "0", "limits.memory": "0", "requests.cpu": "0", "requests.memory": "0" });
+    quotas
+        .patch_status(
+            "limits-required",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "hard": hard, "used": used } })),
+        )
+        .await
+        .unwrap();
+    // The workloads' own containers give their limits, as the namespace asks.
+    let limited = |mut pod: serde_json::Value| {
+        pod["spec"]["containers"][0]["resources"] =
+            json!({ "limits": { "cpu": "1", "memory": "256Mi" } });
+        pod
+    };
+    let forms = [
+        (
+            "init",
+            limited(pod_of("init", json!({ "zkgate.io/barrier": "train" }))),
+        ),
+        ("sidecar", limited(sidecar_pod_of("train"))),
+        (
+            "wrap",
+            limited(annotated_pod(
+                "wrap",
+                "train",
+                json!({ "zkgate.io/barrier-form": "wrap" }),
+            )),
+        ),
+        (
+            "lock",
+            limited(pod_of("lock", json!({ "zkgate.io/lock": "db" }))),
+        ),
+    ];
+
+    let controller = h.controller(&zk).await;
+    h.barrier("train", 4).await;
+    h.locklease("db", json!({})).await;
+    for (form, pod) in forms.clone() {
+        let admitted = h
+            .create_pod(pod)
+            .await
+            .unwrap_or_else(|e| panic!("the {form} form refused: {e}"));
+        let spec = admitted.spec.unwrap();
+        let injected: Vec<_> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| c.name.starts_with("zkgate-"))
+            .collect();
+        assert!(!injected.is_empty(), "the {form} form: nothing injected");
+        for c in injected {
+            let limits = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.clone())
+                .unwrap_or_default();
+            assert_eq!(
+                (
+                    limits.get("cpu").map(|q| q.0.as_str()),
+                    limits.get("memory").map(|q| q.0.as_str())
+                ),
+                (Some("500m"), Some("64Mi")),
+                "the {form} form's {}",
+                c.name
+            );
+        }
+    }
+    drop(controller);
+    for (form, _) in &forms {
+        h.pods()
+            .delete(form, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+
+    // Resources the controller is told.
+    let told =
+        r#"{"requests":{"cpu":"20m","memory":"32Mi"},"limits":{"cpu":"1","memory":"128Mi"}}"#;
+    let controller = h
+        .controller_and(&zk, &["--participant-resources", told])
+        .await;
+    let admitted = h
+        .create_pod(limited(pod_of(
+            "told",
+            json!({ "zkgate.io/barrier": "train" }),
+        )))
+        .await
+        .expect("admitted with the resources told");
+    let c = &admitted.spec.unwrap().init_containers.unwrap()[0];
+    let resources = serde_json::to_value(c.resources.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        resources,
+        serde_json::from_str::<serde_json::Value>(told).unwrap()
+    );
+    drop(controller);
+
+    // Resources the containers could not run with: the controller does not
+    // start, and says why.
+    for (bad, says) in [
+        (r#"{"limits":{"memory":"8Mi"}}"#, "below 32Mi"),
+        (
+            r#"{"requests":{"cpu":"2"},"limits":{"cpu":"1"}}"#,
+            "above limits.cpu",
+        ),
+        (
+            r#"{"limits":{"nvidia.com/gpu":"1"}}"#,
+            "only cpu and memory",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args([
+                "controller",
+                "--zookeeper",
+                &zk,
+                "--participant-resources",
+                bad,
+            ])
+            .env("KUBECONFIG", kubeconfig())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("--participant-resources"),
+            "{bad}: {stderr}"
+        );
+    }
     h.done().await;
 }
 

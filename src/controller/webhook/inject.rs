@@ -151,6 +151,8 @@ pub struct Injection {
     /// The participants' ZooKeeper session timeout, unless a pod's
     /// annotation says; `None`: the participant's default (10 s).
     pub session_timeout: Option<std::time::Duration>,
+    /// The injected containers' resources (see [`super::resources`]).
+    pub resources: ResourceRequirements,
 }
 
 /// Where the credential handout is and how to check it.
@@ -1022,17 +1024,8 @@ fn container(injection: &Injection, name: &str, wanted: Option<&Wanted>) -> Cont
         image: Some(injection.image.clone()),
         env: Some(env),
         volume_mounts: Some(mounts),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [
-                    ("cpu".to_owned(), Quantity("10m".to_owned())),
-                    ("memory".to_owned(), Quantity("16Mi".to_owned())),
-                ]
-                .into(),
-            ),
-            limits: Some([("memory".to_owned(), Quantity("64Mi".to_owned()))].into()),
-            ..Default::default()
-        }),
+        resources: (injection.resources != ResourceRequirements::default())
+            .then(|| injection.resources.clone()),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -1073,6 +1066,7 @@ mod tests {
             native_sidecars: true,
             in_place_restart: true,
             session_timeout: None,
+            resources: crate::controller::webhook::resources::default(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod drain;
 pub mod endpoints;
 pub mod handout;
 pub mod inject;
+pub mod resources;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
