@@ -243,6 +243,17 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         given.limits.unwrap()["cpu"],
         k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into())
     );
+    // Helm merges values into the defaults: null drops a key, or all.
+    let no_cpu_limit = resources("webhook.participantResources.limits.cpu=null");
+    assert_eq!(
+        no_cpu_limit.limits.unwrap().keys().collect::<Vec<_>>(),
+        ["memory"]
+    );
+    assert_eq!(
+        resources("webhook.participantResources=null"),
+        k8s_openapi::api::core::v1::ResourceRequirements::default(),
+        "none at all"
+    );
     let default = deployment("replicaCount=1");
     assert_eq!(
         default.metadata.name.as_deref(),

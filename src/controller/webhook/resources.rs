@@ -10,11 +10,11 @@
 //! session and waits: about 10 MiB resident and next to no CPU, with a
 //! short burst at the start (the connection, TLS).
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube_quantity::ParsedQuantity;
 use serde::Deserialize;
 
 /// The resources a participant may be given.
@@ -97,34 +97,32 @@ pub fn parse(text: &str) -> Result<ResourceRequirements, String> {
                     "{kind}.{name}: only cpu and memory can be set for the injected containers"
                 ));
             }
-            let quantity = Some(value.as_str())
-                .filter(|v| quantity_syntax().is_match(v))
-                .ok_or_else(|| "not Kubernetes' quantity syntax".to_owned())
-                .and_then(|v| ParsedQuantity::try_from(v).map_err(|e| e.to_string()))
-                .map_err(|e| format!("{kind}.{name}: {value:?} is not a quantity: {e}"))?;
-            if quantity <= zero() {
+            let quantity = Exact::parse(&value).ok_or_else(|| {
+                format!("{kind}.{name}: {value:?} is not a quantity (Kubernetes' syntax)")
+            })?;
+            if quantity.negative || quantity.digits == 0 {
                 return Err(format!("{kind}.{name}: {value} is not above zero"));
             }
-            parsed.insert((kind, name.as_str()), quantity);
+            parsed.insert((kind, name.as_str()), (quantity, value));
         }
     }
     for name in NAMES {
-        if let (Some(request), Some(limit)) = (
+        if let (Some((request, shown_request)), Some((limit, shown_limit))) = (
             parsed.get(&("requests", name)),
             parsed.get(&("limits", name)),
         ) {
-            if request > limit {
+            if request.compare(limit)? == Ordering::Greater {
                 return Err(format!(
-                    "requests.{name} ({request}) is above limits.{name} ({limit})"
+                    "requests.{name} ({shown_request}) is above limits.{name} ({shown_limit})"
                 ));
             }
         }
     }
-    if let Some(limit) = parsed.get(&("limits", "memory")) {
-        let floor = ParsedQuantity::try_from(MEMORY_FLOOR).map_err(|e| e.to_string())?;
-        if *limit < floor {
+    if let Some((limit, shown)) = parsed.get(&("limits", "memory")) {
+        let floor = Exact::parse(MEMORY_FLOOR).ok_or("MEMORY_FLOOR is a quantity")?;
+        if limit.compare(&floor)? == Ordering::Less {
             return Err(format!(
-                "limits.memory ({limit}) is below {MEMORY_FLOOR}: a participant would risk the OOM killer"
+                "limits.memory ({shown}) is below {MEMORY_FLOOR}: a participant would risk the OOM killer"
             ));
         }
     }
@@ -143,18 +141,95 @@ pub fn parse(text: &str) -> Result<ResourceRequirements, String> {
     })
 }
 
-/// Kubernetes' own grammar of a quantity (apimachinery's), so that nothing
-/// the API server would refuse in a pod gets past the flag.
-pub const QUANTITY: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
-
-fn quantity_syntax() -> &'static regex_lite::Regex {
-    static SYNTAX: std::sync::LazyLock<regex_lite::Regex> =
-        std::sync::LazyLock::new(|| regex_lite::Regex::new(QUANTITY).expect("a valid pattern"));
-    &SYNTAX
+/// A quantity's exact value, `digits × 10^exp10 × 2^exp2`, read by
+/// Kubernetes' grammar (apimachinery's `resource.Quantity`): a signed
+/// decimal number, then a binary suffix (Ki to Ei), a decimal one (n, u,
+/// m, k, M, G, T, P, E) or an integer exponent (`e3`, `E-2`).
+///
+/// Not `kube_quantity`: it reads numbers as floats and converts between
+/// units with `f32` factors, so it called a request just above its limit
+/// equal or below (a pod the API server then refuses), a limit of exactly
+/// 32Mi below 32Mi, and overflowed (a panic) on far-apart scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Exact {
+    negative: bool,
+    digits: u128,
+    exp10: i64,
+    exp2: u32,
 }
 
-fn zero() -> ParsedQuantity {
-    ParsedQuantity::default()
+impl Exact {
+    fn parse(text: &str) -> Option<Exact> {
+        let (negative, rest) = match text.as_bytes().first()? {
+            b'-' => (true, &text[1..]),
+            b'+' => (false, &text[1..]),
+            _ => (false, text),
+        };
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, suffix) = rest.split_at(number_end);
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() {
+            return None;
+        }
+        let mut digits: u128 = 0;
+        for c in whole.chars().chain(fraction.chars()) {
+            // A '.' left in the fraction: a second point.
+            let d = c.to_digit(10)?;
+            digits = digits.checked_mul(10)?.checked_add(u128::from(d))?;
+        }
+        let mut exp10 = -(fraction.len() as i64);
+        let mut exp2 = 0;
+        match suffix {
+            "" => {}
+            "n" => exp10 -= 9,
+            "u" => exp10 -= 6,
+            "m" => exp10 -= 3,
+            "k" => exp10 += 3,
+            "M" => exp10 += 6,
+            "G" => exp10 += 9,
+            "T" => exp10 += 12,
+            "P" => exp10 += 15,
+            "E" => exp10 += 18,
+            "Ki" => exp2 = 10,
+            "Mi" => exp2 = 20,
+            "Gi" => exp2 = 30,
+            "Ti" => exp2 = 40,
+            "Pi" => exp2 = 50,
+            "Ei" => exp2 = 60,
+            exponent => {
+                let exponent = exponent.strip_prefix(['e', 'E'])?;
+                let unsigned = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+                if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                exp10 += exponent.parse::<i32>().ok()? as i64;
+            }
+        }
+        Some(Exact {
+            negative,
+            digits,
+            exp10,
+            exp2,
+        })
+    }
+
+    /// Compares two non-negative quantities exactly; an error if they are
+    /// too far apart to be put on one scale (beyond 128 bits).
+    fn compare(&self, other: &Exact) -> Result<Ordering, String> {
+        let scale = self.exp10.min(other.exp10);
+        let on_scale = |q: &Exact| -> Option<u128> {
+            let tens = u32::try_from(q.exp10 - scale).ok()?;
+            q.digits
+                .checked_mul(10u128.checked_pow(tens)?)?
+                .checked_mul(2u128.checked_pow(q.exp2)?)
+        };
+        match (on_scale(self), on_scale(other)) {
+            (Some(a), Some(b)) => Ok(a.cmp(&b)),
+            _ => Err("quantities too large to compare".to_owned()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -217,5 +292,40 @@ mod tests {
             let err = parse(text).expect_err(text);
             assert!(err.contains(says), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn requests_and_limits_are_compared_exactly() {
+        // Each request is above its limit, if only just (a float or a
+        // conversion between units would call them equal or below).
+        for text in [
+            r#"{"requests":{"memory":"1073741850"},"limits":{"memory":"1Gi"}}"#,
+            r#"{"requests":{"memory":"67108868"},"limits":{"memory":"64Mi"}}"#,
+            r#"{"requests":{"memory":"1Gi"},"limits":{"memory":"1.0737418G"}}"#,
+            r#"{"requests":{"cpu":"0.5000000000000001"},"limits":{"cpu":"500m"}}"#,
+            r#"{"requests":{"memory":"64.00000000000001Mi"},"limits":{"memory":"64Mi"}}"#,
+        ] {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains("is above limits"), "{text}: {err}");
+        }
+        for text in [
+            // Exactly the floor.
+            r#"{"limits":{"memory":"33554432"}}"#,
+            // Equal, in other units.
+            r#"{"requests":{"memory":"64Mi"},"limits":{"memory":"67.108864M"}}"#,
+            r#"{"requests":{"cpu":"0.001"},"limits":{"cpu":"1m"}}"#,
+            // Far apart: compared without overflowing.
+            r#"{"requests":{"cpu":"1m"},"limits":{"cpu":"1e28"}}"#,
+        ] {
+            parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
+        // Too large to compare: refused, not a panic.
+        let text = r#"{"requests":{"cpu":"1n"},"limits":{"cpu":"1e400"}}"#;
+        assert!(parse(text).is_err(), "{text}");
+        let text = r#"{"limits":{"cpu":"1e1.5"}}"#;
+        assert!(
+            parse(text).expect_err(text).contains("not a quantity"),
+            "{text}"
+        );
     }
 }
