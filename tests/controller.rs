@@ -2590,8 +2590,7 @@ async fn the_run_marks_of_pods_that_ended_are_removed() {
             id: Some(name.into()),
             pod: Some(name.into()),
             pod_uid: Some(uid),
-            kill_grace_ms: None,
-            honours_run_marks: false,
+            ..ParticipantData::default()
         };
         assert!(marks.mark(&observer, name, 0, &who).await.unwrap());
     }

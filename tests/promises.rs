@@ -1592,8 +1592,11 @@ async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
 
 /// p1's `barrier enter g` (of 2; pod uid u1; 3 s to enter, a 4 s session;
 /// a persistent registration) through `connect`, once registered.
-async fn p1_registered(connect: &str, observer: &zkgate::zk::Session) -> tokio::process::Child {
-    let entering = piped(support::zkgate(
+/// `zkgate barrier enter g --id p1 --pod-uid u1` (an init container's
+/// persistent registration: 2 participants, a 4 s session) waiting at most
+/// `timeout`.
+fn enter_as_p1(connect: &str, timeout: &str) -> tokio::process::Child {
+    piped(support::zkgate(
         connect,
         &[
             "barrier",
@@ -1606,11 +1609,15 @@ async fn p1_registered(connect: &str, observer: &zkgate::zk::Session) -> tokio::
             "--pod-uid",
             "u1",
             "--timeout",
-            "3s",
+            timeout,
             "--session-timeout",
             "4s",
         ],
-    ));
+    ))
+}
+
+async fn p1_registered(connect: &str, observer: &zkgate::zk::Session) -> tokio::process::Child {
+    let entering = enter_as_p1(connect, "3s");
     let barrier = format!("{BARRIERS}/g");
     eventually(Duration::from_secs(10), "p1 registered", || async {
         (children(observer, &barrier).await == ["p1"]).then_some(())
@@ -1652,26 +1659,75 @@ async fn a_clean_up_after_expiry_leaves_a_new_registration_of_the_same_name_alon
     let barrier = format!("{BARRIERS}/g");
     let node = format!("{barrier}/p1");
     proxy.stall_until_expired().await;
-    // Replaced with the very same data: only the node's identity differs.
-    let (data, _) = observer.client().get_data(&node).await.unwrap();
-    observer.client().delete(&node, None).await.unwrap();
-    let (created, _) = observer
-        .client()
-        .create(
-            &node,
-            &data,
-            &zookeeper_client::CreateMode::Persistent
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .unwrap();
+    let (created, _again) = registered_anew(&direct, &observer, &node).await;
     proxy.resume();
     let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
     assert!(code == 3 || code == 5, "{code}: {err}");
     let after = observer.client().check_stat(&node).await.unwrap();
     assert_eq!(
         after.map(|s| s.czxid),
-        Some(created.czxid),
+        Some(created),
+        "the new registration of p1 was removed by the old one's clean-up: {err}"
+    );
+}
+
+/// Our registration `node` removed (as the controller does once it is
+/// past counting), and the same command run again, directly: another
+/// registration of p1 with the same id and pod uid, waiting on. Returns
+/// its czxid and the process.
+async fn registered_anew(
+    direct: &str,
+    observer: &zkgate::zk::Session,
+    node: &str,
+) -> (i64, tokio::process::Child) {
+    let first = observer.client().check_stat(node).await.unwrap();
+    let first = first.expect("our registration is there").czxid;
+    observer.client().delete(node, None).await.unwrap();
+    let again = enter_as_p1(direct, "60s");
+    let created = eventually(Duration::from_secs(10), "p1 registered again", || async {
+        let stat = observer.client().check_stat(node).await.ok()??;
+        (stat.czxid != first).then_some(stat.czxid)
+    })
+    .await;
+    (created, again)
+}
+
+/// The same when the reply to our create was lost (the create applied,
+/// the connection frozen) and our session expired before we learnt of it:
+/// the clean-up, from a new session, has no czxid to know our node by,
+/// only what it wrote; the same command run again writes the same id and
+/// pod uid. (CI caught the clean-up removing that node: a stall caught
+/// the create's reply.)
+#[tokio::test]
+async fn a_clean_up_of_a_create_whose_reply_was_lost_leaves_a_new_registration_alone() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let observer = session(&direct).await;
+    let node = format!("{BARRIERS}/g/p1");
+    // There first: a create sent before it would fail, not be lost.
+    DoubleBarrier::new(format!("{BARRIERS}/g"))
+        .create(
+            &observer,
+            &BarrierData {
+                participants: 2,
+                ..BarrierData::default()
+            },
+        )
+        .await
+        .unwrap();
+    proxy.freeze_at(&op::CREATES, "barriers/g/p1", true);
+    let entering = enter_as_p1(&through_proxy, "3s");
+    proxy.frozen().await;
+    // No reconnect learns of it before the session expires.
+    proxy.stall();
+    proxy.stall_until_expired().await;
+    let (created, _again) = registered_anew(&direct, &observer, &node).await;
+    proxy.resume();
+    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
+    assert!(code == 3 || code == 5, "{code}: {err}");
+    let after = observer.client().check_stat(&node).await.unwrap();
+    assert_eq!(
+        after.map(|s| s.czxid),
+        Some(created),
         "the new registration of p1 was removed by the old one's clean-up: {err}"
     );
 }

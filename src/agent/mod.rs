@@ -162,8 +162,7 @@ impl Participant {
             id: Some(self.id.clone()),
             pod: self.pod_name.clone(),
             pod_uid: self.pod_uid.clone(),
-            kill_grace_ms: None,
-            honours_run_marks: false,
+            ..Default::default()
         }
     }
 }

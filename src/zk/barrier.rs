@@ -144,6 +144,12 @@ pub struct ParticipantData {
     /// in a gang across an upgrade) could start beside them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub honours_run_marks: bool,
+    /// Unique to one [`DoubleBarrier::enter`] of a persistent registration
+    /// (set by the recipe): a create whose reply was lost is known by its
+    /// data alone, and the same command run again (the same id and pod)
+    /// must not have its node taken for ours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 /// The longest kill grace a holder may take, and the longest the controller
@@ -850,7 +856,16 @@ impl DoubleBarrier {
         let client = session.client();
         let node = path::join(&self.path, id);
         let ready = path::join(&self.path, READY);
-        let our_data = serde_json::to_vec(&options.data).unwrap_or_default();
+        let our_data = if options.persistent {
+            let data = ParticipantData {
+                nonce: Some(uuid::Uuid::new_v4().simple().to_string()),
+                ..options.data.clone()
+            };
+            serde_json::to_vec(&data)
+        } else {
+            serde_json::to_vec(&options.data)
+        }
+        .unwrap_or_default();
         let mode = if options.persistent {
             zk::CreateMode::Persistent
         } else {

@@ -289,8 +289,7 @@ mod tests {
                 id: Some("train-0".into()),
                 pod: Some("train-0".into()),
                 pod_uid: Some("u-1".into()),
-                kill_grace_ms: None,
-                honours_run_marks: false,
+                ..ParticipantData::default()
             },
         };
         let bytes = mark.to_bytes();

@@ -55,6 +55,9 @@ struct Control {
     /// A request that stalls everything (see [`Proxy::stall_at`]).
     stall_at: std::sync::Mutex<Option<(Vec<i32>, Vec<u8>)>>,
     stalled_at: AtomicUsize,
+    /// The session ids the server gave connections through the proxy (read
+    /// from its connect replies).
+    sessions: std::sync::Mutex<Vec<i64>>,
     /// The local ports of the connections to the server, as the server
     /// lists its clients (`cons`).
     upstream_ports: std::sync::Mutex<Vec<u16>>,
@@ -130,8 +133,11 @@ impl Proxy {
     }
 
     /// Stalls (as [`Proxy::stall`]) until the server has expired the
-    /// sessions that came through the proxy: it closes their connections,
-    /// so its `cons` no longer lists them. Resume with [`Proxy::resume`].
+    /// sessions that came through the proxy: its session tracker (`dump`)
+    /// no longer lists them, and it has closed their connections (`cons`).
+    /// A connection alone going is not enough: a client gives up on a
+    /// silent one and opens another while its session lives on. Resume
+    /// with [`Proxy::resume`].
     pub async fn stall_until_expired(&self) {
         self.stall();
         let upstream = self.upstream.lock().unwrap().clone();
@@ -145,10 +151,21 @@ impl Proxy {
             std::time::Duration::from_secs(20),
             "the sessions through the proxy expired",
             || async {
-                let cons = super::zookeeper::four_letter(port, "cons").unwrap_or_default();
+                let cons = super::zookeeper::four_letter(port, "cons")?;
+                let dump = super::zookeeper::four_letter(port, "dump")?;
+                let tracked = dump
+                    .split("ephemeral nodes dump")
+                    .next()
+                    .unwrap_or_default();
+                let sessions = self.control.sessions.lock().unwrap().clone();
                 (!ours
                     .iter()
-                    .any(|p| cons.contains(&format!("127.0.0.1:{p}["))))
+                    .any(|p| cons.contains(&format!("127.0.0.1:{p}[")))
+                    && !sessions.iter().any(|id| {
+                        tracked
+                            .lines()
+                            .any(|l| l.split_whitespace().next() == Some(&format!("{id:#x}")))
+                    }))
                 .then_some(())
             },
         )
@@ -337,10 +354,19 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         let frozen = frozen.clone();
         async move {
             let mut buf = vec![0u8; 64 * 1024];
+            let mut first = true;
             loop {
                 let n = server_read.read(&mut buf).await?;
                 if n == 0 {
                     return Ok::<(), std::io::Error>(());
+                }
+                // The connect reply: length, protocol version, timeout,
+                // session id (0 when the session was refused).
+                if std::mem::take(&mut first) && n >= 20 {
+                    let id = i64::from_be_bytes(buf[12..20].try_into().unwrap());
+                    if id != 0 {
+                        control.sessions.lock().unwrap().push(id);
+                    }
                 }
                 wait_unstalled(&control).await;
                 wait_while(&control, &control.replies_stalled).await;
