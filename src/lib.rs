@@ -4,12 +4,19 @@
 //!   Kubernetes types.
 #![warn(missing_docs)]
 
+#[cfg(feature = "operator")]
 pub mod agent;
+#[cfg(feature = "operator")]
 pub mod api;
+#[cfg(feature = "operator")]
 pub mod cli;
+#[cfg(feature = "operator")]
 pub mod controller;
+#[cfg(feature = "operator")]
 pub mod handout;
+#[cfg(feature = "operator")]
 pub mod layout;
+#[cfg(feature = "operator")]
 pub mod plugin;
 pub mod zk;
 

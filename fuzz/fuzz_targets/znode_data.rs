@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zkgate::controller::LockNodeData;
+use zkgate::zk::LockNodeData;
 use zkgate::zk::contender::{self, Contender};
 use zkgate::zk::{BarrierData, ParticipantData};
 

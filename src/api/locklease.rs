@@ -7,6 +7,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::zk::{LockMode, LockNodeData};
+
 /// A ZooKeeper lock that pods take through `zkgate lock ...`.
 // Several printcolumn(...) entries repeat keys by design.
 #[allow(clippy::duplicated_attributes)]
@@ -74,20 +76,6 @@ pub struct LockLeaseSpec {
     pub lease_duration: Option<String>,
 }
 
-/// How a lock is shared.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-pub enum LockMode {
-    /// One holder at a time.
-    #[default]
-    Exclusive,
-    /// Readers share it; a writer excludes everyone.
-    ReadWrite,
-    /// A counting semaphore: at most `permits` held at once, a holder
-    /// taking one or more; shared with Apache Curator's
-    /// InterProcessSemaphoreV2 on the same path.
-    Semaphore,
-}
-
 impl LockLeaseSpec {
     /// A Semaphore's permits (1 when absent).
     pub fn permits(&self) -> u32 {
@@ -100,28 +88,6 @@ impl LockLeaseSpec {
             .as_deref()
             .and_then(|d| crate::api::parse_duration(d).ok())
     }
-}
-
-/// What the controller writes into a lock node: the contract between the
-/// controller and the participant commands (which read the mode from it).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockNodeData {
-    /// The resource's uid.
-    pub uid: String,
-    /// The mode.
-    pub mode: LockMode,
-    /// `spec.leaseDuration`, in milliseconds: a holder that follows the
-    /// lease stops its command once it has held this long (on its own
-    /// clock), before the controller revokes the hold.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_ms: Option<u64>,
-    /// Set while the controller changes the mode to this one: contenders
-    /// wait until it is cleared. Written before the controller looks
-    /// whether the lock is in use, so that a contender that read the mode
-    /// before cannot queue unseen (its create checks the data's version).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub changing_to: Option<LockMode>,
 }
 
 /// Whether anyone holds the lock.

@@ -651,11 +651,7 @@ impl Session {
     /// Makes `path` and any missing parent with `options` (retried like
     /// [`Session::retry`]); a node that is already there is success, so
     /// replicas and restarts may race to make it.
-    pub(crate) async fn mkdir_all(
-        &self,
-        path: &str,
-        options: &zk::CreateOptions<'_>,
-    ) -> Result<()> {
+    pub async fn mkdir_all(&self, path: &str, options: &zk::CreateOptions<'_>) -> Result<()> {
         let client = self.client();
         match self
             .retry("create", path, || client.mkdir(path, options))

@@ -11,6 +11,9 @@
 //! so; kazoo cannot be changed from here).
 
 mod internals;
+mod node;
+
+pub use node::{LockMode, LockNodeData};
 
 use tokio::time::Instant;
 
