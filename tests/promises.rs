@@ -1590,12 +1590,10 @@ async fn an_opening_that_counted_a_withdrawn_participant_counts_again() {
     opening.abort();
 }
 
-/// p1's `barrier enter g` (of 2; pod uid u1; 3 s to enter, a 4 s session;
-/// a persistent registration) through `connect`, once registered.
-/// `zkgate barrier enter g --id p1 --pod-uid u1` (an init container's
-/// persistent registration: 2 participants, a 4 s session) waiting at most
-/// `timeout`.
-fn enter_as_p1(connect: &str, timeout: &str) -> tokio::process::Child {
+/// `zkgate barrier enter g --id p1 --pod-uid UID` (an init container's
+/// persistent registration: 2 participants, a 4 s session) through
+/// `connect`, waiting at most `timeout`.
+fn enter_as_p1(connect: &str, uid: &str, timeout: &str) -> tokio::process::Child {
     piped(support::zkgate(
         connect,
         &[
@@ -1607,7 +1605,7 @@ fn enter_as_p1(connect: &str, timeout: &str) -> tokio::process::Child {
             "--id",
             "p1",
             "--pod-uid",
-            "u1",
+            uid,
             "--timeout",
             timeout,
             "--session-timeout",
@@ -1616,8 +1614,10 @@ fn enter_as_p1(connect: &str, timeout: &str) -> tokio::process::Child {
     ))
 }
 
+/// p1's `barrier enter g` (pod uid u1, 3 s to enter) through `connect`,
+/// once registered.
 async fn p1_registered(connect: &str, observer: &zkgate::zk::Session) -> tokio::process::Child {
-    let entering = enter_as_p1(connect, "3s");
+    let entering = enter_as_p1(connect, "u1", "3s");
     let barrier = format!("{BARRIERS}/g");
     eventually(Duration::from_secs(10), "p1 registered", || async {
         (children(observer, &barrier).await == ["p1"]).then_some(())
@@ -1659,7 +1659,7 @@ async fn a_clean_up_after_expiry_leaves_a_new_registration_of_the_same_name_alon
     let barrier = format!("{BARRIERS}/g");
     let node = format!("{barrier}/p1");
     proxy.stall_until_expired().await;
-    let (created, _again) = registered_anew(&direct, &observer, &node).await;
+    let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
     proxy.resume();
     let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
     assert!(code == 3 || code == 5, "{code}: {err}");
@@ -1671,23 +1671,35 @@ async fn a_clean_up_after_expiry_leaves_a_new_registration_of_the_same_name_alon
     );
 }
 
-/// Our registration `node` removed (as the controller does once it is
-/// past counting), and the same command run again, directly: another
-/// registration of p1 with the same id and pod uid, waiting on. Returns
-/// its czxid and the process.
-async fn registered_anew(
+/// Registration `node` of barrier `g` removed as the controller removes a
+/// lost participant's (its pod ended, or was deleted), with the barrier's
+/// version moved in the same transaction; then a new pod of the same name
+/// (uid u2) registering as p1, directly, and waiting on. Returns its
+/// node's czxid and the process.
+async fn replaced_by_a_new_pod(
     direct: &str,
     observer: &zkgate::zk::Session,
     node: &str,
 ) -> (i64, tokio::process::Child) {
+    let barrier = format!("{BARRIERS}/g");
     let first = observer.client().check_stat(node).await.unwrap();
     let first = first.expect("our registration is there").czxid;
-    observer.client().delete(node, None).await.unwrap();
-    let again = enter_as_p1(direct, "60s");
-    let created = eventually(Duration::from_secs(10), "p1 registered again", || async {
-        let stat = observer.client().check_stat(node).await.ok()??;
-        (stat.czxid != first).then_some(stat.czxid)
-    })
+    let (data, stat) = observer.client().get_data(&barrier).await.unwrap();
+    let mut writer = observer.client().new_multi_writer();
+    writer
+        .add_set_data(&barrier, &data, Some(stat.version))
+        .unwrap();
+    writer.add_delete(node, None).unwrap();
+    writer.commit().await.unwrap();
+    let again = enter_as_p1(direct, "u2", "60s");
+    let created = eventually(
+        Duration::from_secs(10),
+        "the new pod registered",
+        || async {
+            let stat = observer.client().check_stat(node).await.ok()??;
+            (stat.czxid != first).then_some(stat.czxid)
+        },
+    )
     .await;
     (created, again)
 }
@@ -1695,9 +1707,7 @@ async fn registered_anew(
 /// The same when the reply to our create was lost (the create applied,
 /// the connection frozen) and our session expired before we learnt of it:
 /// the clean-up, from a new session, has no czxid to know our node by,
-/// only what it wrote; the same command run again writes the same id and
-/// pod uid. (CI caught the clean-up removing that node: a stall caught
-/// the create's reply.)
+/// only what it wrote, and the new pod wrote another uid.
 #[tokio::test]
 async fn a_clean_up_of_a_create_whose_reply_was_lost_leaves_a_new_registration_alone() {
     let (direct, through_proxy, proxy) = routes().await;
@@ -1715,12 +1725,12 @@ async fn a_clean_up_of_a_create_whose_reply_was_lost_leaves_a_new_registration_a
         .await
         .unwrap();
     proxy.freeze_at(&op::CREATES, "barriers/g/p1", true);
-    let entering = enter_as_p1(&through_proxy, "3s");
+    let entering = enter_as_p1(&through_proxy, "u1", "3s");
     proxy.frozen().await;
     // No reconnect learns of it before the session expires.
     proxy.stall();
     proxy.stall_until_expired().await;
-    let (created, _again) = registered_anew(&direct, &observer, &node).await;
+    let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
     proxy.resume();
     let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
     assert!(code == 3 || code == 5, "{code}: {err}");
@@ -1729,6 +1739,35 @@ async fn a_clean_up_of_a_create_whose_reply_was_lost_leaves_a_new_registration_a
         after.map(|s| s.czxid),
         Some(created),
         "the new registration of p1 was removed by the old one's clean-up: {err}"
+    );
+}
+
+/// A withdrawal racing the controller: p1 gives up (its deadline), has
+/// checked that its node is the one it made, and is about to read the
+/// barrier and withdraw, when the controller removes that node (its pod
+/// was deleted, its process cut off and still running) and the new pod of
+/// the same name registers. Every registration is at version 0, so a
+/// withdrawal by version alone took the new pod's node. The stall holds
+/// p1's read of the barrier (a get without a watch: only the withdrawal's)
+/// while that happens. Failed on the code before: the new pod's node gone.
+#[tokio::test]
+async fn a_withdrawal_racing_the_controllers_removal_leaves_the_new_pods_registration_alone() {
+    let (direct, through_proxy, proxy) = routes().await;
+    let observer = session(&direct).await;
+    let entering = p1_registered(&through_proxy, &observer).await;
+    let node = format!("{BARRIERS}/g/p1");
+    // The path's last byte, then the watch flag: false.
+    proxy.stall_at(&[op::GET_DATA], "barriers/g\u{0}");
+    proxy.stalled_at().await;
+    let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
+    proxy.resume();
+    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
+    assert!(code == 3 || code == 5, "{code}: {err}");
+    let after = observer.client().check_stat(&node).await.unwrap();
+    assert_eq!(
+        after.map(|s| s.czxid),
+        Some(created),
+        "the new pod's registration was removed by the old one's withdrawal: {err}"
     );
 }
 

@@ -144,12 +144,6 @@ pub struct ParticipantData {
     /// in a gang across an upgrade) could start beside them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub honours_run_marks: bool,
-    /// Unique to one [`DoubleBarrier::enter`] of a persistent registration
-    /// (set by the recipe): a create whose reply was lost is known by its
-    /// data alone, and the same command run again (the same id and pod)
-    /// must not have its node taken for ours.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nonce: Option<String>,
 }
 
 /// The longest kill grace a holder may take, and the longest the controller
@@ -596,33 +590,43 @@ impl DoubleBarrier {
             }
         };
         loop {
-            // As the leader has it (a new session's server may be a
-            // follower behind our node's create): a sync goes first.
-            let node_version = match czxid {
-                None => None,
-                Some(czxid) => match session
-                    .retry("check", node, || async {
-                        let sync = client.sync(node);
-                        let stat = client.check_stat(node);
+            // One round trip, in this order on the server: with `czxid`, a
+            // sync (as the leader has it: a new session's server may be a
+            // follower behind our node's create), then the barrier's data,
+            // then our node. The barrier is read first because the
+            // controller removes a registration in a transaction that moves
+            // the barrier's version: a removal after our read fails our
+            // transaction below (we read again), and one before it shows
+            // here, our node gone or another's of its name (a new pod's,
+            // left alone). Read the other way round, a removal and a new
+            // node in between went unseen: all are at version 0.
+            let (barrier, ours) = session
+                .retry("read", &self.path, || async {
+                    let sync = czxid.map(|_| client.sync(node));
+                    let barrier = client.get_data(&self.path);
+                    let ours = czxid.map(|_| client.check_stat(node));
+                    if let Some(sync) = sync {
                         sync.await?;
-                        stat.await
-                    })
-                    .await?
-                {
-                    Some(stat) if stat.czxid == czxid => Some(stat.version),
-                    _ => return Ok(gone(sent)),
-                },
+                    }
+                    let barrier = match barrier.await {
+                        Err(zk::Error::NoNode) => None,
+                        found => Some(found?),
+                    };
+                    let ours = match ours {
+                        Some(stat) => Some(stat.await?),
+                        None => None,
+                    };
+                    Ok::<_, zk::Error>((barrier, ours))
+                })
+                .await?;
+            let node_version = match (czxid, ours) {
+                (None, _) => None,
+                (Some(czxid), Some(Some(stat))) if stat.czxid == czxid => Some(stat.version),
+                (Some(_), _) => return Ok(gone(sent)),
             };
-            let (data, stat) = match session
-                .retry("read", &self.path, || client.get_data(&self.path))
-                .await
-            {
-                Ok(found) => found,
-                Err(ZkError::Zk {
-                    source: zk::Error::NoNode,
-                    ..
-                }) => return Ok(Withdrawal::Withdrawn),
-                Err(e) => return Err(e),
+            // The barrier is gone: nothing of ours can be counted any more.
+            let Some((data, stat)) = barrier else {
+                return Ok(Withdrawal::Withdrawn);
             };
             let mut writer = client.new_multi_writer();
             writer
@@ -856,16 +860,7 @@ impl DoubleBarrier {
         let client = session.client();
         let node = path::join(&self.path, id);
         let ready = path::join(&self.path, READY);
-        let our_data = if options.persistent {
-            let data = ParticipantData {
-                nonce: Some(uuid::Uuid::new_v4().simple().to_string()),
-                ..options.data.clone()
-            };
-            serde_json::to_vec(&data)
-        } else {
-            serde_json::to_vec(&options.data)
-        }
-        .unwrap_or_default();
+        let our_data = serde_json::to_vec(&options.data).unwrap_or_default();
         let mode = if options.persistent {
             zk::CreateMode::Persistent
         } else {
