@@ -564,10 +564,12 @@ async fn a_barrier_sidecar_killed_after_the_opening_does_not_release_the_gang_ag
     assert_eq!((status.entered, status.left), (4, 4), "{status:?}");
     for pod in c.pods(&ns.name, selector).await {
         let name = pod.name_any();
+        // Ran once: never restarted (its log is only ever its current
+        // run's, so the log cannot say this).
         let worker = status_of(&pod, "worker").unwrap();
         assert_eq!(worker.restart_count, 0, "{worker:?}");
         let started = times(&c.logs(&ns.name, &name, "worker").await, "started-at-us");
-        assert_eq!(started.len(), 1, "{name}'s worker ran once");
+        assert!(!started.is_empty(), "{name}'s worker logged its start");
         assert!(
             started[0] >= opened.ctime * 1000,
             "{name}'s worker started at {} us, before the opening at {} ms",
