@@ -71,7 +71,7 @@ pub enum Command {
     #[command(subcommand)]
     Lock(LockAction),
     /// Run the controller.
-    Controller(ControllerArgs),
+    Controller(Box<ControllerArgs>),
     /// Print the CRDs as YAML (crds/ is generated from this).
     Crds {
         /// Write one file per kind into this directory instead.
@@ -102,6 +102,10 @@ pub enum Command {
         /// The namespace [default: the kubeconfig's].
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// Every namespace's (that you may list), a line each after its
+        /// namespace; not with a name.
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
     },
     /// Say what a pod waits for, in one paragraph (`kubectl zkgate why POD`).
     Why {
@@ -111,6 +115,10 @@ pub enum Command {
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
+    /// Say which zkgate runs (`kubectl zkgate version`): this plugin's
+    /// release, the API server's, whether the CRDs are as this release
+    /// makes them, and each controller's Deployment you may list.
+    Version,
     /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
     Probe {
         /// The ready file the sidecar writes.
@@ -169,6 +177,13 @@ pub struct ControllerArgs {
     /// finish their round), before it is taken away.
     #[arg(long, env = "ZKGATE_ROTATION_GRACE", default_value = "15m", value_parser = duration)]
     pub rotation_grace: Duration,
+    /// The `spec.timeout` of the Barriers the controller makes for labelled
+    /// Jobs (e.g. `30m`), unless the pod template's annotation
+    /// `zkgate.io/barrier-timeout` says; counted from the Barrier's making,
+    /// once its Job runs (not while a queue holds it suspended)
+    /// [default: no limit].
+    #[arg(long, env = "ZKGATE_RUN_BARRIER_TIMEOUT", value_parser = crate::api::spec_duration)]
+    pub run_barrier_timeout: Option<String>,
     /// The admission webhook.
     #[command(flatten)]
     pub webhook: WebhookArgs,
@@ -246,6 +261,12 @@ pub struct WebhookArgs {
     /// only if these give it.
     #[arg(long, env = "ZKGATE_PARTICIPANT_RESOURCES", value_parser = crate::controller::webhook::resources::parse)]
     pub participant_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Secrets the kubelet pulls `--image` with, `NAME[,NAME...]`: added
+    /// to every pod the webhook injects containers into. Each must exist in
+    /// the pod's namespace (a missing one is skipped by the kubelet, which
+    /// then pulls without it).
+    #[arg(long, env = "ZKGATE_PARTICIPANT_IMAGE_PULL_SECRETS", value_delimiter = ',', value_parser = secret_name)]
+    pub participant_image_pull_secrets: Vec<String>,
     /// With TLS to ZooKeeper: the CA certificate (PEM) the controller
     /// issues each namespace's participant client certificate from (one
     /// that names the namespace; the ensemble must trust this CA). Without
@@ -278,6 +299,7 @@ impl ControllerArgs {
             webhook: self.webhook_options(&zookeeper)?,
             zookeeper,
             rotation_grace: self.rotation_grace,
+            run_barrier_timeout: self.run_barrier_timeout.clone(),
             layout: Layout::new(&self.root).map_err(|e| AgentError::usage(e.to_string()))?,
             metrics_addr: self.metrics_addr,
             identity: match &self.id {
@@ -359,6 +381,7 @@ impl ControllerArgs {
                     .participant_resources
                     .clone()
                     .unwrap_or_else(crate::controller::webhook::resources::default),
+                image_pull_secrets: w.participant_image_pull_secrets.clone(),
             },
             handout,
             service: w.webhook_service.clone(),
@@ -816,6 +839,24 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The name of a Secret (a DNS subdomain: at most 253 characters of
+/// lowercase letters, digits, `-` and `.`, alphanumeric at each end).
+fn secret_name(s: &str) -> Result<String, String> {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let valid = s.len() <= 253
+        && edge(s.chars().next())
+        && edge(s.chars().last())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    if valid {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is no Secret name (lowercase letters, digits, '-' and '.', at most 253)"
+        ))
+    }
+}
+
 /// [`duration`], or 0 (meaning no limit where a flag says so).
 fn duration_or_zero(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -957,16 +998,34 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 .map(|()| 0)
                 .map_err(|e| AgentError::new(Exit::Internal, format!("{e:#}")))
         }
-        Command::Status { what, namespace } => {
+        Command::Status {
+            what,
+            namespace,
+            all_namespaces,
+        } => {
             let (kind, name) = status_target(&what)?;
+            if all_namespaces && name.is_some() {
+                return Err(AgentError::usage(
+                    "a name is looked up in one namespace: give -n NAMESPACE, not -A",
+                ));
+            }
             let plugin = crate::plugin::Plugin::connect(namespace)
                 .await
                 .map_err(plugin_error)?;
-            let out = plugin
-                .status(kind, name.as_deref())
+            let out = if all_namespaces {
+                plugin.status_everywhere(kind).await
+            } else {
+                plugin.status(kind, name.as_deref()).await
+            }
+            .map_err(plugin_error)?;
+            print!("{out}");
+            Ok(0)
+        }
+        Command::Version => {
+            let plugin = crate::plugin::Plugin::connect(None)
                 .await
                 .map_err(plugin_error)?;
-            print!("{out}");
+            print!("{}", plugin.version().await.map_err(plugin_error)?);
             Ok(0)
         }
         Command::Why { pod, namespace } => {

@@ -1,5 +1,5 @@
-//! `zkgate status` and `zkgate why`: who waits for whom, read from the API
-//! server alone (no ZooKeeper access needed). Installed as `kubectl-zkgate`
+//! `zkgate status` (`-A`: every namespace's) and `zkgate why`: who waits
+//! for whom, read from the API server alone (no ZooKeeper access needed). Installed as `kubectl-zkgate`
 //! (the same binary), they are `kubectl zkgate status|why`.
 
 use std::collections::BTreeSet;
@@ -118,6 +118,137 @@ impl Plugin {
                 }
             }
         }
+    }
+
+    /// `status -A [KIND]`: every Barrier and LockLease of every namespace
+    /// the caller may list, a line each after its namespace, by namespace.
+    pub async fn status_everywhere(&self, kind: Option<Kind>) -> Result<String, PluginError> {
+        let mut lines: Vec<(String, u8, String)> = Vec::new();
+        if kind != Some(Kind::Locklease) {
+            for b in Api::<Barrier>::all(self.client.clone())
+                .list(&ListParams::default())
+                .await?
+            {
+                lines.push((b.namespace().unwrap_or_default(), 0, barrier_line(&b)));
+            }
+        }
+        if kind != Some(Kind::Barrier) {
+            for l in Api::<LockLease>::all(self.client.clone())
+                .list(&ListParams::default())
+                .await?
+            {
+                lines.push((l.namespace().unwrap_or_default(), 1, lock_line(&l)));
+            }
+        }
+        if lines.is_empty() {
+            return Ok("no Barriers or LockLeases in any namespace\n".to_owned());
+        }
+        // Each namespace's together, Barriers first (a stable sort keeps
+        // the API server's order by name within).
+        lines.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        let width = lines.iter().map(|l| l.0.len()).max().unwrap_or(0);
+        Ok(lines
+            .iter()
+            .map(|(namespace, _, line)| format!("{namespace:width$}  {line}\n"))
+            .collect())
+    }
+
+    /// `version`: this plugin's, the API server's, the CRDs' (whether they
+    /// are as this plugin's release makes them), and every zkgate
+    /// controller's the caller may list (its Deployment, by the chart's
+    /// `app.kubernetes.io/name` label: image, version, pods ready).
+    pub async fn version(&self) -> Result<String, PluginError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let mut out = format!("plugin       zkgate {}\n", env!("CARGO_PKG_VERSION"));
+        let server = match self.client.apiserver_version().await {
+            Ok(info) => info.git_version,
+            Err(e) => format!("unknown ({e})"),
+        };
+        let _ = writeln!(out, "API server   {server}");
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        for ours in crate::api::crds() {
+            let name = ours.name_any();
+            let state = match crds.get_opt(&name).await {
+                Ok(Some(installed)) => {
+                    let served: Vec<&str> = installed
+                        .spec
+                        .versions
+                        .iter()
+                        .filter(|v| v.served)
+                        .map(|v| v.name.as_str())
+                        .collect();
+                    let schemas = |crd: &CustomResourceDefinition| {
+                        crd.spec
+                            .versions
+                            .iter()
+                            .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
+                            .collect::<Vec<_>>()
+                    };
+                    let same = if schemas(&installed) == schemas(&ours) {
+                        "as this release makes them"
+                    } else {
+                        "not as this release makes them: another release's (upgrade them with the chart, or apply its crds/)"
+                    };
+                    format!("serves {}, {same}", served.join(", "))
+                }
+                Ok(None) => "not installed".to_owned(),
+                Err(e) => format!("cannot be read ({e})"),
+            };
+            let _ = writeln!(out, "CRD          {name}: {state}");
+        }
+        let deployments: Api<Deployment> = Api::all(self.client.clone());
+        let listed = deployments
+            .list(&ListParams::default().labels("app.kubernetes.io/name=zkgate"))
+            .await;
+        match listed {
+            Ok(list) if list.items.is_empty() => {
+                let _ = writeln!(
+                    out,
+                    "controller   none found (no Deployment labelled app.kubernetes.io/name=zkgate)"
+                );
+            }
+            Ok(list) => {
+                for d in list {
+                    let images: Vec<String> = d
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.as_ref())
+                        .map(|s| {
+                            s.containers
+                                .iter()
+                                .filter_map(|c| c.image.clone())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let version = d
+                        .labels()
+                        .get("app.kubernetes.io/version")
+                        .cloned()
+                        .unwrap_or_else(|| "unknown".into());
+                    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                    let ready = d
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ready_replicas)
+                        .unwrap_or(0);
+                    let _ = writeln!(
+                        out,
+                        "controller   {}/{}: {version}, image {}, {ready} of {wanted} ready",
+                        d.namespace().unwrap_or_default(),
+                        d.name_any(),
+                        images.join(", ")
+                    );
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "controller   cannot list Deployments in every namespace ({e})"
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// `why POD`: what the pod waits for, in one paragraph.

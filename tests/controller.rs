@@ -2367,6 +2367,88 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
         all.contains("barrier/train") && all.contains("locklease/db"),
         "{all}"
     );
+    // Every namespace's (other tests' too, on this API server), each line
+    // after its namespace; a name is not looked up across namespaces.
+    let everywhere = |args: &'static [&'static str]| async {
+        zkgate(&s, args)
+            .env("KUBECONFIG", support::kube::kubeconfig())
+            .stdout(Stdio::piped())
+            .output()
+            .await
+    };
+    let out = everywhere(&["status", "-A"]).await.unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let ours: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(s.ns.as_str()))
+        .collect();
+    assert_eq!(ours.len(), 2, "{listed}");
+    assert!(
+        ours[0].contains("  barrier/train: ") && ours[1].contains("  locklease/db "),
+        "{ours:?}"
+    );
+    let out = everywhere(&["status", "-A", "locklease"]).await.unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("locklease/db") && !listed.contains("barrier/"),
+        "{listed}"
+    );
+    let out = everywhere(&["status", "-A", "barrier", "train"])
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("-n NAMESPACE"), "{err}");
+
+    // `version`: the plugin's release, the API server's, the CRDs (whether
+    // as this release makes them), and a controller's Deployment as the
+    // chart labels it (never ready: this tier runs no
+    // kube-controller-manager).
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    let labels =
+        json!({ "app.kubernetes.io/name": "zkgate", "app.kubernetes.io/instance": "gate" });
+    let deployment = serde_json::from_value(json!({
+        "metadata": {
+            "name": "gate-zkgate",
+            "labels": { "app.kubernetes.io/name": "zkgate", "app.kubernetes.io/version": "9.9.9" }
+        },
+        "spec": {
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": { "containers": [{ "name": "zkgate", "image": "ghcr.io/zkgate/zkgate:9.9.9" }] }
+            }
+        }
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let out = everywhere(&["version"]).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for line in [
+        format!("plugin       zkgate {}\n", env!("CARGO_PKG_VERSION")),
+        "API server   v1.".to_owned(),
+        "CRD          barriers.zkgate.io: serves v1alpha1, ".to_owned(),
+        "CRD          lockleases.zkgate.io: serves v1alpha1, ".to_owned(),
+        format!(
+            "controller   {}/gate-zkgate: 9.9.9, image ghcr.io/zkgate/zkgate:9.9.9, 0 of 1 ready\n",
+            s.ns
+        ),
+    ] {
+        assert!(text.contains(&line), "{line:?} in {text}");
+    }
+    // This API server's are this build's (install_crds): every test here
+    // relies on that.
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with("CRD "))
+            .all(|l| l.ends_with(", as this release makes them")),
+        "{text}"
+    );
     drop(registered);
 }
 

@@ -353,6 +353,7 @@ fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
         in_place_restart: true,
         session_timeout: None,
         resources: zkgate::controller::webhook::resources::default(),
+        image_pull_secrets: Vec::new(),
     };
     let injected = inject(&pod, &injection)
         .unwrap_or_else(|e| panic!("{}: refused: {e}", file.display()))

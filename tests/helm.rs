@@ -172,6 +172,12 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
             "webhook.participantResources.limits.nvidia\\.com/gpu=1",
             "participantResources",
         ),
+        (
+            "webhook.participantImagePullSecrets[0].name=Registry",
+            "participantImagePullSecrets",
+        ),
+        ("controller.runBarrierTimeout=0s", "runBarrierTimeout"),
+        ("controller.runBarrierTimeout=soon", "runBarrierTimeout"),
     ] {
         let (ok, text) = lint(set);
         assert!(!ok && text.contains(names), "{set} refused: {text}");
@@ -181,6 +187,7 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         "zookeeper.sessionTimeout=1m30s",
         "webhook.participantSessionTimeout=30s",
         "webhook.participantResources.limits.cpu=2",
+        "controller.runBarrierTimeout=1h30m",
         "zookeeper.tls.existingSecret=zk-tls,zookeeper.tls.certKey=tls.crt,zookeeper.tls.keyKey=tls.key",
     ] {
         let (ok, text) = lint(set);
@@ -253,6 +260,25 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         resources("webhook.participantResources=null"),
         k8s_openapi::api::core::v1::ResourceRequirements::default(),
         "none at all"
+    );
+    // The tenants' pull secrets and the run Barriers' timeout: passed on
+    // when given, in the flags' forms, and nothing when not.
+    for name in [
+        "ZKGATE_PARTICIPANT_IMAGE_PULL_SECRETS",
+        "ZKGATE_RUN_BARRIER_TIMEOUT",
+    ] {
+        assert_eq!(env_of(&deployment("replicaCount=1"), name), None, "{name}");
+    }
+    let given = deployment(
+        "webhook.participantImagePullSecrets[0].name=registry,webhook.participantImagePullSecrets[1].name=mirror,controller.runBarrierTimeout=30m",
+    );
+    assert_eq!(
+        env_of(&given, "ZKGATE_PARTICIPANT_IMAGE_PULL_SECRETS").as_deref(),
+        Some("registry,mirror")
+    );
+    assert_eq!(
+        env_of(&given, "ZKGATE_RUN_BARRIER_TIMEOUT").as_deref(),
+        Some("30m")
     );
     let default = deployment("replicaCount=1");
     assert_eq!(

@@ -990,31 +990,7 @@ async fn told_there_are_no_native_sidecars_the_webhook_refuses_the_sidecar_form(
 async fn a_namespace_that_asks_every_container_for_limits_admits_labelled_pods() {
     let h = Hooked::new().await;
     let zk = isolated_connect();
-    let quotas: Api<ResourceQuota> = Api::namespaced(h.client.clone(), &h.ns);
-    let hard = json!({ "limits.cpu": "8", "limits.memory": "8Gi", "requests.cpu": "8", "requests.memory": "8Gi" });
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": { "name": "limits-required" }, "spec": { "hard": hard }
-    }))
-    .unwrap();
-    quotas.create(&PostParams::default(), &quota).await.unwrap();
-    // What kube-controller-manager's quota controller would write (this
-    // tier runs no controller-manager): the quota is enforced once its
-    // status knows its resources.
-    let used = json!({ "limits.cpu": "0", "limits.memory": "0", "requests.cpu": "0", "requests.memory": "0" });
-    quotas
-        .patch_status(
-            "limits-required",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "hard": hard, "used": used } })),
-        )
-        .await
-        .unwrap();
-    // The workloads' own containers give their limits, as the namespace asks.
-    let limited = |mut pod: serde_json::Value| {
-        pod["spec"]["containers"][0]["resources"] =
-            json!({ "limits": { "cpu": "1", "memory": "256Mi" } });
-        pod
-    };
+    limits_quota(&h).await;
     let forms = [
         (
             "init",
@@ -1126,6 +1102,239 @@ async fn a_namespace_that_asks_every_container_for_limits_admits_labelled_pods()
         assert!(
             stderr.contains(says) && stderr.contains("--participant-resources"),
             "{bad}: {stderr}"
+        );
+    }
+    h.done().await;
+}
+
+/// A ResourceQuota `limits-required` in `h`'s namespace on CPU and memory
+/// requests and limits (8 of each), enforced: every container of a pod
+/// must give each.
+async fn limits_quota(h: &Hooked) -> Api<ResourceQuota> {
+    let quotas: Api<ResourceQuota> = Api::namespaced(h.client.clone(), &h.ns);
+    let hard = json!({ "limits.cpu": "8", "limits.memory": "8Gi", "requests.cpu": "8", "requests.memory": "8Gi" });
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": { "name": "limits-required" }, "spec": { "hard": hard }
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // What kube-controller-manager's quota controller would write (this
+    // tier runs no controller-manager): the quota is enforced once its
+    // status knows its resources.
+    let used = json!({ "limits.cpu": "0", "limits.memory": "0", "requests.cpu": "0", "requests.memory": "0" });
+    quotas
+        .patch_status(
+            "limits-required",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "hard": hard, "used": used } })),
+        )
+        .await
+        .unwrap();
+    quotas
+}
+
+/// `pod` with its container's own limits (1 CPU, 256Mi), as a namespace
+/// that asks every container for limits wants.
+fn limited(mut pod: serde_json::Value) -> serde_json::Value {
+    pod["spec"]["containers"][0]["resources"] =
+        json!({ "limits": { "cpu": "1", "memory": "256Mi" } });
+    pod
+}
+
+/// What the docs say a pod of the sidecar form with a lock adds to its
+/// namespace's quota, as the API server's quota admission counts it: the
+/// barrier's native sidecar beside the pod's container for the pod's whole
+/// life (1 + 0.5 CPU, 256Mi + 64Mi), the lock's init container only while
+/// it runs (0.5 beside the sidecar's 0.5: less than that).
+#[tokio::test]
+async fn a_sidecar_and_lock_pod_adds_to_its_quota_what_the_docs_say() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let quotas = limits_quota(&h).await;
+    let controller = h.controller(&zk).await;
+    h.barrier("train", 2).await;
+    h.locklease("db", json!({})).await;
+    let mut pod = limited(sidecar_pod_of("train"));
+    pod["metadata"]["labels"]["zkgate.io/lock"] = json!("db");
+    let admitted = h.create_pod(pod).await.expect("admitted");
+    let inits: Vec<String> = admitted
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(
+        inits,
+        ["zkgate-barrier", "zkgate-lock"],
+        "the order counted"
+    );
+    let used = eventually(WITHIN, "the quota's use counted", || async {
+        let quota = quotas.get("limits-required").await.ok()?;
+        let used = quota.status?.used?;
+        (used.get("limits.cpu")?.0 != "0").then_some(used)
+    })
+    .await;
+    let of = |key: &str| used.get(key).map(|q| q.0.clone()).unwrap_or_default();
+    assert_eq!(
+        (of("limits.cpu"), of("limits.memory")),
+        ("1500m".to_owned(), "320Mi".to_owned())
+    );
+    // Requests: the container gave none but its limits (which default
+    // them), the sidecar 10m and 16Mi.
+    assert_eq!(
+        (of("requests.cpu"), of("requests.memory")),
+        ("1010m".to_owned(), "272Mi".to_owned())
+    );
+    drop(controller);
+    h.done().await;
+}
+
+/// A LimitRange whose `max.cpu` is below the injected containers' CPU limit
+/// refuses labelled pods, naming the maximum and the limit (as the docs
+/// say); told a limit within it, the controller's pods are admitted.
+#[tokio::test]
+async fn a_limit_range_below_the_participants_limit_refuses_them_until_told_one_within() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let ranges: Api<k8s_openapi::api::core::v1::LimitRange> =
+        Api::namespaced(h.client.clone(), &h.ns);
+    let range = serde_json::from_value(json!({
+        "metadata": { "name": "small" },
+        "spec": { "limits": [{ "type": "Container", "max": { "cpu": "250m" } }] }
+    }))
+    .unwrap();
+    ranges.create(&PostParams::default(), &range).await.unwrap();
+    let own = |name: &str| {
+        let mut pod = pod_of(name, json!({ "zkgate.io/barrier": "train" }));
+        pod["spec"]["containers"][0]["resources"] = json!({ "limits": { "cpu": "200m" } });
+        pod
+    };
+    let mut controller = h.controller(&zk).await;
+    h.barrier("train", 2).await;
+    let refused = h.create_pod(own("by-default")).await.expect_err("refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("maximum cpu") && message.contains("250m") && message.contains("500m"),
+        "{message}"
+    );
+    // Gone before the next listens on its port (a dying one still
+    // accepting would pass the wait for the next).
+    controller.kill().await;
+    let within =
+        r#"{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"cpu":"200m","memory":"64Mi"}}"#;
+    let controller = h
+        .controller_and(&zk, &["--participant-resources", within])
+        .await;
+    h.create_pod(own("told"))
+        .await
+        .expect("admitted with a limit within the range");
+    drop(controller);
+    h.done().await;
+}
+
+/// Issue 46, item 3: what a platform team sets once for every tenant. The
+/// pull secrets the controller is told go into each pod it injects
+/// containers into (once: a pod naming one keeps its own entry); the
+/// Barriers it makes for labelled Jobs wait at most the default timeout
+/// it is told, or what a Job's pod template says. Bad values are refused:
+/// the annotation at admission, the flags when the controller starts.
+#[tokio::test]
+async fn pull_secrets_and_the_run_barriers_timeout_are_set_once_for_every_tenant() {
+    let h = Hooked::new().await;
+    let zk = isolated_connect();
+    let controller = h
+        .controller_and(
+            &zk,
+            &[
+                "--participant-image-pull-secrets",
+                "registry,mirror",
+                "--run-barrier-timeout",
+                "30m",
+            ],
+        )
+        .await;
+    h.barrier("train", 2).await;
+
+    let mut pod = pod_of("pulled", json!({ "zkgate.io/barrier": "train" }));
+    pod["spec"]["imagePullSecrets"] = json!([{ "name": "registry" }, { "name": "own" }]);
+    let admitted = h.create_pod(pod).await.expect("admitted");
+    let names: Vec<String> = admitted
+        .spec
+        .unwrap()
+        .image_pull_secrets
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["registry", "own", "mirror"]);
+    // No container injected (a pod that carries zkgate already): none added.
+    let mut by_hand = pod_of("by-hand", json!({ "zkgate.io/barrier": "train" }));
+    by_hand["spec"]["initContainers"] = json!([{ "name": "zkgate-barrier", "image": IMAGE }]);
+    let admitted = h.create_pod(by_hand).await.expect("admitted");
+    assert_eq!(admitted.spec.unwrap().image_pull_secrets, None);
+
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), &h.ns);
+    for (name, annotations) in [
+        ("by-default", json!({})),
+        ("told", json!({ "zkgate.io/barrier-timeout": "5m" })),
+    ] {
+        let job: Job = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "parallelism": 2, "completions": 2,
+                "template": {
+                    "metadata": { "labels": { "zkgate.io/barrier": name }, "annotations": annotations },
+                    "spec": { "restartPolicy": "Never", "containers": [{ "name": "worker", "image": "busybox" }] }
+                }
+            }
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+    }
+    let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
+    for (name, timeout) in [("by-default", "30m"), ("told", "5m")] {
+        let made = eventually(WITHIN, "the Job's Barrier", || async {
+            barriers.get_opt(name).await.ok().flatten()
+        })
+        .await;
+        assert_eq!(made.spec.timeout.as_deref(), Some(timeout), "{name}");
+    }
+
+    let refused = h
+        .create_pod(annotated_pod(
+            "zero",
+            "train",
+            json!({ "zkgate.io/barrier-timeout": "0s" }),
+        ))
+        .await
+        .expect_err("refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("zkgate.io/barrier-timeout") && message.contains("not zero"),
+        "{message}"
+    );
+    drop(controller);
+
+    for (flag, bad, says) in [
+        (
+            "--participant-image-pull-secrets",
+            "registry,Mirror",
+            "no Secret name",
+        ),
+        ("--run-barrier-timeout", "0s", "not zero"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args(["controller", "--zookeeper", &zk, flag, bad])
+            .env("KUBECONFIG", kubeconfig())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains(flag),
+            "{flag} {bad}: {stderr}"
         );
     }
     h.done().await;

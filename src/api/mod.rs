@@ -52,6 +52,20 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .map_err(|e| format!("{text:?} is not a duration such as 90s or 10m: {e}"))
 }
 
+/// Checks a duration for a resource's spec (`spec.timeout`, a lease): it
+/// matches [`DURATION_PATTERN`], as the API server will check, and parses.
+pub fn spec_duration(text: &str) -> Result<String, String> {
+    // The pattern is a constant; it compiles.
+    let pattern = regex_lite::Regex::new(DURATION_PATTERN).map_err(|e| e.to_string())?;
+    if !pattern.is_match(text) {
+        return Err(format!(
+            "{text:?} is not a duration such as 90s, 10m or 1h30m (not zero; units ms, s, m, h, d)"
+        ));
+    }
+    parse_duration(text)?;
+    Ok(text.to_owned())
+}
+
 /// Every CRD zkgate serves, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![Barrier::crd(), LockLease::crd()]

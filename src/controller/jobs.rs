@@ -14,9 +14,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
-use super::webhook::inject::{
-    AFTER_ANNOTATION, AFTER_UNTIL_ANNOTATION, MAX_RESTARTS_ANNOTATION, ON_LOSS_ANNOTATION,
-};
+use super::webhook::inject::BARRIER_ANNOTATIONS;
 use super::BARRIER_LABEL;
 use crate::api::Barrier;
 
@@ -86,15 +84,7 @@ fn strip(job: &mut Job) {
             .and_then(|m| m.annotations.as_ref())
             .into_iter()
             .flatten()
-            .filter(|(k, _)| {
-                [
-                    ON_LOSS_ANNOTATION,
-                    MAX_RESTARTS_ANNOTATION,
-                    AFTER_ANNOTATION,
-                    AFTER_UNTIL_ANNOTATION,
-                ]
-                .contains(&k.as_str())
-            })
+            .filter(|(k, _)| BARRIER_ANNOTATIONS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         *spec = JobSpec {

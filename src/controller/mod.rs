@@ -99,6 +99,9 @@ pub struct ControllerOptions {
     pub rotation_grace: Duration,
     /// The admission webhook, when it is served.
     pub webhook: Option<webhook::WebhookOptions>,
+    /// The `spec.timeout` of the Barriers made for labelled Jobs whose pod
+    /// template does not say (`None`: no limit).
+    pub run_barrier_timeout: Option<String>,
 }
 
 impl ControllerOptions {
@@ -479,6 +482,7 @@ async fn lead(
         options.api(client),
         ctx.jobs.store().clone(),
         touched,
+        options.run_barrier_timeout.clone(),
     );
     // Stops the controllers gracefully; cancelled only by the shutdown branch
     // below, so that branch (not "the controllers stopped") decides the outcome.

@@ -379,11 +379,13 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
 /// Makes Barrier `name` for `job`'s run, owned by the run's owner (deleted
 /// with it): a Job's is sized from the Job (`spec.jobRef`), a JobSet's over
 /// the replicated Jobs whose pod template carries the label ([`jobset_size`]).
+/// Its timeout is the pod template's, else `default_timeout`.
 async fn make_barrier(
     client: &kube::Client,
     api: &Api<Barrier>,
     name: &str,
     job: &Job,
+    default_timeout: Option<&str>,
 ) -> Result<Seen, kube::Error> {
     let (Some(namespace), Some(run)) = (job.namespace(), run_of_job(job)) else {
         return Ok(Seen::Done);
@@ -411,6 +413,10 @@ async fn make_barrier(
     let (on_participant_loss, max_restarts) =
         crate::controller::webhook::inject::loss_policy(&annotations).unwrap_or_default();
     let after = crate::controller::webhook::inject::after_of(&annotations).unwrap_or_default();
+    let timeout = crate::controller::webhook::inject::barrier_timeout(&annotations)
+        .ok()
+        .flatten()
+        .or_else(|| default_timeout.map(str::to_owned));
     let mut barrier = Barrier::new(
         name,
         BarrierSpec {
@@ -430,7 +436,7 @@ async fn make_barrier(
                 },
             ),
             after,
-            ..BarrierSpec::default()
+            timeout,
         },
     );
     // The run is a label's value: an owner reference written by hand (any
@@ -586,12 +592,14 @@ fn strip(barrier: &mut Barrier) {
 /// until the Barrier watch ends (never: it retries) or `touches` closes.
 /// `barriers` is the API of the Barriers in scope; `jobs` the Job cache
 /// (filled by the stream the Barrier controller polls, which sends the
-/// touches).
+/// touches). A Barrier made without a timeout of its pod template's
+/// gets `default_timeout`.
 pub async fn keep(
     client: kube::Client,
     barriers: Api<Barrier>,
     jobs: Store<Job>,
     mut touches: UnboundedReceiver<Touch>,
+    default_timeout: Option<String>,
 ) {
     let (cache, writer) = reflector::store();
     let events = watcher(barriers, watcher::Config::default())
@@ -635,7 +643,16 @@ pub async fn keep(
             let Touch::Label(namespace, label) = &touch else {
                 continue;
             };
-            match see_to(&client, &jobs, &cache, namespace, label).await {
+            match see_to(
+                &client,
+                &jobs,
+                &cache,
+                namespace,
+                label,
+                default_timeout.as_deref(),
+            )
+            .await
+            {
                 Ok(Seen::Done) => retries.done(&touch),
                 Ok(Seen::Later) => {
                     retries.again(touch);
@@ -712,6 +729,7 @@ async fn see_to(
     barriers: &Store<Barrier>,
     namespace: &str,
     label: &str,
+    default_timeout: Option<&str>,
 ) -> Result<Seen, kube::Error> {
     let all = jobs.state();
     let labelled: Vec<&Job> = all
@@ -732,7 +750,7 @@ async fn see_to(
     let api: Api<Barrier> = Api::namespaced(client.clone(), namespace);
     match plan(barrier.as_deref(), &labelled, holder_live) {
         Plan::Nothing | Plan::AfterDeletion => Ok(Seen::Done),
-        Plan::Make(job) => make_barrier(client, &api, label, job).await,
+        Plan::Make(job) => make_barrier(client, &api, label, job, default_timeout).await,
         Plan::Replace { old, holder, new } => {
             // Its run asked of the API server, not the cache: a live run's
             // Barrier is never taken from it.

@@ -39,9 +39,9 @@
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerRestartRule, ContainerRestartRuleOnExitCodes,
     EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements,
-    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    LocalObjectReference, ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -88,6 +88,18 @@ pub const POD_DIR: &str = "/var/run/zkgate-pod";
 const RESTART_ALL: &str = "RestartAllContainers";
 /// How long the injected containers wait (e.g. `15m`) [default: no limit].
 pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
+/// The `spec.timeout` of the Barrier made for the pod's Job (e.g. `30m`)
+/// [default: the controller's `--run-barrier-timeout`, else no limit].
+pub const BARRIER_TIMEOUT_ANNOTATION: &str = "zkgate.io/barrier-timeout";
+/// The pod template annotations the Barrier made for a Job takes (the
+/// Job cache keeps these of a template's, and nothing else).
+pub const BARRIER_ANNOTATIONS: [&str; 5] = [
+    ON_LOSS_ANNOTATION,
+    MAX_RESTARTS_ANNOTATION,
+    AFTER_ANNOTATION,
+    AFTER_UNTIL_ANNOTATION,
+    BARRIER_TIMEOUT_ANNOTATION,
+];
 /// The annotation that sets a pod's participants' ZooKeeper session
 /// timeout (the controller's `--participant-session-timeout` otherwise).
 pub const SESSION_TIMEOUT_ANNOTATION: &str = "zkgate.io/session-timeout";
@@ -153,6 +165,9 @@ pub struct Injection {
     pub session_timeout: Option<std::time::Duration>,
     /// The injected containers' resources (see [`super::resources`]).
     pub resources: ResourceRequirements,
+    /// Secrets (of the pod's namespace) the kubelet pulls [`Self::image`]
+    /// with: added to the pods zkgate's containers are injected into.
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// Where the credential handout is and how to check it.
@@ -241,6 +256,9 @@ pub enum Refusal {
         /// What is wrong with it.
         reason: String,
     },
+    /// `zkgate.io/barrier-timeout` is not a Barrier's timeout.
+    #[error("annotation {BARRIER_TIMEOUT_ANNOTATION}: {0}")]
+    InvalidBarrierTimeout(String),
     /// `zkgate.io/session-timeout` is not a duration in range.
     #[error("annotation {SESSION_TIMEOUT_ANNOTATION}={value:?}: {reason}")]
     InvalidSessionTimeout {
@@ -326,6 +344,18 @@ pub fn loss_policy(
     Ok((policy, max))
 }
 
+/// The `spec.timeout` a pod's annotations ask of the Barrier made for its
+/// Job (`None`: the controller's default): checked here, read there
+/// ([`crate::controller::runs`]).
+pub fn barrier_timeout(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<String>, Refusal> {
+    annotations
+        .get(BARRIER_TIMEOUT_ANNOTATION)
+        .map(|t| crate::api::spec_duration(t).map_err(Refusal::InvalidBarrierTimeout))
+        .transpose()
+}
+
 /// The `spec.after` a pod's annotations ask of the Barrier made for its
 /// Job: checked here, read there ([`crate::controller::runs`]).
 pub fn after_of(
@@ -407,6 +437,7 @@ pub fn wanted(pod: &Pod, injection: &Injection) -> Result<Wanted, Refusal> {
         Ok(Some(value.clone()))
     };
     let (policy, _) = loss_policy(&annotations)?;
+    barrier_timeout(&annotations)?;
     let restarts = policy == crate::api::OnParticipantLoss::RestartGang;
     if !after_of(&annotations)?.is_empty() && restarts {
         return Err(Refusal::AfterWithRestartGang);
@@ -578,11 +609,26 @@ pub fn inject(pod: &Pod, injection: &Injection) -> Result<Option<Pod>, Refusal> 
     };
     if containers {
         add_containers(spec, injection, &wanted)?;
+        add_pull_secrets(spec, &injection.image_pull_secrets);
     }
     if let Some(target) = &injection.handout {
         give_handout(spec, injection, target)?;
     }
     Ok(Some(pod))
+}
+
+/// Adds the image pull secrets the injected containers' image needs, each
+/// once (a pod that names one already keeps its entry).
+fn add_pull_secrets(spec: &mut PodSpec, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let secrets = spec.image_pull_secrets.get_or_insert_with(Vec::new);
+    for name in names {
+        if !secrets.iter().any(|s| s.name == *name) {
+            secrets.push(LocalObjectReference { name: name.clone() });
+        }
+    }
 }
 
 /// Adds the containers `wanted` asks for, and the volume they share with
@@ -1067,6 +1113,7 @@ mod tests {
             in_place_restart: true,
             session_timeout: None,
             resources: crate::controller::webhook::resources::default(),
+            image_pull_secrets: Vec::new(),
         }
     }
 
