@@ -180,8 +180,9 @@ pub struct ControllerArgs {
     /// The `spec.timeout` of the Barriers the controller makes for labelled
     /// Jobs (e.g. `30m`), unless the pod template's annotation
     /// `zkgate.io/barrier-timeout` says; counted from the Barrier's making,
-    /// once its Job runs (not while a queue holds it suspended)
-    /// [default: no limit].
+    /// once its Job runs (not while a queue holds it suspended). Not for a
+    /// gang in rounds (RestartGang) or one waiting for other Barriers
+    /// (`zkgate.io/after`) [default: no limit].
     #[arg(long, env = "ZKGATE_RUN_BARRIER_TIMEOUT", value_parser = crate::api::spec_duration)]
     pub run_barrier_timeout: Option<String>,
     /// The admission webhook.

@@ -12,8 +12,9 @@
 //! - `kubectl ...` run against the test API server, every command that
 //!   would change something with `--dry-run=server` (so the API server
 //!   validates the manifests an example applies, against zkgate's, JobSet's
-//!   and Kueue's CRDs); a watch must start watching. An object not being
-//!   there (NotFound) is the only error taken.
+//!   and Kueue's CRDs; one on every namespace runs on an empty one), only
+//!   `rollout status|history` of rollout's; a watch must start watching.
+//!   An object not being there (NotFound) is the only error taken.
 //!
 //! A command the tools here cannot check (a krew install) is named in the
 //! test's output and counted; none may be silently skipped.
@@ -113,7 +114,7 @@ fn pasted(file: &Path) -> Vec<Pasted> {
     let text = std::fs::read_to_string(file).unwrap();
     let mut found = Vec::new();
     let mut block: Option<String> = None;
-    let mut lines = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
     for raw in text.lines() {
         let trimmed = raw.trim_start();
         if let Some(fence) = trimmed.strip_prefix("```") {
@@ -123,12 +124,19 @@ fn pasted(file: &Path) -> Vec<Pasted> {
                         "sh" | "bash" | "shell" | "" => {
                             found.extend(commands(file, &lines.join("\n")));
                         }
-                        // A session: its commands are the prompted lines.
+                        // A session: its commands are the prompted lines
+                        // (and the lines a `\` continues them on).
                         "console" => {
-                            let prompted: Vec<&str> = lines
-                                .iter()
-                                .filter_map(|l: &String| l.trim_start().strip_prefix("$ "))
-                                .collect();
+                            let mut prompted: Vec<&str> = Vec::new();
+                            for l in &lines {
+                                let l = l.trim_start();
+                                let continued = prompted.last().is_some_and(|p| p.ends_with('\\'));
+                                if let Some(command) = l.strip_prefix("$ ") {
+                                    prompted.push(command);
+                                } else if continued {
+                                    prompted.push(l);
+                                }
+                            }
                             found.extend(commands(file, &prompted.join("\n")));
                         }
                         _ => {}
@@ -302,14 +310,37 @@ fn check(command: &Pasted) -> Result<bool, String> {
         "kubectl" => {
             let at = subcommand(words).ok_or("no subcommand")?;
             let mut args: Vec<String> = words[1..].to_vec();
+            // Ours before a `--` (what follows it is a command's).
+            let end = args.iter().position(|w| w == "--").unwrap_or(args.len());
+            let mutating = |args: &mut Vec<String>| {
+                args.insert(end, "--dry-run=server".into());
+                // On everything: on an empty namespace instead (a dry run
+                // of the shared server's every test object takes minutes
+                // at kubectl's request rate; the flags are what is checked).
+                if let Some(all) = args[..end]
+                    .iter()
+                    .position(|w| w == "--all-namespaces" || w == "-A")
+                {
+                    args[all] = "--namespace=zkgate-docs-empty".into();
+                }
+            };
             match words[at].as_str() {
+                // kubectl refuses flags before a plugin's name.
+                "zkgate" if at > 1 => {
+                    return Err("kubectl takes no flags before a plugin's name".into())
+                }
                 "zkgate" => return zkgate_parses(&words[at + 1..]).map(|()| true),
                 // A plugin manager not installed here: its own flags.
                 "krew" => return Ok(false),
                 "apply" | "create" | "delete" | "label" | "annotate" | "patch" | "replace" => {
-                    args.push("--dry-run=server".into());
+                    mutating(&mut args);
                 }
-                "get" | "describe" | "logs" | "rollout" | "explain" | "top" | "wait" => {}
+                "rollout"
+                    if matches!(
+                        words.get(at + 1).map(String::as_str),
+                        Some("status" | "history")
+                    ) => {}
+                "get" | "describe" | "logs" | "explain" | "top" | "wait" => {}
                 other => return Err(format!("no check for kubectl {other}: add one")),
             }
             let watch = words
@@ -390,9 +421,11 @@ async fn the_check_refuses_what_fails_as_pasted() {
                  kubectl get barriers --no-such-flag\n\
                  helm install zkgate charts/zkgate --set zookeeper.deploy=maybe\n\
                  zkgate status barrier train --no-such-flag\n\
-                 kubectl zkgate status barrier train --all-of-them\n";
+                 kubectl zkgate status barrier train --all-of-them\n\
+                 kubectl -n default zkgate status\n\
+                 kubectl rollout restart deploy/zkgate\n";
     let commands = commands_of(block);
-    assert_eq!(commands.len(), 5);
+    assert_eq!(commands.len(), 7);
     for command in &commands {
         let checked = tokio::task::block_in_place(|| check(command));
         assert!(checked.is_err(), "{}: passed", command.line);

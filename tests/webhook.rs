@@ -1279,6 +1279,17 @@ async fn pull_secrets_and_the_run_barriers_timeout_are_set_once_for_every_tenant
     for (name, annotations) in [
         ("by-default", json!({})),
         ("told", json!({ "zkgate.io/barrier-timeout": "5m" })),
+        // The default is not theirs: rounds are timed each, and a gang
+        // waiting for others waits their run out.
+        (
+            "in-rounds",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang" }),
+        ),
+        ("after-others", json!({ "zkgate.io/after": "by-default" })),
+        (
+            "in-rounds-told",
+            json!({ "zkgate.io/on-participant-loss": "RestartGang", "zkgate.io/barrier-timeout": "2h" }),
+        ),
     ] {
         let job: Job = serde_json::from_value(json!({
             "metadata": { "name": name },
@@ -1294,12 +1305,18 @@ async fn pull_secrets_and_the_run_barriers_timeout_are_set_once_for_every_tenant
         jobs.create(&PostParams::default(), &job).await.unwrap();
     }
     let barriers: Api<Barrier> = Api::namespaced(h.client.clone(), &h.ns);
-    for (name, timeout) in [("by-default", "30m"), ("told", "5m")] {
+    for (name, timeout) in [
+        ("by-default", Some("30m")),
+        ("told", Some("5m")),
+        ("in-rounds", None),
+        ("after-others", None),
+        ("in-rounds-told", Some("2h")),
+    ] {
         let made = eventually(WITHIN, "the Job's Barrier", || async {
             barriers.get_opt(name).await.ok().flatten()
         })
         .await;
-        assert_eq!(made.spec.timeout.as_deref(), Some(timeout), "{name}");
+        assert_eq!(made.spec.timeout.as_deref(), timeout, "{name}");
     }
 
     let refused = h

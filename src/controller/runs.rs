@@ -413,10 +413,16 @@ async fn make_barrier(
     let (on_participant_loss, max_restarts) =
         crate::controller::webhook::inject::loss_policy(&annotations).unwrap_or_default();
     let after = crate::controller::webhook::inject::after_of(&annotations).unwrap_or_default();
+    // The platform's default bounds a gang's one meeting: not a gang in
+    // rounds (each later round is timed too, from its node's making) nor
+    // one waiting for others (it would wait their whole run out). Theirs
+    // is the pod template's only.
+    let defaulted =
+        on_participant_loss != crate::api::OnParticipantLoss::RestartGang && after.is_empty();
     let timeout = crate::controller::webhook::inject::barrier_timeout(&annotations)
         .ok()
         .flatten()
-        .or_else(|| default_timeout.map(str::to_owned));
+        .or_else(|| default_timeout.filter(|_| defaulted).map(str::to_owned));
     let mut barrier = Barrier::new(
         name,
         BarrierSpec {
