@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::kube::{client, install_crd_file, install_crds, install_jobset_crd, kubeconfig};
+use support::kube::{client, install_crds, install_upstream_crds, kubeconfig};
+use support::tool;
 
 /// A command of a doc: where it is and its words.
 #[derive(Debug)]
@@ -238,12 +239,6 @@ fn run(program: &Path, args: &[String], forever: bool) -> (Option<i32>, String) 
     }
 }
 
-fn tool(name: &str) -> PathBuf {
-    let dir = std::env::var("ZKGATE_TOOLS")
-        .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap()));
-    Path::new(&dir).join(name)
-}
-
 /// Whether `stderr` holds only errors of objects that are not there.
 fn only_not_found(stderr: &str) -> bool {
     let errors: Vec<&str> = stderr
@@ -365,15 +360,7 @@ fn check(command: &Pasted) -> Result<bool, String> {
 async fn every_command_in_the_docs_works_as_pasted() {
     let client = client().await;
     install_crds(&client).await;
-    install_jobset_crd(&client).await;
-    for file in [
-        "kueue.x-k8s.io_clusterqueues.yaml",
-        "kueue.x-k8s.io_localqueues.yaml",
-        "kueue.x-k8s.io_resourceflavors.yaml",
-        "kueue.x-k8s.io_workloads.yaml",
-    ] {
-        install_crd_file(&client, file).await;
-    }
+    install_upstream_crds(&client).await;
     let commands: Vec<Pasted> = docs().iter().flat_map(|f| pasted(f)).collect();
     assert!(
         commands.len() >= 40,

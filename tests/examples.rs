@@ -14,7 +14,7 @@ use std::process::Command;
 use serde::Deserialize;
 use serde_json::Value;
 
-use support::kube::{client, install_crds, install_jobset_crd, kubeconfig, namespace};
+use support::kube::{client, install_crds, kubeconfig, namespace};
 
 /// The examples' folders, and what each must hold at least.
 const EXAMPLES: usize = 17;
@@ -23,20 +23,9 @@ const EXAMPLES: usize = 17;
 async fn every_example_is_accepted_by_the_api_server() {
     let client = client().await;
     install_crds(&client).await;
-    install_jobset_crd(&client).await;
-    for crd in [
-        "kueue.x-k8s.io_resourceflavors",
-        "kueue.x-k8s.io_clusterqueues",
-        "kueue.x-k8s.io_localqueues",
-    ] {
-        support::kube::install_crd_file(&client, &format!("{crd}.yaml")).await;
-    }
+    support::kube::install_upstream_crds(&client).await;
     let ns = namespace(&client).await;
-    let kubectl = Path::new(
-        &std::env::var("ZKGATE_TOOLS")
-            .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap())),
-    )
-    .join("kubectl");
+    let kubectl = support::tool("kubectl");
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut checked = 0;
     // (kind, name) → the example folder that uses it.

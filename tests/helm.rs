@@ -9,25 +9,13 @@ use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::isolated_connect;
 use support::kube::{client, install_crds, kubeconfig, namespace};
+use support::{isolated_connect, tool};
 use zkgate::api::Barrier;
 use zkgate::zk::{DoubleBarrier, EnterOptions};
 
 fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/zkgate")
-}
-
-fn tool(name: &str) -> PathBuf {
-    let dir = std::env::var("ZKGATE_TOOLS")
-        .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap()));
-    let path = Path::new(&dir).join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/install-helm (scripts/test does)",
-        path.display()
-    );
-    path
 }
 
 fn run(program: &Path, args: &[&str], stdin: Option<&str>) -> Output {

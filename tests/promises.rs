@@ -1661,14 +1661,7 @@ async fn a_clean_up_after_expiry_leaves_a_new_registration_of_the_same_name_alon
     proxy.stall_until_expired().await;
     let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
     proxy.resume();
-    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
-    assert!(code == 3 || code == 5, "{code}: {err}");
-    let after = observer.client().check_stat(&node).await.unwrap();
-    assert_eq!(
-        after.map(|s| s.czxid),
-        Some(created),
-        "the new registration of p1 was removed by the old one's clean-up: {err}"
-    );
+    gave_up_leaving_the_new_pods_node(entering, &observer, &node, created).await;
 }
 
 /// Registration `node` of barrier `g` removed as the controller removes a
@@ -1704,6 +1697,25 @@ async fn replaced_by_a_new_pod(
     (created, again)
 }
 
+/// p1 (`entering`, through the resumed proxy) gives up unsettled (exit 3
+/// or 5), and the new pod's registration `node`, made at `created`, is
+/// still there.
+async fn gave_up_leaving_the_new_pods_node(
+    entering: tokio::process::Child,
+    observer: &zkgate::zk::Session,
+    node: &str,
+    created: i64,
+) {
+    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
+    assert!(code == 3 || code == 5, "{code}: {err}");
+    let after = observer.client().check_stat(node).await.unwrap();
+    assert_eq!(
+        after.map(|s| s.czxid),
+        Some(created),
+        "the new pod's registration was removed by p1 giving up: {err}"
+    );
+}
+
 /// The same when the reply to our create was lost (the create applied,
 /// the connection frozen) and our session expired before we learnt of it:
 /// the clean-up, from a new session, has no czxid to know our node by,
@@ -1732,14 +1744,7 @@ async fn a_clean_up_of_a_create_whose_reply_was_lost_leaves_a_new_registration_a
     proxy.stall_until_expired().await;
     let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
     proxy.resume();
-    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
-    assert!(code == 3 || code == 5, "{code}: {err}");
-    let after = observer.client().check_stat(&node).await.unwrap();
-    assert_eq!(
-        after.map(|s| s.czxid),
-        Some(created),
-        "the new registration of p1 was removed by the old one's clean-up: {err}"
-    );
+    gave_up_leaving_the_new_pods_node(entering, &observer, &node, created).await;
 }
 
 /// A withdrawal racing the controller: p1 gives up (its deadline), has
@@ -1761,14 +1766,7 @@ async fn a_withdrawal_racing_the_controllers_removal_leaves_the_new_pods_registr
     proxy.stalled_at().await;
     let (created, _again) = replaced_by_a_new_pod(&direct, &observer, &node).await;
     proxy.resume();
-    let (code, err) = support::finished(entering, Duration::from_secs(30)).await;
-    assert!(code == 3 || code == 5, "{code}: {err}");
-    let after = observer.client().check_stat(&node).await.unwrap();
-    assert_eq!(
-        after.map(|s| s.czxid),
-        Some(created),
-        "the new pod's registration was removed by the old one's withdrawal: {err}"
-    );
+    gave_up_leaving_the_new_pods_node(entering, &observer, &node, created).await;
 }
 
 /// A token file that is not a regular file (a pipe here; `/dev/null` in a

@@ -1086,25 +1086,26 @@ async fn a_namespace_that_asks_every_container_for_limits_admits_labelled_pods()
             "only cpu and memory",
         ),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
-            .args([
-                "controller",
-                "--zookeeper",
-                &zk,
-                "--participant-resources",
-                bad,
-            ])
-            .env("KUBECONFIG", kubeconfig())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        let stderr = controller_refuses(&zk, "--participant-resources", bad);
         assert!(
             stderr.contains(says) && stderr.contains("--participant-resources"),
             "{bad}: {stderr}"
         );
     }
     h.done().await;
+}
+
+/// `zkgate controller` with `flag value` against ZooKeeper `zk`: it must
+/// refuse to start (exit 2); its standard error.
+fn controller_refuses(zk: &str, flag: &str, value: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+        .args(["controller", "--zookeeper", zk, flag, value])
+        .env("KUBECONFIG", kubeconfig())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+    stderr
 }
 
 /// A ResourceQuota `limits-required` in `h`'s namespace on CPU and memory
@@ -1342,13 +1343,7 @@ async fn pull_secrets_and_the_run_barriers_timeout_are_set_once_for_every_tenant
         ),
         ("--run-barrier-timeout", "0s", "not zero"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
-            .args(["controller", "--zookeeper", &zk, flag, bad])
-            .env("KUBECONFIG", kubeconfig())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {stderr}");
+        let stderr = controller_refuses(&zk, flag, bad);
         assert!(
             stderr.contains(says) && stderr.contains(flag),
             "{flag} {bad}: {stderr}"

@@ -95,6 +95,20 @@ pub async fn install_jobset_crd(client: &Client) {
     install_crd_file(client, "jobset.x-k8s.io_jobsets.yaml").await;
 }
 
+/// Applies every CRD of `tests/crds` (JobSet's and Kueue's, as released).
+pub async fn install_upstream_crds(client: &Client) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crds");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("tests/crds")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        install_crd_file(client, &file).await;
+    }
+}
+
 /// Applies the CRD of `tests/crds/FILE` (a release's, whole: see
 /// `scripts/upstream-crds`; idempotent) and waits until it is served.
 pub async fn install_crd_file(client: &Client, file: &str) {

@@ -23,6 +23,21 @@ use zkgate::zk::{ConnectString, Session, SessionOptions};
 
 pub use zookeeper::{Ensemble, ZkServer};
 
+/// A command-line tool the tests run (`helm`, `kubectl`): in
+/// `$ZKGATE_TOOLS`, by default `~/.cache/zkgate/tools`, where
+/// scripts/install-helm puts them (scripts/test runs it).
+pub fn tool(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var("ZKGATE_TOOLS")
+        .unwrap_or_else(|_| format!("{}/.cache/zkgate/tools", std::env::var("HOME").unwrap()));
+    let path = std::path::Path::new(&dir).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/install-helm (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
 /// The ZooKeeper every test of this process shares: `ZKGATE_TEST_ZOOKEEPER`
 /// when set (the test script starts one for the whole run), else a server
 /// this process starts once and that dies with it.
