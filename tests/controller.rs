@@ -671,23 +671,37 @@ async fn a_lease_duration_revokes_the_holder_and_the_next_waiter_acquires() {
 /// 0.94 s beside the old command (until its SIGKILL).
 #[tokio::test]
 async fn a_revoked_holders_command_is_dead_before_the_next_holder_starts() {
-    lease_ends_before_the_next_holder(|s, command| {
-        let mut args = vec![
-            "lock",
-            "run",
-            "db",
-            "--id",
-            "holder",
-            "--timeout",
-            "30s",
-            "--kill-grace",
-            "1s",
-            "--",
-        ];
-        args.extend_from_slice(command);
-        vec![zkgate(s, &args).spawn().unwrap()]
+    lease_ends_before_the_next_holder(exclusive(), &[], |s, command| {
+        vec![lock_run_holder(s, &[], command)]
     })
     .await;
+}
+
+/// Issue 43, item 2, for a semaphore's permits: the same lease, the same
+/// stubborn command, on one permit taken by the holder and then the next.
+#[tokio::test]
+async fn a_revoked_permits_command_is_dead_before_the_next_holder_starts() {
+    let take = ["--take", "1"];
+    lease_ends_before_the_next_holder(
+        json!({ "mode": "Semaphore", "permits": 1, "leaseDuration": "3s" }),
+        &take,
+        |s, command| vec![lock_run_holder(s, &take, command)],
+    )
+    .await;
+}
+
+/// `lock run db --id holder` (with `extra`), kill grace 1 s, of `command`.
+fn lock_run_holder(s: &Setup, extra: &[&str], command: &[&str]) -> tokio::process::Child {
+    let mut args = vec!["lock", "run", "db", "--id", "holder"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--timeout", "30s", "--kill-grace", "1s", "--"]);
+    args.extend_from_slice(command);
+    zkgate(s, &args).spawn().unwrap()
+}
+
+/// The spec of an Exclusive LockLease with a 3 s lease.
+fn exclusive() -> serde_json::Value {
+    json!({ "mode": "Exclusive", "leaseDuration": "3s" })
 }
 
 /// Issue 43, item 2, the sidecar form: the sidecar withdraws the token at
@@ -696,7 +710,7 @@ async fn a_revoked_holders_command_is_dead_before_the_next_holder_starts() {
 #[tokio::test]
 async fn a_revoked_sidecars_watched_command_is_dead_before_the_next_holder_starts() {
     let dir = tempfile::tempdir().unwrap();
-    lease_ends_before_the_next_holder(|s, command| {
+    lease_ends_before_the_next_holder(exclusive(), &[], |s, command| {
         let (mut sidecar, mut watch) =
             support::lock_sidecar_and_watch(&s.zk, dir.path(), "8s", "1s", command);
         [&mut sidecar, &mut watch]
@@ -712,18 +726,21 @@ async fn a_revoked_sidecars_watched_command_is_dead_before_the_next_holder_start
     .await;
 }
 
-/// The Exclusive LockLease `db` with `leaseDuration: 3s`; `start_holder`
-/// starts the processes that hold it with a command that ignores SIGTERM
-/// and beats every 20 ms; each must exit 6 saying the lease ended. The
-/// next holder's command must start after the last beat.
+/// The LockLease `db` of `spec` (one holder at a time, `leaseDuration:
+/// 3s`); `start_holder` starts the processes that hold it with a command
+/// that ignores SIGTERM and beats every 20 ms; each must exit 6 saying the
+/// lease ended. The next holder (`lock run` with `extra`) must start its
+/// command after the last beat.
 async fn lease_ends_before_the_next_holder(
+    spec: serde_json::Value,
+    extra: &[&str],
     start_holder: impl FnOnce(&Setup, &[&str]) -> Vec<tokio::process::Child>,
 ) {
     let s = setup().await;
     let api: Api<LockLease> = Api::namespaced(s.client.clone(), &s.ns);
     let lock: LockLease = serde_json::from_value(json!({
         "apiVersion": "zkgate.io/v1alpha1", "kind": "LockLease", "metadata": { "name": "db" },
-        "spec": { "mode": "Exclusive", "leaseDuration": "3s" }
+        "spec": spec
     }))
     .unwrap();
     api.create(&PostParams::default(), &lock).await.unwrap();
@@ -739,24 +756,11 @@ async fn lease_ends_before_the_next_holder(
         (st.holders.len() == 1 && st.holders[0].id == "holder" && beat.exists()).then_some(())
     })
     .await;
-    let next = zkgate(
-        &s,
-        &[
-            "lock",
-            "run",
-            "db",
-            "--id",
-            "next",
-            "--timeout",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &format!("date +%s%N > {}", next_started.display()),
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let record_start = format!("date +%s%N > {}", next_started.display());
+    let mut args = vec!["lock", "run", "db", "--id", "next"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--timeout", "30s", "--", "sh", "-c", &record_start]);
+    let next = zkgate(&s, &args).spawn().unwrap();
     for holder in holders {
         let (code, err) = finished(holder).await;
         assert_eq!(code, Some(6), "a holder exits 6 at its lease's end: {err}");

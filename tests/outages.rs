@@ -367,6 +367,103 @@ async fn a_gang_in_rounds_runs_through_an_outage_longer_than_the_session_timeout
     let _ = admin.close().await;
 }
 
+/// Issue 43, item 1: a member that dies during an outage is found once
+/// ZooKeeper is back, not before. Its session expires a session timeout
+/// after the server's return, its registration with it; the members still
+/// running then end the round and meet again (a restart). Round 1 waits
+/// for the dead member's run mark (its command may have outlived it, for
+/// all they know) until the controller removes it, its pod having ended
+/// (done here as the controller does it); then a replacement pod meets
+/// the others, and round 1 runs to its end.
+#[tokio::test]
+async fn a_member_that_died_during_an_outage_restarts_the_gang_once_zookeeper_is_back() {
+    let (server, connect, gang) = server_with_gang(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut members: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|id| (id, gang_member(&connect, dir.path(), id, 25)))
+        .collect();
+    eventually(Duration::from_secs(20), "every command started", || async {
+        ["a", "b", "c"]
+            .iter()
+            .all(|id| dir.path().join(format!("runs-{id}")).exists())
+            .then_some(())
+    })
+    .await;
+    let mut server = server;
+    server.kill();
+    // c dies during the outage, as a pod's process killed on its node
+    // (its guardian stops its command).
+    let (_, mut c) = members.pop().expect("c");
+    c.kill().await.expect("kill c");
+    tokio::time::sleep(OUTAGE).await;
+    let server = back_on_its_data(server).await;
+    let back = Instant::now();
+    let admin = support::session(&server.address()).await;
+    let ends = eventually(Duration::from_secs(30), "round 0 to end", || async {
+        let (round, ends) = round_of(&admin, &gang).await;
+        (round == Some(1)).then_some(ends)
+    })
+    .await;
+    // Not at the return: once c's session expired, a session timeout (4 s,
+    // counted from the server's start) later; the outage itself lost
+    // nobody.
+    assert!(
+        back.elapsed() >= Duration::from_secs(2),
+        "the round ended {:?} after ZooKeeper was back, before c's session could expire: {ends:?}",
+        back.elapsed()
+    );
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    // Round 1 waits for c's mark: no command of it starts.
+    let c_mark = format!("{}/running/c", gang.path());
+    assert!(
+        admin.client().check_stat(&c_mark).await.unwrap().is_some(),
+        "the dead member's mark is gone before the controller removed it"
+    );
+    let runs = |id: &str| {
+        std::fs::read_to_string(dir.path().join(format!("runs-{id}")))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // A replacement pod (another name and uid) registers for round 1;
+    // still no round-1 command runs while c's mark is there.
+    let d = gang_member(&connect, dir.path(), "d", 25);
+    eventually(
+        Duration::from_secs(30),
+        "d registered in round 1",
+        || async {
+            let round_1 = gang.round_path(1);
+            let there = admin
+                .client()
+                .list_children(&round_1)
+                .await
+                .unwrap_or_default();
+            there.iter().any(|c| c == "d").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        (runs("a"), runs("b"), runs("d")),
+        (1, 1, 0),
+        "a command of round 1 started beside c's mark"
+    );
+    admin.client().delete(&c_mark, None).await.unwrap();
+    members.push(("d", d));
+    for (id, child) in members {
+        let (code, err) = finished(child, Duration::from_secs(90)).await;
+        assert_eq!(code, 0, "{id} exited {code}: {err}");
+    }
+    assert_eq!(
+        (runs("a"), runs("b"), runs("d")),
+        (2, 2, 1),
+        "a and b ran once a round, d in round 1"
+    );
+    let (round, ends) = round_of(&admin, &gang).await;
+    assert_eq!(round, Some(1), "{ends:?}");
+    let _ = admin.close().await;
+}
+
 /// One life of a pod in the sidecar form in rounds, as the kubelet starts
 /// it: `zkgate install --pod-dir` (it marks the life), then `zkgate
 /// barrier sidecar g --pod-dir` (a 4 s session).

@@ -7,9 +7,10 @@
 //!
 //! What must hold: a gang whose barrier opened runs on and completes as if
 //! nothing happened (no pod fails, no command is stopped), in rounds too
-//! (`RestartGang`: no restart), and a lock holder, which cannot know
-//! whether its session outlives the outage, is stopped during it, and
-//! nobody else holds until the quorum is back.
+//! (`RestartGang`: no restart); a lock holder, which cannot know whether
+//! its session outlives the outage, is stopped during it, and nobody else
+//! holds until the quorum is back; and a labelled Job made during the
+//! outage is admitted then, and completes after.
 
 use std::net::Ipv4Addr;
 
@@ -44,6 +45,29 @@ spec:
         - name: worker
           image: workload:local
           command: ["sh", "-c", "echo started-at-us $(now-us); sleep 90; echo until-us $(now-us)"]
+          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+"#;
+
+/// A gang of 2 in the init form, by label alone, made while the quorum is
+/// gone.
+const LATE: &str = r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: late}
+spec:
+  completions: 2
+  parallelism: 2
+  backoffLimit: 0
+  template:
+    metadata:
+      labels: {zkgate.io/barrier: late}
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: worker
+          image: workload:local
+          command: ["sh", "-c", "echo started-at-us $(now-us)"]
           securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
 "#;
 
@@ -154,6 +178,28 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
     .await;
     assert_eq!(stopped, 6, "lock watch exits 6 when the hold may be lost");
 
+    // Admission needs no ZooKeeper (issue 43, item 3): a labelled Job made
+    // now has its pods admitted, given their barrier container by the
+    // webhook of a controller without a quorum; they wait for it.
+    c.apply(&ns.name, LATE);
+    eventually(WITHIN, "late's 2 pods admitted", || async {
+        let pods = c.pods(&ns.name, "job-name=late").await;
+        let injected = pods.iter().filter(|p| {
+            p.spec.as_ref().is_some_and(|s| {
+                s.init_containers
+                    .iter()
+                    .flatten()
+                    .any(|c| c.name == "zkgate-barrier")
+            })
+        });
+        (injected.count() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        tokio::time::Instant::now() < quorum_back,
+        "late's pods were admitted only after the outage's minute"
+    );
+
     // The rest of the minute: the fault's length, not a wait for anything.
     tokio::time::sleep_until(quorum_back).await;
     let mut gangs = c.pods(&ns.name, "job-name=train").await;
@@ -199,6 +245,19 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
         .await;
     let status = barrier.status.expect("the Barrier's status");
     assert_eq!(status.entered, 3, "every member entered once: {status:?}");
+
+    // The Job admitted during the outage completes once the quorum is
+    // back, its gang started after it.
+    c.job_succeeded(&ns.name, "late", 2).await;
+    for pod in c.pods(&ns.name, "job-name=late").await {
+        let name = pod.name_any();
+        let log = c.logs(&ns.name, &name, "worker").await;
+        let from = times(&log, "started-at-us");
+        assert!(
+            from.len() == 1 && from[0] > back_at,
+            "{name}'s command started once, after the quorum was back: {log}"
+        );
+    }
 
     // In rounds: no restart, each command run once, in round 0.
     c.job_succeeded(&ns.name, "train-rounds", 3).await;
