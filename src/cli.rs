@@ -119,6 +119,19 @@ pub enum Command {
     /// release, the API server's, whether the CRDs are as this release
     /// makes them, and each controller's Deployment you may list.
     Version,
+    /// Check an install as an operator would first (`kubectl zkgate
+    /// doctor`): the CRDs, each controller and, asked through the API
+    /// server's pod proxy, its ZooKeeper (reachable, each server's version,
+    /// ACLs on or off, the session timeouts granted); each webhook's
+    /// caBundle and a labelled pod created as a dry run (the webhook
+    /// reachable from the API server and trusted); the participants' image
+    /// on the nodes. A verdict each (ok, warn, FAIL, ? for cannot tell) and
+    /// the fix; exits 4 when a check fails.
+    Doctor {
+        /// The namespace of the dry-run pod [default: the kubeconfig's].
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
     /// Exit 0 if a sidecar reported ready (for an `exec` startupProbe), 1 if not.
     Probe {
         /// The ready file the sidecar writes.
@@ -1027,6 +1040,24 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 .await
                 .map_err(plugin_error)?;
             print!("{}", plugin.version().await.map_err(plugin_error)?);
+            Ok(0)
+        }
+        Command::Doctor { namespace } => {
+            let plugin = crate::plugin::Plugin::connect(namespace)
+                .await
+                .map_err(plugin_error)?;
+            let findings = plugin.doctor().await.map_err(plugin_error)?;
+            print!("{}", crate::plugin::doctor_report(&findings));
+            let failed = findings
+                .iter()
+                .filter(|f| f.verdict == crate::plugin::Verdict::Fail)
+                .count();
+            if failed > 0 {
+                return Err(AgentError::new(
+                    Exit::Failed,
+                    format!("{failed} check(s) failed: see FAIL above"),
+                ));
+            }
             Ok(0)
         }
         Command::Why { pod, namespace } => {

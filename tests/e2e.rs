@@ -14,6 +14,8 @@
 
 #[path = "e2e/availability.rs"]
 mod availability;
+#[path = "e2e/doctor.rs"]
+mod doctor;
 #[path = "e2e/failure_policy.rs"]
 mod failure_policy;
 #[path = "e2e/hostile_tenants.rs"]

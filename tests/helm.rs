@@ -292,7 +292,7 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
         "{monitored}"
     );
     assert!(
-        monitored.contains(r#"sum(zkgate_leader{namespace="ops"}) < 1"#),
+        monitored.contains(r#"group_left () zkgate_install_info{install_namespace="ops"}) < 1"#),
         "the no-leader alert is this install's: {monitored}"
     );
     let pod = given.spec.unwrap().template;
@@ -1050,7 +1050,15 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "zkgate_barrier_oldest_waiting_created_timestamp_seconds",
         "zkgate_lock_earliest_revocation_timestamp_seconds",
         "zkgate_leader",
+        "zkgate_install_info",
         "zkgate_zookeeper_session_connected",
+        "zkgate_webhook_admissions_total",
+        "zkgate_webhook_certificate_expiry_timestamp_seconds",
+        "zkgate_barrier_held_seconds_bucket",
+        "zkgate_barrier_failures_total",
+        "zkgate_barrier_gang_restarts_total",
+        "zkgate_handout_requests_total",
+        "zkgate_webhook_admission_duration_seconds_bucket",
     ] {
         assert!(used.contains(alerting), "{alerting} not queried: {used:?}");
     }
@@ -1058,13 +1066,38 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
     let client = client().await;
     install_crds(&client).await;
     let ns = namespace(&client).await;
-    let controller =
-        support::kube::ControllerProcess::start(&ns, &isolated_connect(), "metrics-check");
-    let body = support::eventually(Duration::from_secs(30), "/metrics", || async {
-        support::http_get(controller.metrics_port, "/metrics")
-            .await
-            .map(|(_, body)| body)
-    })
+    let zk = isolated_connect();
+    let controller = support::kube::ControllerProcess::start(&ns, &zk, "metrics-check");
+    // A Barrier of one that opens: the time held at barriers is exported
+    // by namespace, so its series exists once one opened there.
+    let barriers: Api<Barrier> = Api::namespaced(client.clone(), &ns);
+    let barrier: Barrier = serde_json::from_value(json!({
+        "apiVersion": "zkgate.io/v1alpha1", "kind": "Barrier",
+        "metadata": { "name": "held" }, "spec": { "participants": 1 }
+    }))
+    .unwrap();
+    barriers
+        .create(&PostParams::default(), &barrier)
+        .await
+        .unwrap();
+    let mut enter = support::zkgate(
+        &zk,
+        &["barrier", "enter", "held", "--id", "p0", "--timeout", "60s"],
+    );
+    enter.env("ZKGATE_NAMESPACE", &ns);
+    let (code, err) = support::output(enter).await;
+    assert_eq!(code, 0, "barrier enter: {err}");
+    let held = format!("zkgate_barrier_held_seconds_count{{barrier_namespace=\"{ns}\"}} 1");
+    let body = support::eventually(
+        Duration::from_secs(30),
+        "the wait at held counted",
+        || async {
+            support::http_get(controller.metrics_port, "/metrics")
+                .await
+                .map(|(_, body)| body)
+                .filter(|body| body.lines().any(|l| l == held))
+        },
+    )
     .await;
     // `# TYPE name kind`: counters are sampled as name_total, histograms as
     // name_bucket, name_sum and name_count.
@@ -1082,6 +1115,12 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
             "{name} is queried by the chart but not exported:\n{body}"
         );
     }
+    assert!(
+        body.lines().any(|l| l.starts_with("zkgate_install_info{")
+            && l.contains("install_namespace=\"")
+            && l.ends_with(" 1")),
+        "the controller does not say its install (the no-leader alert picks replicas by it):\n{body}"
+    );
     support::docs::check_generated("metrics.md", &metrics_page(&body));
 }
 
@@ -1103,8 +1142,9 @@ fn metrics_page(exposition: &str) -> String {
          Served on `/metrics` (`--metrics-addr`, default `0.0.0.0:8080`) in the\n\
          OpenMetrics text format. Counters are sampled as `NAME_total`, histograms\n\
          as `NAME_bucket`, `NAME_sum` and `NAME_count`. The metrics are aggregates\n\
-         (no label per resource): every label set is exported from the start at\n\
-         zero. The dashboard and the alerts that use them are in\n\
+         (no label per resource; the time held at barriers is by the Barrier's\n\
+         namespace): every other label set is exported from the start at zero.\n\
+         The dashboard and the alerts that use them are in\n\
          [Dashboards and alerts](../operations/monitoring.md).\n\n\
          | metric | type | what it counts |\n|---|---|---|\n",
     );

@@ -1433,6 +1433,36 @@ async fn a_pod_naming_what_does_not_exist_is_refused_with_the_reason() {
             && no_barrier.contains("no Job"),
         "{no_barrier}"
     );
+    // `kubectl zkgate doctor`'s probe names no Barrier that exists: as a
+    // dry run (stored nowhere) it is injected, so the doctor sees the
+    // webhook answer; the same pod for real is refused as any other.
+    let mut probe = pod_of("probe", json!({ "zkgate.io/barrier": "nosuch" }));
+    probe["metadata"]["annotations"] = json!({ "zkgate.io/doctor-probe": "true" });
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let probed = h
+        .pods()
+        .create(&dry_run, &serde_json::from_value(probe.clone()).unwrap())
+        .await
+        .expect("the doctor's dry-run probe is admitted");
+    assert!(
+        probed
+            .spec
+            .unwrap()
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == "zkgate-barrier"),
+        "the probe was not injected"
+    );
+    let real = refusal(
+        h.create_pod(probe)
+            .await
+            .expect_err("the probe's annotation is no pass for a real pod"),
+    );
+    assert!(real.contains("nosuch") && real.contains("no Job"), "{real}");
     // A pod written by hand (its own zkgate container, so nothing is
     // injected), with or without the credentials label, is checked too.
     // Review: it was admitted before, and waited for a lock nobody makes.

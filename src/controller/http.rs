@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use super::diagnosis::Diagnostician;
 use super::metrics::Metrics;
 
 /// What the endpoints report.
@@ -87,14 +88,27 @@ impl Health {
         *self.webhook.lock().unwrap_or_else(|e| e.into_inner()) = cause;
     }
 
+    /// Why the last term failed, while a retry waits.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Records a failed leadership term (`None`: a term is running).
     pub fn set_failing(&self, cause: Option<String>) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = cause;
     }
 }
 
-/// Serves the endpoints until the process ends.
-pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> std::io::Result<()> {
+/// Serves the endpoints until the process ends: `/doctor` too, with a
+/// diagnostician (see [`super::diagnosis`]).
+pub async fn serve(
+    addr: SocketAddr,
+    health: Arc<Health>,
+    diagnostician: Option<Arc<Diagnostician>>,
+) -> std::io::Result<()> {
     let metrics = health.clone();
     let readiness = health.clone();
     let app = Router::new()
@@ -126,6 +140,16 @@ pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> std::io::Result<()>
                 }
             }),
         );
+    let app = match diagnostician {
+        Some(doctor) => app.route(
+            "/doctor",
+            get(move || {
+                let doctor = doctor.clone();
+                async move { axum::Json(doctor.diagnosis().await) }
+            }),
+        ),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await
 }

@@ -34,6 +34,39 @@ struct PhaseLabel {
     phase: String,
 }
 
+/// A tenant's namespace. Not `namespace`: Prometheus sets that on every
+/// series of a Kubernetes target (the controller's own namespace), and a
+/// series' own label of that name would be renamed `exported_namespace`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabel {
+    barrier_namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstallLabel {
+    install_namespace: String,
+    version: &'static str,
+}
+
+/// Why a Barrier fails ([`crate::api::BarrierStatus::reason`]); `other` for
+/// anything else, so the label's values stay these.
+const FAILURE_REASONS: [&str; 6] = [
+    "TimedOut",
+    "ParticipantLost",
+    "AfterFailed",
+    "RestartLimit",
+    "Deleted",
+    "other",
+];
+
+/// What the credential handout answered.
+pub const HANDOUT_OUTCOMES: [&str; 3] = ["granted", "refused", "failed"];
+
 const PHASES: [BarrierPhase; 5] = [
     BarrierPhase::Waiting,
     BarrierPhase::Open,
@@ -45,6 +78,15 @@ const PHASES: [BarrierPhase; 5] = [
 #[derive(Default)]
 struct Seen {
     barriers: HashMap<(String, String), (BarrierPhase, i64)>,
+    /// When this replica's term began (Unix ms): openings before it were
+    /// the last leader's to count.
+    leading_since_ms: i64,
+    /// Each barrier's `status.restarts`, for the restarts counter.
+    restarts: HashMap<(String, String), u32>,
+    /// Barriers seen per namespace: a namespace's held-time series goes
+    /// with its last Barrier (namespaces come and go; series must not
+    /// pile up).
+    per_namespace: HashMap<String, usize>,
     locks: HashMap<(String, String), (i64, i64)>,
     opened: HashMap<(String, String), ()>,
     /// Waiting barriers by when their node was made (seconds).
@@ -95,7 +137,20 @@ pub struct Metrics {
     admissions: Family<OutcomeLabel, Counter>,
     oldest_waiting: Gauge,
     earliest_revocation: Gauge,
+    held: Family<TenantLabel, Histogram, fn() -> Histogram>,
+    failures: Family<ReasonLabel, Counter>,
+    gang_restarts: Counter,
+    handouts: Family<OutcomeLabel, Counter>,
+    admission_duration: Histogram,
+    certificate_expiry: Gauge,
+    install: Family<InstallLabel, Gauge>,
     seen: Mutex<Seen>,
+}
+
+/// From half a second to about four and a half hours: how long a pod may
+/// sit at a barrier.
+fn held_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.5, 2.0, 16))
 }
 
 fn reconcile_buckets() -> Histogram {
@@ -195,6 +250,50 @@ impl Default for Metrics {
             "When the first hold with a lease duration will be revoked (Unix seconds; 0: none)",
             earliest_revocation.clone(),
         );
+        let held = Family::<TenantLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            held_buckets as fn() -> Histogram,
+        );
+        registry.register(
+            "barrier_held_seconds",
+            "How long each participant waited at a barrier, from its registration to the opening (the time pods hold their nodes idle), by the Barrier's namespace",
+            held.clone(),
+        );
+        let failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "barrier_failures",
+            "Barriers that failed, by reason (TimedOut, ParticipantLost, AfterFailed, RestartLimit, Deleted, other), counted by the leader that saw them fail",
+            failures.clone(),
+        );
+        let gang_restarts = Counter::default();
+        registry.register(
+            "barrier_gang_restarts",
+            "Restarts of gangs in rounds (RestartGang), counted by the leader that saw them",
+            gang_restarts.clone(),
+        );
+        let handouts = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "handout_requests",
+            "Credential handout requests by outcome (granted; refused: no valid pod token, or not a labelled pod; failed: ZooKeeper or the API server could not answer)",
+            handouts.clone(),
+        );
+        let admission_duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "webhook_admission_duration_seconds",
+            "How long the admission webhook took to answer a labelled pod",
+            admission_duration.clone(),
+        );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "When the certificate the webhook serves expires (Unix seconds; 0: no webhook)",
+            certificate_expiry.clone(),
+        );
+        let install = Family::<InstallLabel, Gauge>::default();
+        registry.register(
+            "install_info",
+            "1, labelled with the controller's namespace (install_namespace) and release (version): alerts pick an install's replicas by it whatever labels the scrape adds",
+            install.clone(),
+        );
         // Every label set exists from the start, at zero: a series that
         // appears only with its first event breaks rate() and alerts (and
         // the dashboard test reads the names from a fresh controller).
@@ -220,6 +319,12 @@ impl Default for Metrics {
         for outcome in ["injected", "unchanged", "refused", "failed"] {
             let _ = admissions.get_or_create(&OutcomeLabel { outcome });
         }
+        for reason in FAILURE_REASONS {
+            let _ = failures.get_or_create(&ReasonLabel { reason });
+        }
+        for outcome in HANDOUT_OUTCOMES {
+            let _ = handouts.get_or_create(&OutcomeLabel { outcome });
+        }
         Metrics {
             registry,
             admissions,
@@ -238,6 +343,13 @@ impl Default for Metrics {
             leader,
             term_failures,
             pod_lookups,
+            held,
+            failures,
+            gang_restarts,
+            handouts,
+            admission_duration,
+            certificate_expiry,
+            install,
             seen: Mutex::default(),
         }
     }
@@ -264,6 +376,32 @@ impl Metrics {
         if failed {
             self.errors.get_or_create(&label).inc();
         }
+    }
+
+    /// Says which install this replica belongs to (its namespace) in
+    /// `zkgate_install_info`.
+    pub fn set_install(&self, namespace: &str) {
+        self.install
+            .get_or_create(&InstallLabel {
+                install_namespace: namespace.to_owned(),
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+    }
+
+    /// Counts a credential handout answer (one of [`HANDOUT_OUTCOMES`]).
+    pub fn handed_out(&self, outcome: &'static str) {
+        self.handouts.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Records how long an admission took.
+    pub fn admission_took(&self, took: Duration) {
+        self.admission_duration.observe(took.as_secs_f64());
+    }
+
+    /// Sets when the served webhook certificate expires (Unix seconds).
+    pub fn set_certificate_expiry(&self, not_after: i64) {
+        self.certificate_expiry.set(not_after);
     }
 
     /// Sets whether the ZooKeeper session is connected.
@@ -298,11 +436,18 @@ impl Metrics {
     /// new leader's in any sum across replicas.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(leader as i64);
+        if leader {
+            if let Ok(mut seen) = self.seen.lock() {
+                seen.leading_since_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+            }
+        }
         if !leader {
             let Ok(mut seen) = self.seen.lock() else {
                 return;
             };
             *seen = Seen::default();
+            // Its series would otherwise stay, namespaces gone included.
+            self.held.clear();
             for phase in PHASES {
                 self.phase_gauge(phase).set(0);
             }
@@ -346,10 +491,27 @@ impl Metrics {
         key: (String, String),
         now: Option<(BarrierPhase, i64)>,
     ) {
+        let namespace = key.0.clone();
         let before = match now {
             Some(v) => seen.barriers.insert(key, v),
             None => seen.barriers.remove(&key),
         };
+        match (before.is_some(), now.is_some()) {
+            (false, true) => *seen.per_namespace.entry(namespace).or_default() += 1,
+            (true, false) => {
+                let left = seen.per_namespace.get_mut(&namespace).map(|n| {
+                    *n = n.saturating_sub(1);
+                    *n
+                });
+                if left == Some(0) {
+                    seen.per_namespace.remove(&namespace);
+                    self.held.remove(&TenantLabel {
+                        barrier_namespace: namespace,
+                    });
+                }
+            }
+            _ => {}
+        }
         if let Some((phase, waiting)) = before {
             self.phase_gauge(phase).dec();
             self.waiting_participants.dec_by(waiting);
@@ -412,11 +574,37 @@ impl Metrics {
                 .filter(|c| c.name != crate::zk::READY)
                 .map(|c| c.stat.ctime)
                 .max();
+            // Opened before this term: the last leader counted it.
+            let ready = ready.filter(|at| *at >= seen.leading_since_ms);
             if let (Some(ready), Some(last)) = (ready, last) {
                 self.open_latency
                     .observe(((ready - last).max(0) as f64) / 1000.0);
+                // Each participant's wait: from its registration to `ready`.
+                let held = self.held.get_or_create(&TenantLabel {
+                    barrier_namespace: namespace.to_owned(),
+                });
+                for c in node.children.iter().filter(|c| c.name != crate::zk::READY) {
+                    held.observe(((ready - c.stat.ctime).max(0) as f64) / 1000.0);
+                }
             }
             seen.opened.insert(key.clone(), ());
+        }
+        // Changes seen by this leader only: a replica that starts leading
+        // knows no barrier's before, and counts nothing it did not see.
+        if let Some((before, _)) = seen.barriers.get(&key) {
+            if phase == BarrierPhase::Failed && *before != BarrierPhase::Failed {
+                let reason = status.reason.as_deref().unwrap_or("other");
+                let reason = FAILURE_REASONS
+                    .iter()
+                    .find(|r| **r == reason)
+                    .copied()
+                    .unwrap_or("other");
+                self.failures.get_or_create(&ReasonLabel { reason }).inc();
+            }
+        }
+        if let Some(before) = seen.restarts.insert(key.clone(), status.restarts) {
+            self.gang_restarts
+                .inc_by(u64::from(status.restarts.saturating_sub(before)));
         }
         let since = (phase == BarrierPhase::Waiting).then_some(node.stat.ctime / 1000);
         self.oldest_waiting
@@ -431,6 +619,7 @@ impl Metrics {
         };
         let key = (namespace.to_owned(), name.to_owned());
         seen.opened.remove(&key);
+        seen.restarts.remove(&key);
         self.oldest_waiting
             .set(seen.waiting_since.set(key.clone(), None));
         self.set_barrier(&mut seen, key, None);
@@ -533,6 +722,116 @@ mod tests {
         metrics.set_leader(true);
         metrics.lock_seen("a", "db", &lock);
         assert_eq!(value(&metrics, "zkgate_lock_waiters "), 3.0);
+    }
+
+    #[test]
+    fn waits_failures_and_restarts_are_counted_once_by_the_leader_that_saw_them() {
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        // Two registrations, 4 s and 1 s before the opening.
+        let opened = |at: i64| Snapshot {
+            data: Vec::new(),
+            stat: crate::zk::tree::test_stat(at - 5000, 1, 0),
+            children: [("p0", at - 4000), ("p1", at - 1000), (crate::zk::READY, at)]
+                .into_iter()
+                .map(|(name, ctime)| crate::zk::tree::ChildNode {
+                    name: name.into(),
+                    data: Vec::new(),
+                    stat: crate::zk::tree::test_stat(ctime, 2, 0),
+                })
+                .collect(),
+        };
+        let metrics = Metrics::default();
+        metrics.set_leader(true);
+        metrics.barrier_seen("team-a", "x", &barrier(BarrierPhase::Waiting), &node(1));
+        metrics.barrier_seen(
+            "team-a",
+            "x",
+            &barrier(BarrierPhase::Open),
+            &opened(now + 60_000),
+        );
+        metrics.barrier_seen(
+            "team-a",
+            "x",
+            &barrier(BarrierPhase::Open),
+            &opened(now + 60_000),
+        );
+        let held = "zkgate_barrier_held_seconds_sum{barrier_namespace=\"team-a\"} ";
+        assert_eq!(value(&metrics, held), 5.0, "4 s and 1 s, once");
+        assert_eq!(
+            value(
+                &metrics,
+                "zkgate_barrier_held_seconds_count{barrier_namespace=\"team-a\"} "
+            ),
+            2.0
+        );
+
+        let failed = |reason: &str, restarts: u32| BarrierStatus {
+            phase: Some(BarrierPhase::Failed),
+            reason: Some(reason.into()),
+            restarts,
+            ..BarrierStatus::default()
+        };
+        let waiting = |restarts: u32| BarrierStatus {
+            phase: Some(BarrierPhase::Waiting),
+            restarts,
+            ..BarrierStatus::default()
+        };
+        metrics.barrier_seen("team-a", "g", &waiting(0), &node(1));
+        metrics.barrier_seen("team-a", "g", &waiting(2), &node(1));
+        metrics.barrier_seen("team-a", "g", &failed("RestartLimit", 2), &node(0));
+        metrics.barrier_seen("team-a", "g", &failed("RestartLimit", 2), &node(0));
+        metrics.barrier_seen("team-a", "h", &waiting(0), &node(1));
+        metrics.barrier_seen("team-a", "h", &failed("a tenant's words", 0), &node(0));
+        assert_eq!(value(&metrics, "zkgate_barrier_gang_restarts_total "), 2.0);
+        assert_eq!(
+            value(
+                &metrics,
+                "zkgate_barrier_failures_total{reason=\"RestartLimit\"} "
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(&metrics, "zkgate_barrier_failures_total{reason=\"other\"} "),
+            1.0
+        );
+
+        // A namespace's held-time series goes with its last Barrier.
+        metrics.barrier_seen("team-b", "y", &barrier(BarrierPhase::Waiting), &node(1));
+        metrics.barrier_seen(
+            "team-b",
+            "y",
+            &barrier(BarrierPhase::Open),
+            &opened(now + 60_000),
+        );
+        assert!(metrics.encode().contains("barrier_namespace=\"team-b\""));
+        metrics.barrier_gone("team-b", "y");
+        assert!(!metrics.encode().contains("barrier_namespace=\"team-b\""));
+
+        // A new term sees the same barriers for the first time: what it
+        // did not see happen is not counted again.
+        metrics.set_leader(false);
+        metrics.set_leader(true);
+        // (Its term began after the opening, whatever this clock says.)
+        metrics.seen.lock().unwrap().leading_since_ms = now + 120_000;
+        metrics.barrier_seen(
+            "team-a",
+            "x",
+            &barrier(BarrierPhase::Open),
+            &opened(now + 60_000),
+        );
+        metrics.barrier_seen("team-a", "g", &failed("RestartLimit", 2), &node(0));
+        assert!(
+            !metrics.encode().contains("barrier_namespace=\"team-a\""),
+            "an opening before the term was counted again (the last term's series go with it)"
+        );
+        assert_eq!(value(&metrics, "zkgate_barrier_gang_restarts_total "), 2.0);
+        assert_eq!(
+            value(
+                &metrics,
+                "zkgate_barrier_failures_total{reason=\"RestartLimit\"} "
+            ),
+            1.0
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod backoff;
 mod barrier;
 mod context;
 pub mod credentials;
+pub mod diagnosis;
 mod error;
 pub mod http;
 pub mod install;
@@ -122,6 +123,7 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         .await
         .context("cannot reach the Kubernetes API (check the kubeconfig or the service account)")?;
     let metrics = Arc::new(metrics::Metrics::default());
+    metrics.set_install(client.default_namespace());
     let health = Arc::new(http::Health {
         metrics: metrics.clone(),
         ready: Default::default(),
@@ -141,10 +143,24 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot serve metrics on {listener_addr}"))?;
     drop(probe);
+    // This replica's ZooKeeper session, for the credential handout (served
+    // beside the webhook by every replica, leading or not) and `/doctor`.
+    let (sessions, session_rx) = tokio::sync::watch::channel(None);
+    let diagnostician = Arc::new(diagnosis::Diagnostician::new(
+        options.zookeeper.clone(),
+        options.layout.root(),
+        options.webhook.as_ref().map(|w| {
+            w.injection
+                .session_timeout
+                .unwrap_or(crate::zk::SessionOptions::DEFAULT_SESSION_TIMEOUT)
+        }),
+        session_rx.clone(),
+        health.clone(),
+    ));
     tokio::spawn({
         let health = health.clone();
         async move {
-            if let Err(e) = http::serve(listener_addr, health).await {
+            if let Err(e) = http::serve(listener_addr, health, Some(diagnostician)).await {
                 error!(error = %e, "the metrics server stopped");
             }
         }
@@ -159,9 +175,6 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
-    // This replica's ZooKeeper session, for the credential handout (served
-    // beside the webhook by every replica, leading or not).
-    let (sessions, session_rx) = tokio::sync::watch::channel(None);
     // Cancelled once the webhook no longer serves (at once without one):
     // asked to stop, a replica serves admission and the handout (which
     // reads ZooKeeper) until it has left the webhook's Service

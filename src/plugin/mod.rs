@@ -1,6 +1,8 @@
 //! `zkgate status` (`-A`: every namespace's) and `zkgate why`: who waits
-//! for whom, read from the API server alone (no ZooKeeper access needed). Installed as `kubectl-zkgate`
-//! (the same binary), they are `kubectl zkgate status|why`.
+//! for whom, read from the API server alone (no ZooKeeper access needed);
+//! `zkgate version` and `zkgate doctor` (see [`doctor`]): what runs, and
+//! what is wrong with it. Installed as `kubectl-zkgate` (the same binary),
+//! they are `kubectl zkgate status|why|version|doctor`.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -15,6 +17,11 @@ use crate::api::{Barrier, BarrierPhase, LockLease};
 use crate::controller::runs::{holder_of, run_of_pod, JOBSET_NAME_LABEL};
 use crate::controller::webhook::inject::{job_of, BARRIER_CONTAINER};
 use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
+use doctor::CrdState;
+
+mod doctor;
+
+pub use doctor::{report as doctor_report, Finding, Verdict};
 
 /// Why the plugin could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -159,41 +166,18 @@ impl Plugin {
     /// `app.kubernetes.io/name` label: image, version, pods ready).
     pub async fn version(&self) -> Result<String, PluginError> {
         use k8s_openapi::api::apps::v1::Deployment;
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let mut out = format!("plugin       zkgate {}\n", env!("CARGO_PKG_VERSION"));
         let server = match self.client.apiserver_version().await {
             Ok(info) => info.git_version,
             Err(e) => format!("unknown ({e})"),
         };
         let _ = writeln!(out, "API server   {server}");
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        for ours in crate::api::crds() {
-            let name = ours.name_any();
-            let state = match crds.get_opt(&name).await {
-                Ok(Some(installed)) => {
-                    let served: Vec<&str> = installed
-                        .spec
-                        .versions
-                        .iter()
-                        .filter(|v| v.served)
-                        .map(|v| v.name.as_str())
-                        .collect();
-                    let schemas = |crd: &CustomResourceDefinition| {
-                        crd.spec
-                            .versions
-                            .iter()
-                            .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
-                            .collect::<Vec<_>>()
-                    };
-                    let same = if schemas(&installed) == schemas(&ours) {
-                        "as this release makes them"
-                    } else {
-                        "not as this release makes them: another release's (upgrade them with the chart, or apply its crds/)"
-                    };
-                    format!("serves {}, {same}", served.join(", "))
-                }
-                Ok(None) => "not installed".to_owned(),
-                Err(e) => format!("cannot be read ({e})"),
+        for (name, state) in self.crd_states().await {
+            let state = match state {
+                CrdState::Same(served) => format!("serves {served}, as this release makes them"),
+                CrdState::Other(served) => format!("serves {served}, not as this release makes them: another release's (upgrade them with the chart, or apply its crds/)"),
+                CrdState::Missing => "not installed".to_owned(),
+                CrdState::Unreadable(e) => format!("cannot be read ({e})"),
             };
             let _ = writeln!(out, "CRD          {name}: {state}");
         }
@@ -249,6 +233,45 @@ impl Plugin {
             }
         }
         Ok(out)
+    }
+
+    /// Each of this release's CRDs as the cluster has it: whether its
+    /// schemas are this release's, and the versions it serves.
+    async fn crd_states(&self) -> Vec<(String, CrdState)> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let schemas = |crd: &CustomResourceDefinition| {
+            crd.spec
+                .versions
+                .iter()
+                .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
+                .collect::<Vec<_>>()
+        };
+        let mut states = Vec::new();
+        for ours in crate::api::crds() {
+            let name = ours.name_any();
+            let state = match crds.get_opt(&name).await {
+                Ok(Some(installed)) => {
+                    let served = installed
+                        .spec
+                        .versions
+                        .iter()
+                        .filter(|v| v.served)
+                        .map(|v| v.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    if schemas(&installed) == schemas(&ours) {
+                        CrdState::Same(served)
+                    } else {
+                        CrdState::Other(served)
+                    }
+                }
+                Ok(None) => CrdState::Missing,
+                Err(e) => CrdState::Unreadable(e),
+            };
+            states.push((name, state));
+        }
+        states
     }
 
     /// `why POD`: what the pod waits for, in one paragraph.

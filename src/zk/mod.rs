@@ -36,6 +36,7 @@ mod hold;
 mod kept;
 mod lock;
 pub mod path;
+pub mod probe;
 pub mod rounds;
 pub mod running;
 mod semaphore;

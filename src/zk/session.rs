@@ -66,11 +66,14 @@ impl std::fmt::Debug for TlsSettings {
 }
 
 impl SessionOptions {
+    /// The session timeout asked for unless told.
+    pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
     /// Options with the defaults: a 10 s session, 15 s to connect, no credentials.
     pub fn new(connect: ConnectString) -> Self {
         SessionOptions {
             connect,
-            session_timeout: Duration::from_secs(10),
+            session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
             connect_timeout: Duration::from_secs(15),
             credential: None,
             tls: None,

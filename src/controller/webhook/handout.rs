@@ -51,6 +51,8 @@ pub struct Handouts {
     pub session: watch::Receiver<Option<Arc<Session>>>,
     /// Reviews tokens; reads namespaces.
     pub client: kube::Client,
+    /// Counts the answers.
+    pub metrics: Arc<crate::controller::metrics::Metrics>,
 }
 
 /// A refusal or failure, answered as a Kubernetes `Status` (what the
@@ -84,13 +86,16 @@ impl IntoResponse for Refusal {
 pub async fn serve(State(handouts): State<Arc<Handouts>>, headers: HeaderMap) -> Response {
     match handouts.hand_out(&headers).await {
         Ok(handout) => {
+            handouts.metrics.handed_out("granted");
             info!(namespace = %handout.namespace, "handed out a namespace's ZooKeeper credentials");
             Json(handout).into_response()
         }
         Err(refusal) => {
             if refusal.code.is_server_error() {
+                handouts.metrics.handed_out("failed");
                 warn!(code = refusal.code.as_u16(), reason = %refusal.message, "no credential handout");
             } else {
+                handouts.metrics.handed_out("refused");
                 info!(code = refusal.code.as_u16(), reason = %refusal.message, "refused a credential request");
             }
             refusal.into_response()

@@ -163,6 +163,7 @@ pub async fn run(
         .context("cannot get the webhook's serving certificate")?;
     injection.handout = handout_target(&options, &client, &first).await;
     let tls = RustlsConfig::from_config(server_config(&first)?);
+    metrics.set_certificate_expiry(not_after(&first.cert).unwrap_or(0));
     let hook = Arc::new(Webhook {
         client: client.clone(),
         injection: std::sync::RwLock::new(injection),
@@ -177,6 +178,8 @@ pub async fn run(
                 match server_config(&serving) {
                     Ok(config) => {
                         tls.reload_from_config(config);
+                        hook.metrics
+                            .set_certificate_expiry(not_after(&serving.cert).unwrap_or(0));
                         // Pods admitted from now on check the renewed one.
                         if !serving.ca.is_empty() {
                             hook.set_handout(|t| t.ca = serving.ca.clone());
@@ -201,6 +204,7 @@ pub async fn run(
         options: options.handout.clone(),
         session,
         client: client.clone(),
+        metrics: hook.metrics.clone(),
     });
     let leaving = drain::Leaving::default();
     let app = Router::new()
@@ -558,6 +562,13 @@ async fn keep_certificates(
     }
 }
 
+/// When the first certificate of `pem` (the leaf) expires, Unix seconds.
+fn not_after(pem: &str) -> Option<i64> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// A rustls server configuration serving `serving`'s leaf.
 fn server_config(serving: &Serving) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     use rustls::pki_types::pem::PemObject;
@@ -586,8 +597,19 @@ async fn mutate(
         Ok(r) => r,
         Err(e) => return Json(AdmissionResponse::invalid(e.to_string()).into_review()),
     };
-    Json(hook.admit(&request).await.into_review())
+    let started = std::time::Instant::now();
+    let response = hook.admit(&request).await;
+    hook.metrics.admission_took(started.elapsed());
+    Json(response.into_review())
 }
+
+/// How a refusal for want of an API read begins: counted as a failed
+/// admission, not a refused pod.
+const UNREADABLE: &str = "zkgate could not check the ";
+
+/// On a dry-run pod, `"true"`: `kubectl zkgate doctor`'s probe, which names
+/// no Barrier that exists; admitted without its resources checked.
+pub const DOCTOR_PROBE_ANNOTATION: &str = "zkgate.io/doctor-probe";
 
 impl Webhook {
     async fn admit(&self, request: &AdmissionRequest<Pod>) -> AdmissionResponse {
@@ -625,13 +647,30 @@ impl Webhook {
         };
         // Every labelled pod, whether anything is injected or not (a pod
         // that carries zkgate of its own gets nothing added, and would
-        // otherwise wait for what nobody makes).
-        if let Err(refusal) = self
+        // otherwise wait for what nobody makes). But `kubectl zkgate
+        // doctor`'s probe: a dry run (stored nowhere, so nothing waits),
+        // made to see the webhook called and answer, names nothing.
+        let probe = request.dry_run
+            && pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DOCTOR_PROBE_ANNOTATION))
+                .is_some_and(|v| v == "true");
+        if probe {
+            info!(%namespace, "kubectl zkgate doctor's dry-run probe pod: its resources are not checked");
+        } else if let Err(refusal) = self
             .check_resources(pod, &namespace, &self.injection())
             .await
         {
+            // An API read that failed is ours, not the pod's.
+            let outcome = if refusal.starts_with(UNREADABLE) {
+                "failed"
+            } else {
+                "refused"
+            };
             info!(%namespace, pod = %who, reason = %refusal, "refused a labelled pod");
-            self.metrics.admitted("refused");
+            self.metrics.admitted(outcome);
             return response.deny(refusal);
         }
         let mutated = match mutated {
@@ -649,7 +688,10 @@ impl Webhook {
         };
         let (before, after) = match (serde_json::to_value(pod), serde_json::to_value(&mutated)) {
             (Ok(b), Ok(a)) => (b, a),
-            _ => return response.deny("zkgate could not encode the pod"),
+            _ => {
+                self.metrics.admitted("failed");
+                return response.deny("zkgate could not encode the pod");
+            }
         };
         match response
             .clone()
@@ -660,7 +702,10 @@ impl Webhook {
                 self.metrics.admitted("injected");
                 r
             }
-            Err(e) => response.deny(format!("zkgate could not encode the patch: {e}")),
+            Err(e) => {
+                self.metrics.admitted("failed");
+                response.deny(format!("zkgate could not encode the patch: {e}"))
+            }
         }
     }
 
@@ -678,9 +723,8 @@ impl Webhook {
         injection: &Injection,
     ) -> Result<(), String> {
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let unreadable = |what: &str, e: kube::Error| {
-            format!("zkgate could not check the {what} the pod's label names: {e}")
-        };
+        let unreadable =
+            |what: &str, e: kube::Error| format!("{UNREADABLE}{what} the pod's label names: {e}");
         if let Some(lock) = labels.get(super::LOCK_LABEL) {
             let api: Api<LockLease> = Api::namespaced(self.client.clone(), namespace);
             let Some(lease) = api
