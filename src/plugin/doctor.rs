@@ -141,7 +141,7 @@ impl Plugin {
         }
         let image = self.controllers(&mut findings).await;
         self.webhook_bundles(&mut findings).await;
-        findings.push(self.admission(image.as_deref()).await);
+        findings.push(self.admission().await);
         if let Some(image) = image {
             findings.push(self.image_on_nodes(&image).await);
         }
@@ -370,7 +370,7 @@ impl Plugin {
 
     /// A labelled pod created as a dry run: the API server calls the
     /// webhook (its `sideEffects: None` allows it) and stores nothing.
-    async fn admission(&self, image: Option<&str>) -> Finding {
+    async fn admission(&self) -> Finding {
         let pod: Pod = match serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -381,10 +381,12 @@ impl Plugin {
             },
             "spec": {
                 "restartPolicy": "Never",
+                // Not zkgate's image: a pod that runs zkgate of its own
+                // gets nothing injected. It never runs.
                 "containers": [{
                     "name": "probe",
-                    "image": image.unwrap_or("zkgate-doctor-probe"),
-                    "args": ["version"],
+                    "image": "zkgate-doctor-probe:none",
+                    "command": ["true"],
                 }],
             },
         })) {
