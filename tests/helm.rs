@@ -1755,7 +1755,10 @@ fn run_documented(script: &str, kubeconfig: &Path) -> Output {
 /// it releases them. Then the uninstall: its first step leaves no Barrier,
 /// LockLease or finalizer, and none of their znodes (the waiter is told),
 /// `helm uninstall` removes the release's objects but keeps the CRDs
-/// (`crds.keep`), and the last step removes those.
+/// (`crds.keep`), and the last step removes those; the root's removal with
+/// zkCli.sh, as written, takes this install's root alone: another
+/// cluster's install on the same ensemble and chroot stays whole and
+/// working.
 #[tokio::test]
 async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1870,9 +1873,46 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
         "orphan still there"
     );
 
+    // Another cluster's install on the same ensemble, under the same
+    // chroot, its root beside this one's: its Barrier and LockLease
+    // reconciled (issue 46, item 1: the uninstall must leave it whole).
+    let (other_server, other_client) = support::kube::PrivateApiServer::bare().await;
+    install_crds(&other_client).await;
+    let other_ns = namespace(&other_client).await;
+    let _other_controller = support::kube::ControllerProcess::start_with(
+        &other_server.kubeconfig(),
+        &zk,
+        "other-cluster",
+        &["--root", "/other"],
+    );
+    let other_barriers: Api<Barrier> = Api::namespaced(other_client.clone(), &other_ns);
+    let other_leases: Api<zkgate::api::LockLease> =
+        Api::namespaced(other_client.clone(), &other_ns);
+    other_barriers
+        .create(
+            &PostParams::default(),
+            &make("kept", json!({ "participants": 1 })),
+        )
+        .await
+        .unwrap();
+    other_leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let (kept, kept_db) = support::eventually(
+        Duration::from_secs(30),
+        "the other install's znodes made",
+        || async {
+            let kept = znode_of(other_barriers.get("kept").await.ok()?.status?.znode)?;
+            let db = znode_of(other_leases.get("db").await.ok()?.status?.znode)?;
+            Some((kept, db))
+        },
+    )
+    .await;
+
     // The uninstall, with the controller back (it puts its finalizer back
     // on what the recipe stripped).
-    let _controller = start();
+    let mut controller = start();
     support::eventually(Duration::from_secs(30), "the finalizers back", || async {
         let has = |f: Option<Vec<String>>| {
             f.unwrap_or_default()
@@ -1939,6 +1979,80 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
             .is_empty(),
         "helm uninstall left the controller's Deployment"
     );
+
+    // `helm uninstall` took the chart's controller; this test's runs as a
+    // process of its own, and goes now (it would make its root again).
+    controller.kill().await;
+    // The install's root, removed as the page says: zkCli.sh with the
+    // install's connect string (the page's, its servers and chroot made
+    // this test's), first reading the root's record, then deleteall.
+    let zkcli = |marker: &str| {
+        let block = documented_block("operations/upgrade.md", marker);
+        let documented = "'zk-0.zk.zookeeper.svc:2181,zk-1.zk.zookeeper.svc:2181,zk-2.zk.zookeeper.svc:2181/zkgate'";
+        assert!(block.contains(documented), "{block}");
+        let block = block.replace(documented, &format!("'{zk}'"));
+        let mut zkcli = Command::new("bash");
+        zkcli
+            .args(["-euo", "pipefail", "-c", &block])
+            .env(
+                "PATH",
+                format!(
+                    "/usr/share/zookeeper/bin:{}",
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE");
+        let out = zkcli.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{marker}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let record = zkcli("get /zkgate");
+    assert!(
+        record.contains("\"cluster\":"),
+        "the root's record, which says whose root it is: {record}"
+    );
+    zkcli("deleteall /zkgate");
+    assert!(
+        !exists("zkgate".to_owned()).await,
+        "the install's root is left"
+    );
+    // The other cluster's install: its root and nodes whole, and working.
+    for path in ["other".to_owned(), kept.clone(), kept_db.clone()] {
+        assert!(exists(path.clone()).await, "{path} went with the uninstall");
+    }
+    let (code, err) = support::output({
+        let mut enter = support::zkgate(
+            &zk,
+            &[
+                "barrier",
+                "enter",
+                "kept",
+                "--id",
+                "p0",
+                "--root",
+                "/other",
+                "--timeout",
+                "60s",
+            ],
+        );
+        enter.env("ZKGATE_NAMESPACE", &other_ns);
+        enter
+    })
+    .await;
+    assert_eq!(code, 0, "the other install's barrier: {err}");
+    support::eventually(
+        Duration::from_secs(30),
+        "the other install's Barrier open",
+        || async {
+            let phase = other_barriers.get("kept").await.ok()?.status?.phase?;
+            (phase == zkgate::api::BarrierPhase::Open).then_some(())
+        },
+    )
+    .await;
 }
 
 /// The previous release (chart and crate 0.1.0, CRDs in Helm's `crds/`
