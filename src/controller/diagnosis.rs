@@ -37,6 +37,10 @@ const SRVR_TIMEOUT: Duration = Duration::from_secs(3);
 const PROBE_CONNECT: Duration = Duration::from_secs(5);
 /// How long the root's ACL read may take.
 const ACL_READ: Duration = Duration::from_secs(3);
+/// How long a probe session may take in all (connecting, a TLS
+/// diagnosis, closing): the whole diagnosis stays well within the
+/// plugin's wait for it.
+const PROBE_LIMIT: Duration = Duration::from_secs(9);
 
 /// A diagnosis begun, shared by every caller until the next.
 type Pending = futures::future::Shared<futures::future::BoxFuture<'static, Diagnosis>>;
@@ -169,7 +173,26 @@ impl Diagnostician {
 
     async fn make(&self) -> Diagnosis {
         let connect = &self.options.connect;
-        let session = self.session.borrow().clone();
+        // The controller's own session first, and let go at once: a term
+        // that ends meanwhile must find itself the session's last holder,
+        // or it cannot close it (and its leader lock outlives it).
+        let (connected, own_timeout, root_acl, root_acl_error) = {
+            let session = self.session.borrow().clone();
+            let connected = session
+                .as_ref()
+                .filter(|s| s.state() == crate::zk::SessionState::Connected);
+            let (acl, error) = match connected {
+                // A request on a disconnected session waits for it: not asked.
+                Some(session) => self.root_acl(session).await,
+                None => (None, Some("no connected session".into())),
+            };
+            (
+                connected.is_some(),
+                connected.map(|s| s.timeout()),
+                acl,
+                error,
+            )
+        };
         let server_stats =
             futures::future::join_all(connect.servers().iter().map(|s| async move {
                 let mut report = ServerReport {
@@ -188,68 +211,40 @@ impl Diagnostician {
                     Err(e) => report.error = Some(e.to_string()),
                 }
                 report
-            }))
-            .await;
-        let connected = session
-            .as_ref()
-            .filter(|s| s.state() == crate::zk::SessionState::Connected);
-        let (root_acl, root_acl_error) = match connected {
-            // A request on a disconnected session waits for it: not asked.
-            Some(session) => {
-                match tokio::time::timeout(ACL_READ, session.client().get_acl(&self.root)).await {
-                    Ok(Ok((acls, _))) => (
-                        Some(
-                            acls.iter()
-                                .map(|acl| match acl.scheme() {
-                                    // Who else is named is not for every pod.
-                                    "world" => format!("world:{} {}", acl.id(), acl.permission()),
-                                    scheme => format!("{scheme} {}", acl.permission()),
-                                })
-                                .collect(),
-                        ),
-                        None,
-                    ),
-                    Ok(Err(e)) => (
-                        None,
-                        Some(format!("cannot read the ACL of {}: {e}", self.root)),
-                    ),
-                    Err(_) => (
-                        None,
-                        Some(format!("no answer reading the ACL of {}", self.root)),
-                    ),
-                }
-            }
-            None => (None, Some("no connected session".into())),
-        };
-        let mut session_timeouts = vec![("controller", self.options.session_timeout)];
+            }));
+        let mut asked = vec![("controller", self.options.session_timeout, own_timeout)];
         if let Some(participants) = self.participants_timeout {
-            session_timeouts.push(("participants", participants));
+            asked.push(("participants", participants, None));
         }
-        let mut reports = Vec::new();
-        for (of, requested) in session_timeouts {
-            let mut report = TimeoutReport {
-                of: of.into(),
-                requested_ms: requested.as_millis() as u64,
-                ..Default::default()
-            };
-            // The controller's own session says what it was granted.
-            let own = session
-                .as_ref()
-                .filter(|_| of == "controller")
-                .map(|s| s.timeout());
-            let granted = match own {
-                Some(granted) => Ok(granted),
-                None => {
-                    let options = self.options.clone().connect_timeout(PROBE_CONNECT);
-                    probe::granted_session_timeout(&options, requested).await
+        let timeouts =
+            futures::future::join_all(asked.into_iter().map(|(of, requested, known)| async move {
+                let mut report = TimeoutReport {
+                    of: of.into(),
+                    requested_ms: requested.as_millis() as u64,
+                    ..Default::default()
+                };
+                let granted = match known {
+                    Some(granted) => Ok(granted),
+                    None => {
+                        let options = self.options.clone().connect_timeout(PROBE_CONNECT);
+                        match tokio::time::timeout(
+                            PROBE_LIMIT,
+                            probe::granted_session_timeout(&options, requested),
+                        )
+                        .await
+                        {
+                            Ok(granted) => granted.map_err(|e| e.to_string()),
+                            Err(_) => Err("no answer in time".to_owned()),
+                        }
+                    }
+                };
+                match granted {
+                    Ok(granted) => report.granted_ms = Some(granted.as_millis() as u64),
+                    Err(e) => report.error = Some(e),
                 }
-            };
-            match granted {
-                Ok(granted) => report.granted_ms = Some(granted.as_millis() as u64),
-                Err(e) => report.error = Some(e.to_string()),
-            }
-            reports.push(report);
-        }
+                report
+            }));
+        let (server_stats, session_timeouts) = futures::join!(server_stats, timeouts);
         Diagnosis {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             servers: connect
@@ -259,7 +254,7 @@ impl Diagnostician {
                 .collect(),
             chroot: connect.chroot().map(str::to_owned),
             root: self.root.clone(),
-            connected: connected.is_some(),
+            connected,
             reached: self
                 .health
                 .zookeeper_reached
@@ -269,7 +264,33 @@ impl Diagnostician {
             credential: self.options.credential.is_some(),
             root_acl,
             root_acl_error,
-            session_timeouts: reports,
+            session_timeouts,
+        }
+    }
+
+    /// The root's ACL as reported (who else is named is not for every
+    /// pod), or why it is not known.
+    async fn root_acl(&self, session: &Session) -> (Option<Vec<String>>, Option<String>) {
+        match tokio::time::timeout(ACL_READ, session.client().get_acl(&self.root)).await {
+            Ok(Ok((acls, _))) => (
+                Some(
+                    acls.iter()
+                        .map(|acl| match acl.scheme() {
+                            "world" => format!("world:{} {}", acl.id(), acl.permission()),
+                            scheme => format!("{scheme} {}", acl.permission()),
+                        })
+                        .collect(),
+                ),
+                None,
+            ),
+            Ok(Err(e)) => (
+                None,
+                Some(format!("cannot read the ACL of {}: {e}", self.root)),
+            ),
+            Err(_) => (
+                None,
+                Some(format!("no answer reading the ACL of {}", self.root)),
+            ),
         }
     }
 }

@@ -235,7 +235,7 @@ impl Default for Metrics {
         let admissions = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "webhook_admissions",
-            "Labelled pods the admission webhook answered, by outcome (injected, unchanged: nothing to add, refused: a bad label, failed: the namespace could not be prepared)",
+            "Labelled pods the admission webhook answered, by outcome (injected; unchanged: nothing to add; refused: what the pod asks for is wrong or missing; failed: an API read it needed, or encoding the patch, failed: the pod is refused too)",
             admissions.clone(),
         );
         let oldest_waiting = Gauge::default();

@@ -603,6 +603,16 @@ async fn mutate(
     Json(response.into_review())
 }
 
+/// Whether `name` is a namespace's name (an RFC 1123 label).
+fn is_namespace_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
 /// How a refusal for want of an API read begins: counted as a failed
 /// admission, not a refused pod.
 const UNREADABLE: &str = "zkgate could not check the ";
@@ -628,6 +638,14 @@ impl Webhook {
             .clone()
             .or_else(|| pod.metadata.generate_name.clone())
             .unwrap_or_default();
+        // The API server sends real namespaces only; a review POSTed
+        // straight at the port need not. Refused before any read: a read
+        // naming no namespace fails, and counting that as a failed
+        // admission would let anyone keep ZkgateAdmissionsFailing firing.
+        if !is_namespace_name(&namespace) {
+            self.metrics.admitted("refused");
+            return response.deny(format!("{namespace:?} is not a namespace's name"));
+        }
         // The chart's namespaceSelector already keeps kube-system out; this
         // holds on API servers without the namespace name label too.
         if namespace == "kube-system" {
@@ -936,7 +954,17 @@ impl Webhook {
 
 #[cfg(test)]
 mod tests {
-    use super::endpoint_url;
+    use super::{endpoint_url, is_namespace_name};
+
+    #[test]
+    fn only_a_namespaces_name_is_taken_for_one() {
+        for good in ["default", "team-a", "a", "x1-2"] {
+            assert!(is_namespace_name(good), "{good}");
+        }
+        for bad in ["", "a b", "A", "-a", "a-", "a/b", "a.b", &"a".repeat(64)] {
+            assert!(!is_namespace_name(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn an_ipv6_endpoint_is_bracketed() {
