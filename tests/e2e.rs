@@ -20,6 +20,8 @@ mod doctor;
 mod failure_policy;
 #[path = "e2e/hostile_tenants.rs"]
 mod hostile_tenants;
+#[path = "e2e/jobset.rs"]
+mod jobset;
 #[path = "e2e/queues.rs"]
 mod queues;
 #[path = "e2e/quorum.rs"]
@@ -1547,75 +1549,6 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
     let most = most_at_once(&holds);
     assert!(most <= 2, "{most} pods held at once: {holds:?}");
     assert_eq!(most, 2, "the 2 permits were never both in use: {holds:?}");
-}
-
-/// Issue 29, items 4 and 5, on real pods: the jobset example. JobSet's
-/// controller does not run on this cluster yet, so the test makes the
-/// JobSet (checked against upstream's CRD) and then its child Jobs exactly
-/// as that controller makes them; the real Job controller, kubelet and
-/// zkgate do the rest. One Barrier for the whole JobSet, sized over its
-/// labelled replicated Jobs (5), owned by the JobSet; no pod's command
-/// starts before the 5th registration.
-#[tokio::test]
-#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
-async fn the_jobset_example_starts_every_replicated_job_as_one_gang() {
-    use kube::api::PostParams;
-    use kube::core::DynamicObject;
-    let c = cluster().await;
-    support::kube::install_jobset_crd(&c.client).await;
-    let ns = c.namespace().await;
-    let manifest = c.example(
-        "jobset/jobset.yaml",
-        &[
-            (
-                "echo $(hostname) starts with the whole JobSet; sleep 30",
-                "echo started-at-us $(now-us); sleep 2",
-            ),
-            (
-                "echo $(hostname) drives the workers; sleep 30",
-                "echo started-at-us $(now-us); sleep 2",
-            ),
-        ],
-    );
-    c.apply(&ns.name, &manifest);
-    let jobsets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &ns.name, &support::jobset::resource());
-    let jobset = jobsets.get("jobset-train").await.unwrap();
-    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
-    let children = support::jobset::child_jobs(&jobset, 0);
-    let names: Vec<String> = children.iter().map(|j| j.name_any()).collect();
-    assert_eq!(
-        names,
-        [
-            "jobset-train-workers-0",
-            "jobset-train-workers-1",
-            "jobset-train-driver-0"
-        ]
-    );
-    for job in &children {
-        jobs.create(&PostParams::default(), job).await.unwrap();
-    }
-    let barrier = c
-        .gang_of_started_together(
-            &ns.name,
-            "jobset-train",
-            "jobset.sigs.k8s.io/jobset-name=jobset-train",
-            &[
-                ("jobset-train-workers-0", 2),
-                ("jobset-train-workers-1", 2),
-                ("jobset-train-driver-0", 1),
-            ],
-            "zkgate-barrier",
-        )
-        .await;
-    assert_eq!(barrier.spec.participants, Some(5));
-    let owner = &barrier.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!(
-        (owner.kind.as_str(), owner.uid.as_str()),
-        ("JobSet", jobset.uid().unwrap().as_str())
-    );
-    let status = barrier.status.unwrap();
-    assert_eq!((status.entered, status.left), (5, 5));
 }
 
 /// Issue 27, item 2, on real pods: the gang-restart example (a labelled Job
