@@ -22,6 +22,8 @@ mod failure_policy;
 mod hostile_tenants;
 #[path = "e2e/jobset.rs"]
 mod jobset;
+#[path = "e2e/kueue.rs"]
+mod kueue;
 #[path = "e2e/queues.rs"]
 mod queues;
 #[path = "e2e/quorum.rs"]
