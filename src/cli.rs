@@ -480,6 +480,12 @@ pub enum BarrierAction {
         /// After SIGTERM, how long the command gets before SIGKILL.
         #[arg(long, env = "ZKGATE_KILL_GRACE", default_value = "10s", value_parser = duration)]
         kill_grace: Duration,
+        /// A file that exists exactly while the command runs after an
+        /// opening (each round's, in rounds), for a readiness probe
+        /// (`zkgate probe --ready-file`): a queue's `waitForPodsReady`
+        /// then sees a gang that waits.
+        #[arg(long, env = "ZKGATE_RELEASED_FILE")]
+        released_file: Option<PathBuf>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<String>,
@@ -1147,10 +1153,14 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
             BarrierAction::Run {
                 barrier: b,
                 kill_grace,
+                released_file,
                 command,
             } => {
                 let (p, stop) = b.common.participant().await?;
-                b.command(&p)?.run(stop, &command, kill_grace).await
+                b.command(&p)?
+                    .released_file(released_file)
+                    .run(stop, &command, kill_grace)
+                    .await
             }
         },
         Command::Lock(action) => match action {

@@ -269,6 +269,81 @@ async fn a_lost_member_restarts_the_gang_and_its_replacement_joins_the_next_roun
     assert_eq!(data.ends, ["p1 was lost in round 0"], "{data:?}");
 }
 
+/// Issue 42: `--released-file` (the wrap form's readiness, which a
+/// queue's `waitForPodsReady` reads) exists exactly while the command runs
+/// after an opening: not while the member waits for its gang, there when
+/// each round's command starts, gone while the gang meets again after a
+/// loss, and gone once the member is done.
+#[tokio::test]
+async fn the_released_file_is_there_only_while_a_rounds_command_runs() {
+    let (connect, admin, gang) = gang(2, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let released = d.join("released");
+    let file = released.to_str().unwrap();
+    let seen = d.join("seen");
+    let script = format!(
+        "if test -f {file}; then echo released-$ZKGATE_ROUND >> {}; fi; \
+         if [ $ZKGATE_ROUND = 0 ]; then {STAYS}; fi",
+        seen.display()
+    );
+    let p0 = gang_member(
+        &connect,
+        "run",
+        "p0",
+        &[
+            "--released-file",
+            file,
+            "--kill-grace",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let round_0 = format!("{}/round-0", gang.path());
+    eventually(Duration::from_secs(30), "p0 waiting in round 0", || async {
+        support::children(&admin, &round_0)
+            .await
+            .iter()
+            .any(|c| c == "p0")
+            .then_some(())
+    })
+    .await;
+    assert!(!released.exists(), "released before the gang met");
+    let mut p1 = member(&connect, "p1", STAYS);
+    let seen_text = || std::fs::read_to_string(&seen).unwrap_or_default();
+    eventually(
+        Duration::from_secs(30),
+        "round 0's command released",
+        || async { (seen_text() == "released-0\n").then_some(()) },
+    )
+    .await;
+    assert!(released.exists());
+    // p1 is lost: round 0 ends, p0's command is stopped, and p0 waits for
+    // the gang in round 1 without its file.
+    p1.start_kill().unwrap();
+    let _ = p1.wait().await;
+    eventually(Duration::from_secs(30), "round 1 begun", || async {
+        (top(&admin, &gang).await.round == Some(1)).then_some(())
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the released file removed",
+        || async { (!released.exists()).then_some(()) },
+    )
+    .await;
+    let p1 = member(&connect, "p1", "true");
+    let (code, err) = ended(p0, "p0").await;
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = ended(p1, "p1").await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(seen_text(), "released-0\nreleased-1\n");
+    assert!(!released.exists(), "left behind by a member that is done");
+}
+
 /// A member's zkgate is killed and its container restarts at once (a
 /// fresh process of the same pod, while the killed one's session still
 /// holds its registration): the fresh process never passes the open round;

@@ -24,6 +24,7 @@ pub struct BarrierCommand<'a> {
     barrier: DoubleBarrier,
     participants: Option<u32>,
     run: Option<String>,
+    released: Option<std::path::PathBuf>,
 }
 
 impl<'a> BarrierCommand<'a> {
@@ -44,6 +45,7 @@ impl<'a> BarrierCommand<'a> {
             barrier: DoubleBarrier::new(path),
             participants,
             run: None,
+            released: None,
         })
     }
 
@@ -54,6 +56,27 @@ impl<'a> BarrierCommand<'a> {
             run: run.filter(|r| !r.is_empty()),
             ..self
         }
+    }
+
+    /// `run`: the file that exists exactly while the command runs after
+    /// an opening (made before each round's command starts, removed once
+    /// it ended): the wrap form's readiness, which a queue's
+    /// `waitForPodsReady` reads (Issue 42). None: no file.
+    pub fn released_file(self, file: Option<std::path::PathBuf>) -> Self {
+        BarrierCommand {
+            released: file,
+            ..self
+        }
+    }
+
+    /// What [`Self::released_file`] asks for, not released yet (a file an
+    /// earlier life left is removed).
+    async fn released(&self) -> Result<Readiness, AgentError> {
+        Readiness::start(&ReadinessOptions {
+            file: self.released.clone(),
+            probe_addr: None,
+        })
+        .await
     }
 
     fn options(&self, persistent: bool) -> EnterOptions {
@@ -671,6 +694,11 @@ impl<'a> BarrierCommand<'a> {
         grace: Duration,
     ) -> Result<i32, AgentError> {
         child::check_command(command)?;
+        if let Some(file) = &self.released {
+            super::ready::refuse_special(file)?;
+        }
+        // Not released while we wait (a file left by an earlier life goes).
+        drop(self.released().await?);
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
@@ -693,10 +721,22 @@ impl<'a> BarrierCommand<'a> {
         // however long, neither stops nor fails it. Only a registration
         // known to be gone (deleted by someone else) does.
         let mut kept = KeptRegistration::new(session, entered.node);
-        let ended = match child::spawn(command, &[], grace) {
-            Ok(child) => child::supervise(child, &mut stop, kept.keep(), grace).await,
+        let released = match self.released().await {
+            Ok(released) => released,
+            Err(e) => {
+                close(kept.into_session()).await;
+                return Err(e);
+            }
+        };
+        let ended = match released.set_ready() {
+            Ok(()) => match child::spawn(command, &[], grace) {
+                Ok(child) => child::supervise(child, &mut stop, kept.keep(), grace).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
+        // The command ended: not released any more.
+        drop(released);
         let code = match ended {
             Ok(Ended::Exited(code)) => code,
             Ok(Ended::Interrupted(reason, code)) => {
@@ -829,7 +869,16 @@ impl<'a> BarrierCommand<'a> {
             ("ZKGATE_RANK", rank.to_string()),
             ("ZKGATE_MEMBERS", members.len().to_string()),
         ];
-        let child = match child::spawn(command, &env, grace) {
+        let (released, spawned) = match self.released().await {
+            Ok(released) => {
+                let spawned = released
+                    .set_ready()
+                    .and_then(|()| child::spawn(command, &env, grace));
+                (Some(released), spawned)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        let child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 let unmarked = marks.unmark(&session, &p.id).await;
@@ -905,6 +954,8 @@ impl<'a> BarrierCommand<'a> {
             )
             .await
         };
+        // The command ended: not released until the next round's starts.
+        drop(released);
         let outcome = self
             .after_round(&mut kept, stop, gang, marks, k, &round, ended, marked)
             .await;

@@ -292,3 +292,132 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
         );
     }
 }
+
+/// Kueue's `waitForPodsReady` in every form: a Job Kueue admits whose gang
+/// cannot meet (its Barrier, made by hand, waits for 3 participants; the
+/// Job has 2 pods) must not count as running, so Kueue evicts it after
+/// its timeout (30 s here) and queues it again. A participant waiting at
+/// its barrier is not Ready in any form: the init form's pod is still
+/// initializing, the sidecar form's main containers have not started (its
+/// startup probe), and the wrap form's container has the readiness probe
+/// the webhook gives it, which passes only while the command runs after an
+/// opening (before, the wrapped pod was Ready at once and Kueue waited
+/// forever).
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn kueue_evicts_a_gang_that_cannot_meet_in_every_form() {
+    let c = cluster().await;
+    let ns = queued_namespace(&c).await;
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
+    let forms = ["init", "sidecar", "wrap"];
+    for form in forms {
+        let name = format!("short-{form}");
+        support::kube::barrier_waiting(&barriers, &name, 3, WITHIN).await;
+        c.apply(
+            &ns.name,
+            &format!(
+                r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+  labels: {{kueue.x-k8s.io/queue-name: queue}}
+spec:
+  completions: 2
+  parallelism: 2
+  backoffLimit: 10
+  template:
+    metadata:
+      labels: {{zkgate.io/barrier: {name}}}
+      annotations: {{zkgate.io/barrier-form: {form}}}
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 5
+      containers:
+        - name: worker
+          image: workload:local
+          resources: {{requests: {{cpu: 50m}}}}
+          command: ["sh", "-c", "echo started; sleep 600"]
+"#
+            ),
+        );
+    }
+    for form in forms {
+        let name = format!("short-{form}");
+        let uid = jobs.get(&name).await.unwrap().uid().unwrap();
+        // Admitted first, its 2 pods running or waiting at the barrier.
+        eventually(WITHIN, &format!("Kueue to admit {name}"), || async {
+            let conditions = workload_conditions(&c, &ns.name, &uid).await;
+            conditions
+                .iter()
+                .any(|(t, _)| t == "Admitted")
+                .then_some(())
+        })
+        .await;
+        let evicted = eventually(
+            WITHIN,
+            &format!("Kueue to evict {name} for want of Ready pods"),
+            || async {
+                let conditions = workload_conditions(&c, &ns.name, &uid).await;
+                conditions
+                    .iter()
+                    .any(|(t, r)| t == "Evicted" && r == "PodsReadyTimeout")
+                    .then_some(conditions)
+            },
+        )
+        .await;
+        eprintln!("{name}: {evicted:?}");
+        // No pod of it ever passed the barrier.
+        for pod in c.pods(&ns.name, &format!("job-name={name}")).await {
+            if let Some(log) = c.logs_if_any(&ns.name, &pod.name_any(), "worker").await {
+                assert!(!log.contains("started"), "{}: {log}", pod.name_any());
+            }
+        }
+    }
+}
+
+/// The kueue example as a user runs it, under Kueue's controller: its
+/// queues, then its Job (smaller requests, for this node's 2 CPUs). Kueue
+/// admits it and zkgate starts its 4 pods as one gang.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn the_kueue_example_is_admitted_and_started_as_one_gang() {
+    let c = cluster().await;
+    let ns = queued_namespace(&c).await;
+    c.apply(&ns.name, &c.example("kueue/queues.yaml", &[]));
+    c.apply(
+        &ns.name,
+        &c.example(
+            "kueue/job.yaml",
+            &[
+                (
+                    "echo $(hostname) starts with the whole gang; sleep 30",
+                    "echo started-at-us $(now-us); sleep 2",
+                ),
+                (
+                    r#"requests: {cpu: "1", memory: 1Gi}"#,
+                    "requests: {cpu: 50m, memory: 16Mi}",
+                ),
+            ],
+        ),
+    );
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let uid = jobs.get("kueue-train").await.unwrap().uid().unwrap();
+    let barrier = c
+        .gang_of_started_together(
+            &ns.name,
+            "kueue-train",
+            "job-name=kueue-train",
+            &[("kueue-train", 4)],
+            "zkgate-barrier",
+        )
+        .await;
+    let status = barrier.status.unwrap();
+    assert_eq!((status.entered, status.left), (4, 4));
+    let conditions = workload_conditions(&c, &ns.name, &uid).await;
+    assert!(
+        conditions.iter().any(|(t, _)| t == "Admitted"),
+        "Kueue admitted it: {conditions:?}"
+    );
+}

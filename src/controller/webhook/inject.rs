@@ -77,6 +77,11 @@ pub const INSTALL_CONTAINER: &str = "zkgate-install";
 pub const BIN_VOLUME: &str = "zkgate-bin";
 /// Where [`BIN_VOLUME`] is mounted.
 pub const BIN_DIR: &str = "/var/run/zkgate-bin";
+/// The wrap form's readiness: the volume of the file `zkgate barrier run`
+/// makes while the command runs after an opening (`--released-file`).
+pub const RELEASED_VOLUME: &str = "zkgate-released";
+/// Where [`RELEASED_VOLUME`] is mounted.
+pub const RELEASED_DIR: &str = "/var/run/zkgate-released";
 /// The sidecar form in rounds: the volume the sidecar keeps its record in
 /// across the pod's in-place restarts, written by the main containers'
 /// `preStop` hook too.
@@ -819,7 +824,41 @@ fn wrap(
         env.push(run_env(run));
     }
     mount_binary(target);
-    Ok(())
+    // Ready only while the command runs after an opening, so that a queue
+    // waiting for the pods to be Ready (Kueue's waitForPodsReady) sees a
+    // gang that cannot meet; a readiness probe of the container's own can
+    // pass only once its command runs, which is after the opening too.
+    if target.readiness_probe.is_some() {
+        return Ok(());
+    }
+    let file = format!("{RELEASED_DIR}/released");
+    target.env.get_or_insert_with(Vec::new).push(EnvVar {
+        name: "ZKGATE_RELEASED_FILE".to_owned(),
+        value: Some(file.clone()),
+        value_from: None,
+    });
+    target.readiness_probe = Some(Probe {
+        exec: Some(ExecAction {
+            command: Some(args(&[
+                &format!("{BIN_DIR}/zkgate"),
+                "probe",
+                "--ready-file",
+                &file,
+            ])),
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(1),
+        ..Default::default()
+    });
+    target
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: RELEASED_VOLUME.to_owned(),
+            mount_path: RELEASED_DIR.to_owned(),
+            ..Default::default()
+        });
+    add_empty_dir(&mut spec.volumes, RELEASED_VOLUME, Some("Memory"), "1Mi")
 }
 
 /// The sidecar form in rounds: every main container restarts the pod's
@@ -1480,6 +1519,66 @@ mod tests {
             spec.containers[1].command.as_deref(),
             Some(&args(&["tail"])[..])
         );
+    }
+
+    /// Issue 42: a wrapped container is Ready only while its command runs
+    /// after an opening (a queue's `waitForPodsReady` must see a gang that
+    /// waits); a readiness probe of the container's own is kept, since
+    /// its command starts only once released.
+    #[test]
+    fn the_wrapped_container_is_ready_only_once_released() {
+        let i = injection();
+        let out = inject(
+            &commanded(serde_json::json!({ "zkgate.io/barrier-form": "wrap" })),
+            &i,
+        )
+        .unwrap()
+        .unwrap();
+        let spec = out.spec.unwrap();
+        let worker = &spec.containers[0];
+        let file = format!("{RELEASED_DIR}/released");
+        assert_eq!(
+            env(worker, "ZKGATE_RELEASED_FILE")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some(file.as_str())
+        );
+        let probe = worker.readiness_probe.as_ref().expect("a readiness probe");
+        assert_eq!(
+            probe.exec.as_ref().and_then(|e| e.command.as_deref()),
+            Some(&args(&["/var/run/zkgate-bin/zkgate", "probe", "--ready-file", &file])[..])
+        );
+        let mount = worker
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == RELEASED_VOLUME)
+            .expect("the released file's volume");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (RELEASED_DIR, None)
+        );
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == RELEASED_VOLUME)
+            .expect("its emptyDir");
+        assert!(volume.empty_dir.is_some());
+        // The other container is not the participant: no probe added.
+        assert!(spec.containers[1].readiness_probe.is_none());
+
+        // A readiness probe of the container's own stays as it was.
+        let mut probed = commanded(serde_json::json!({ "zkgate.io/barrier-form": "wrap" }));
+        let own: Probe = serde_json::from_value(
+            serde_json::json!({ "httpGet": { "path": "/ready", "port": 8080 } }),
+        )
+        .unwrap();
+        probed.spec.as_mut().unwrap().containers[0].readiness_probe = Some(own.clone());
+        let out = inject(&probed, &i).unwrap().unwrap();
+        let worker = &out.spec.unwrap().containers[0];
+        assert_eq!(worker.readiness_probe.as_ref(), Some(&own));
+        assert!(env(worker, "ZKGATE_RELEASED_FILE").is_none());
     }
 
     #[test]
