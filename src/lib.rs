@@ -18,6 +18,8 @@ pub mod handout;
 pub mod layout;
 #[cfg(feature = "operator")]
 pub mod plugin;
+#[cfg(feature = "operator")]
+pub mod workload;
 pub mod zk;
 
 /// Makes ring the process's rustls crypto provider (idempotent). Both the

@@ -7,25 +7,16 @@ use std::sync::Mutex;
 
 use futures::Stream;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
-use super::webhook::inject::BARRIER_ANNOTATIONS;
-use super::BARRIER_LABEL;
 use crate::api::Barrier;
-
-/// How many participants a Job's pods make: the smaller of its parallelism
-/// (1 when unset) and its completions (unbounded when unset); `None` when
-/// that is zero (a Job that runs no pod at once opens no barrier).
-pub fn count(spec: &JobSpec) -> Option<u32> {
-    let parallelism = spec.parallelism.unwrap_or(1);
-    let n = spec.completions.map_or(parallelism, |c| c.min(parallelism));
-    u32::try_from(n).ok().filter(|n| *n > 0)
-}
+use crate::workload::run::{count, template_label};
+use crate::workload::template::BARRIER_ANNOTATIONS;
+use crate::workload::BARRIER_LABEL;
 
 /// How long a reconcile waits for the Job cache's first listing.
 const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -104,22 +95,6 @@ fn strip(job: &mut Job) {
             });
         }
     }
-}
-
-fn template_label(template: &PodTemplateSpec) -> Option<&str> {
-    template
-        .metadata
-        .as_ref()?
-        .labels
-        .as_ref()?
-        .get(BARRIER_LABEL)
-        .map(String::as_str)
-}
-
-/// The Barrier a Job's pods take part in: its pod template's
-/// [`BARRIER_LABEL`].
-pub fn barrier_label(job: &Job) -> Option<&str> {
-    template_label(&job.spec.as_ref()?.template)
 }
 
 impl Jobs {

@@ -56,13 +56,8 @@ pub use locklease::LockNodeData;
 
 use crate::api::{Barrier, LockLease};
 use crate::layout::Layout;
+use crate::workload::{BARRIER_LABEL, LOCK_LABEL};
 use crate::zk::{LockOptions, Mutex, Session, SessionOptions, SessionState};
-
-/// Pods labelled with these are watched, so their end is seen at once
-/// (without the label it is seen on the next periodic look).
-pub const BARRIER_LABEL: &str = "zkgate.io/barrier";
-/// See [`BARRIER_LABEL`].
-pub const LOCK_LABEL: &str = "zkgate.io/lock";
 
 /// The labels of the objects the controller makes (a Job's Barrier, the
 /// webhook's certificate Secret): `app.kubernetes.io/managed-by: zkgate`.

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -27,8 +26,12 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::time::{delay_queue, DelayQueue};
 use tracing::{debug, info, warn};
 
-use super::jobs::barrier_label;
 use crate::api::{Barrier, BarrierSpec};
+use crate::workload::run::{
+    barrier_label, is_jobset, run_of_job, Run, JOBSET_GROUP, JOBSET_UID_LABEL, RUN_LABEL,
+};
+use crate::workload::template::{after_of, barrier_timeout, loss_policy, AFTER_ANNOTATION};
+use crate::workload::BARRIER_LABEL;
 
 /// What asks for a plan.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,135 +50,6 @@ impl Touch {
             barrier_label(job)?.to_owned(),
         ))
     }
-}
-
-/// The API group of JobSet (kubernetes-sigs/jobset): a JobSet's child Jobs
-/// make one run, and its Barrier is sized over its replicated Jobs.
-pub const JOBSET_GROUP: &str = "jobset.x-k8s.io";
-
-/// The label JobSet's controller gives its child Jobs and their pods: the
-/// JobSet's uid.
-pub const JOBSET_UID_LABEL: &str = "jobset.sigs.k8s.io/jobset-uid";
-
-/// The label JobSet's controller gives its child Jobs and their pods: the
-/// JobSet's name.
-pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
-
-/// The label JobSet's controller gives its child Jobs and their pods: which
-/// of the JobSet's restarts they belong to (a restart makes every child Job
-/// again, and that is a run of its own).
-pub const JOBSET_RESTART_LABEL: &str = "jobset.sigs.k8s.io/restart-attempt";
-
-/// The label of a Barrier the controller made for a JobSet's run: the run
-/// (`UID.RESTART`; a Job's run is its owner's uid and needs none).
-pub const RUN_LABEL: &str = "zkgate.io/run";
-
-/// The run a labelled Job's pods belong to.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Run {
-    /// What the participants are told (`ZKGATE_RUN`) and the barrier node
-    /// records: the Job's uid, or `UID.RESTART` of the JobSet that controls
-    /// it.
-    pub id: String,
-    /// What owns the run's Barrier (deleted with it): the Job, or its
-    /// JobSet.
-    pub owner: OwnerReference,
-}
-
-impl Run {
-    /// Whether this run is a JobSet's.
-    pub fn of_jobset(&self) -> bool {
-        is_jobset(&self.owner)
-    }
-}
-
-fn is_jobset(owner: &OwnerReference) -> bool {
-    owner.kind == "JobSet"
-        && owner
-            .api_version
-            .split_once('/')
-            .is_some_and(|(group, _)| group == JOBSET_GROUP)
-}
-
-/// The run of `job`'s pods: its JobSet's current restart when a JobSet
-/// controls it, else the Job itself. `None` for a Job not stored yet.
-pub fn run_of_job(job: &Job) -> Option<Run> {
-    let uid = job.uid()?;
-    let jobset = job
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true) && is_jobset(o));
-    Some(match jobset {
-        Some(jobset) => {
-            // A number, or no run: the run is a label's value too.
-            let restart: u32 = match job.labels().get(JOBSET_RESTART_LABEL) {
-                None => 0,
-                Some(r) => r.parse().ok()?,
-            };
-            Run {
-                id: format!("{}.{restart}", jobset.uid),
-                owner: OwnerReference {
-                    controller: Some(false),
-                    block_owner_deletion: Some(false),
-                    ..jobset.clone()
-                },
-            }
-        }
-        None => Run {
-            id: uid.clone(),
-            owner: OwnerReference {
-                api_version: "batch/v1".to_owned(),
-                kind: "Job".to_owned(),
-                name: job.name_any(),
-                uid,
-                controller: Some(false),
-                block_owner_deletion: Some(false),
-            },
-        },
-    })
-}
-
-/// The run `pod` says it belongs to: its JobSet's restart when it carries
-/// JobSet's labels, else its Job's uid (`None`: no Job controls it). What
-/// the pod says is checked against its Job at admission.
-pub fn run_of_pod(pod: &Pod) -> Option<String> {
-    let job = crate::controller::webhook::inject::job_of(pod)?;
-    let labels = pod.labels();
-    Some(match labels.get(JOBSET_UID_LABEL) {
-        Some(jobset) => format!(
-            "{jobset}.{}",
-            labels.get(JOBSET_RESTART_LABEL).map_or("0", String::as_str)
-        ),
-        None => job.uid.clone(),
-    })
-}
-
-/// The label JobSet's controller gives its child Jobs and their pods when
-/// its (alpha) `RestartJob` failure policy action made that one child Job
-/// again.
-pub const JOBSET_JOB_RESTART_LABEL: &str = "jobset.sigs.k8s.io/job-restart-attempt";
-
-/// Why a pod carrying JobSet's labels cannot take part in its JobSet's
-/// gang, if it cannot: a JobSet before v0.9.0 does not say its uid, and a
-/// child Job made again by the `RestartJob` action is of the same run as the
-/// gang that opened without it (it would pass that opening alone).
-pub fn jobset_pod_refusal(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    if labels.contains_key(JOBSET_NAME_LABEL) && !labels.contains_key(JOBSET_UID_LABEL) {
-        return Some(format!(
-            "the pod is of a JobSet that does not label it {JOBSET_UID_LABEL} (JobSet before v0.9.0): zkgate keeps a JobSet's gang by that uid; upgrade JobSet"
-        ));
-    }
-    if labels
-        .get(JOBSET_JOB_RESTART_LABEL)
-        .is_some_and(|n| n != "0")
-    {
-        return Some(format!(
-            "the pod's Job was made again by JobSet's RestartJob failure policy action ({JOBSET_JOB_RESTART_LABEL}): its pods would pass the gang's opening alone, so zkgate does not gate it; use RestartJobSet, which restarts the whole gang"
-        ));
-    }
-    None
 }
 
 /// The run a Barrier belongs to and what owns it: for one the controller
@@ -410,16 +284,15 @@ async fn make_barrier(
         .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.annotations.clone())
         .unwrap_or_default();
-    let (on_participant_loss, max_restarts) =
-        crate::controller::webhook::inject::loss_policy(&annotations).unwrap_or_default();
-    let after = crate::controller::webhook::inject::after_of(&annotations).unwrap_or_default();
+    let (on_participant_loss, max_restarts) = loss_policy(&annotations).unwrap_or_default();
+    let after = after_of(&annotations).unwrap_or_default();
     // The platform's default bounds a gang's one meeting: not a gang in
     // rounds (each later round is timed too, from its node's making) nor
     // one waiting for others (it would wait their whole run out). Theirs
     // is the pod template's only.
     let defaulted =
         on_participant_loss != crate::api::OnParticipantLoss::RestartGang && after.is_empty();
-    let timeout = crate::controller::webhook::inject::barrier_timeout(&annotations)
+    let timeout = barrier_timeout(&annotations)
         .ok()
         .flatten()
         .or_else(|| default_timeout.filter(|_| defaulted).map(str::to_owned));
@@ -482,7 +355,7 @@ fn label_value(value: &str) -> bool {
 
 /// How many participants JobSet `jobset`'s Barrier `label` takes: over its
 /// replicated Jobs whose pod template carries the label, `replicas` times
-/// each Job's count ([`crate::controller::jobs::count`]). Read from the
+/// each Job's count ([`crate::workload::run::count`]). Read from the
 /// JobSet itself, not from the child Jobs there now (its controller makes
 /// them one by one). `Ok(Err(why))` when there is no such size: the JobSet
 /// gone or another by that name, or no replicated Job so labelled.
@@ -523,7 +396,7 @@ fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u3
     let labelled: Vec<&serde_json::Value> = replicated
         .iter()
         .filter(|r| {
-            r["template"]["spec"]["template"]["metadata"]["labels"][super::BARRIER_LABEL].as_str()
+            r["template"]["spec"]["template"]["metadata"]["labels"][BARRIER_LABEL].as_str()
                 == Some(label)
         })
         .collect();
@@ -537,8 +410,8 @@ fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u3
         return Err(format!(
             "the JobSet starts its replicated Jobs in order (startupPolicy InOrder), so {} cannot start as one gang: give each its own {} label and order them with {}",
             names.join(", "),
-            super::BARRIER_LABEL,
-            super::webhook::inject::AFTER_ANNOTATION
+            BARRIER_LABEL,
+            AFTER_ANNOTATION
         ));
     }
     for rjob in &labelled {
@@ -548,8 +421,8 @@ fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u3
                 return Err(format!(
                     "replicated Job {} depends on {on} (dependsOn), which is in the same gang: it would wait for pods that wait for it. Give each its own {} label and order them with {}",
                     rjob["name"],
-                    super::BARRIER_LABEL,
-                    super::webhook::inject::AFTER_ANNOTATION
+                    BARRIER_LABEL,
+                    AFTER_ANNOTATION
                 ));
             }
         }
@@ -565,7 +438,7 @@ fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u3
             })?;
         let replicas = u32::try_from(rjob["replicas"].as_u64().unwrap_or(1))
             .map_err(|_| format!("replicated Job {} has too many replicas", rjob["name"]))?;
-        let each = super::jobs::count(&spec).unwrap_or(0);
+        let each = crate::workload::run::count(&spec).unwrap_or(0);
         total = replicas
             .checked_mul(each)
             .and_then(|n| total.checked_add(n))
@@ -574,7 +447,7 @@ fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u3
     if total == 0 {
         return Err(format!(
             "no replicated Job's pod template carries {}={label} with a pod to run",
-            super::BARRIER_LABEL
+            BARRIER_LABEL
         ));
     }
     Ok(total)
@@ -792,6 +665,7 @@ async fn see_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::run::JOBSET_RESTART_LABEL;
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 
     fn labelled(name: &str, uid: &str, created: i64, over: bool) -> Job {

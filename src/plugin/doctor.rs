@@ -32,7 +32,7 @@ use super::{Plugin, PluginError};
 use crate::controller::diagnosis::Diagnosis;
 use crate::controller::webhook::inject::BARRIER_CONTAINER;
 use crate::controller::webhook::DOCTOR_PROBE_ANNOTATION;
-use crate::controller::BARRIER_LABEL;
+use crate::workload::BARRIER_LABEL;
 
 /// The chart's label on everything of an install.
 const INSTALL_LABEL: &str = "app.kubernetes.io/name=zkgate";

@@ -14,9 +14,11 @@ use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::runs::{holder_of, run_of_pod, JOBSET_NAME_LABEL};
-use crate::controller::webhook::inject::{job_of, BARRIER_CONTAINER};
-use crate::controller::{BARRIER_LABEL, LOCK_LABEL};
+use crate::controller::runs::holder_of;
+use crate::controller::webhook::inject::BARRIER_CONTAINER;
+use crate::workload::run::job_of;
+use crate::workload::run::{run_of_pod, JOBSET_NAME_LABEL};
+use crate::workload::{BARRIER_LABEL, LOCK_LABEL};
 use doctor::CrdState;
 
 mod doctor;
@@ -840,7 +842,7 @@ mod tests {
         barrier.metadata.labels = Some(crate::controller::managed_by());
         barrier
             .labels_mut()
-            .insert(crate::controller::runs::RUN_LABEL.into(), "s1.1".into());
+            .insert(crate::workload::run::RUN_LABEL.into(), "s1.1".into());
         barrier.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "jobset.x-k8s.io/v1alpha2".into(),
             kind: "JobSet".into(),
@@ -858,9 +860,9 @@ mod tests {
             ..Default::default()
         }]);
         for (k, v) in [
-            (crate::controller::runs::JOBSET_UID_LABEL, "s1"),
+            (crate::workload::run::JOBSET_UID_LABEL, "s1"),
             (JOBSET_NAME_LABEL, "gang"),
-            (crate::controller::runs::JOBSET_RESTART_LABEL, "0"),
+            (crate::workload::run::JOBSET_RESTART_LABEL, "0"),
         ] {
             pod.labels_mut().insert(k.into(), v.into());
         }
@@ -872,7 +874,7 @@ mod tests {
             "{why}"
         );
         pods[5].labels_mut().insert(
-            crate::controller::runs::JOBSET_RESTART_LABEL.into(),
+            crate::workload::run::JOBSET_RESTART_LABEL.into(),
             "1".into(),
         );
         let why = why_barrier(&pods[5], &barrier, &pods);

@@ -44,29 +44,21 @@ use k8s_openapi::api::core::v1::{
     VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::super::{BARRIER_LABEL, LOCK_LABEL};
 use crate::agent::exit::Exit;
 use crate::api::parse_duration;
 use crate::layout::DEFAULT_ROOT;
+use crate::workload::template::{
+    after_of, barrier_timeout, loss_policy, resource_name, TemplateError, AFTER_ANNOTATION,
+    ON_LOSS_ANNOTATION,
+};
+use crate::workload::{BARRIER_LABEL, LOCK_LABEL};
 
 /// The lock's side on a ReadWrite LockLease: `read` or `write`.
 pub const LOCK_MODE_LABEL: &str = "zkgate.io/lock-mode";
 /// `init` (the default), `sidecar` or `wrap`: how the barrier's
 /// participant runs.
 pub const BARRIER_FORM_ANNOTATION: &str = "zkgate.io/barrier-form";
-/// `Wait`, `Fail` or `RestartGang`: the `onParticipantLoss` of the Barrier
-/// made for the pod's Job (RestartGang implies the wrap form).
-pub const ON_LOSS_ANNOTATION: &str = "zkgate.io/on-participant-loss";
-/// With RestartGang: the Barrier's `maxRestarts`.
-pub const MAX_RESTARTS_ANNOTATION: &str = "zkgate.io/max-restarts";
-/// `NAME[,NAME...]`: the Barriers the Barrier made for the pod's Job starts
-/// after (its `spec.after`).
-pub const AFTER_ANNOTATION: &str = "zkgate.io/after";
-/// With [`AFTER_ANNOTATION`]: how far they must be (`Entered`, `Open`,
-/// `Ready` or `Completed`) [default: Ready].
-pub const AFTER_UNTIL_ANNOTATION: &str = "zkgate.io/after-until";
 /// The wrap form: the container whose command runs under `zkgate barrier
 /// run` [default: the first].
 pub const WRAP_CONTAINER_ANNOTATION: &str = "zkgate.io/wrap-container";
@@ -93,18 +85,6 @@ pub const POD_DIR: &str = "/var/run/zkgate-pod";
 const RESTART_ALL: &str = "RestartAllContainers";
 /// How long the injected containers wait (e.g. `15m`) [default: no limit].
 pub const TIMEOUT_ANNOTATION: &str = "zkgate.io/timeout";
-/// The `spec.timeout` of the Barrier made for the pod's Job (e.g. `30m`)
-/// [default: the controller's `--run-barrier-timeout`, else no limit].
-pub const BARRIER_TIMEOUT_ANNOTATION: &str = "zkgate.io/barrier-timeout";
-/// The pod template annotations the Barrier made for a Job takes (the
-/// Job cache keeps these of a template's, and nothing else).
-pub const BARRIER_ANNOTATIONS: [&str; 5] = [
-    ON_LOSS_ANNOTATION,
-    MAX_RESTARTS_ANNOTATION,
-    AFTER_ANNOTATION,
-    AFTER_UNTIL_ANNOTATION,
-    BARRIER_TIMEOUT_ANNOTATION,
-];
 /// The annotation that sets a pod's participants' ZooKeeper session
 /// timeout (the controller's `--participant-session-timeout` otherwise).
 pub const SESSION_TIMEOUT_ANNOTATION: &str = "zkgate.io/session-timeout";
@@ -189,6 +169,10 @@ pub struct HandoutTarget {
 /// Why a labelled pod is refused: the admission message.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refusal {
+    /// A pod template annotation the Barrier made for its run takes is
+    /// not valid.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
     /// A label names no valid resource.
     #[error("label {label}={value:?} does not name a valid resource: {reason}")]
     InvalidName {
@@ -208,12 +192,6 @@ pub enum Refusal {
     /// `zkgate.io/barrier-form` is neither `init`, `sidecar` nor `wrap`.
     #[error("annotation {BARRIER_FORM_ANNOTATION}={0:?} must be init, sidecar or wrap")]
     InvalidForm(String),
-    /// `zkgate.io/on-participant-loss` is not a policy.
-    #[error("annotation {ON_LOSS_ANNOTATION}={0:?} must be Wait, Fail or RestartGang")]
-    InvalidLossPolicy(String),
-    /// `zkgate.io/max-restarts` is not a count.
-    #[error("annotation {MAX_RESTARTS_ANNOTATION}={0:?} must be a whole number from 0 to 100")]
-    InvalidMaxRestarts(String),
     /// RestartGang with the init form, which cannot stop the command.
     #[error("annotation {ON_LOSS_ANNOTATION}=RestartGang needs the wrap form ({BARRIER_FORM_ANNOTATION}: wrap, the default with it) or, on Kubernetes 1.36+, the sidecar form: an init container cannot stop the command when the gang restarts")]
     RestartNeedsWrap,
@@ -239,9 +217,6 @@ pub enum Refusal {
     /// The wrap form names a container the pod does not have.
     #[error("annotation {WRAP_CONTAINER_ANNOTATION}={0:?} names no container of the pod")]
     NoSuchContainer(String),
-    /// `zkgate.io/max-restarts` without RestartGang.
-    #[error("annotation {MAX_RESTARTS_ANNOTATION} is only for {ON_LOSS_ANNOTATION}: RestartGang")]
-    RestartsWithoutRestartGang,
     /// The wrap form on a container with a liveness or startup probe.
     #[error("the wrap form runs container {0:?}'s command only once its gang has met (and again after each restart), so its liveness or startup probe would fail while it waits and the kubelet would kill it: remove the probe, or use a readiness probe")]
     ProbeWhileWaiting(String),
@@ -261,9 +236,6 @@ pub enum Refusal {
         /// What is wrong with it.
         reason: String,
     },
-    /// `zkgate.io/barrier-timeout` is not a Barrier's timeout.
-    #[error("annotation {BARRIER_TIMEOUT_ANNOTATION}: {0}")]
-    InvalidBarrierTimeout(String),
     /// `zkgate.io/session-timeout` is not a duration in range.
     #[error("annotation {SESSION_TIMEOUT_ANNOTATION}={value:?}: {reason}")]
     InvalidSessionTimeout {
@@ -278,20 +250,6 @@ pub enum Refusal {
     /// `zkgate.io/credentials` is set to something other than `"true"`.
     #[error("label {CREDENTIALS_LABEL}={0:?} must be \"true\" (or left out)")]
     InvalidCredentials(String),
-    /// `zkgate.io/after` does not name Barriers.
-    #[error("annotation {AFTER_ANNOTATION}={value:?} must name at most 16 Barriers, separated by commas: {reason}")]
-    InvalidAfter {
-        /// The annotation's value.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// `zkgate.io/after-until` is not a stage.
-    #[error("annotation {AFTER_UNTIL_ANNOTATION}={0:?} must be Entered, Open, Ready or Completed")]
-    InvalidAfterUntil(String),
-    /// `zkgate.io/after-until` without `zkgate.io/after`.
-    #[error("annotation {AFTER_UNTIL_ANNOTATION} is only for {AFTER_ANNOTATION}")]
-    UntilWithoutAfter,
     /// `zkgate.io/after` on a gang that restarts.
     #[error("annotation {AFTER_ANNOTATION} cannot be combined with {ON_LOSS_ANNOTATION}: RestartGang yet")]
     AfterWithRestartGang,
@@ -321,85 +279,6 @@ pub enum Form {
     /// copied into the pod by an init container): the form a gang that
     /// restarts together needs.
     Wrap,
-}
-
-/// The `onParticipantLoss` (and `maxRestarts`) a pod's annotations ask of
-/// the Barrier made for its Job: checked here, read there
-/// ([`crate::controller::runs`]).
-pub fn loss_policy(
-    annotations: &std::collections::BTreeMap<String, String>,
-) -> Result<(crate::api::OnParticipantLoss, Option<u32>), Refusal> {
-    use crate::api::OnParticipantLoss;
-    let policy = match annotations.get(ON_LOSS_ANNOTATION).map(String::as_str) {
-        None | Some("Wait") => OnParticipantLoss::Wait,
-        Some("Fail") => OnParticipantLoss::Fail,
-        Some("RestartGang") => OnParticipantLoss::RestartGang,
-        Some(other) => return Err(Refusal::InvalidLossPolicy(other.to_owned())),
-    };
-    let max = match annotations.get(MAX_RESTARTS_ANNOTATION) {
-        None => None,
-        Some(n) => match n.parse::<u32>() {
-            Ok(n) if n <= 100 => Some(n),
-            _ => return Err(Refusal::InvalidMaxRestarts(n.clone())),
-        },
-    };
-    if max.is_some() && policy != OnParticipantLoss::RestartGang {
-        return Err(Refusal::RestartsWithoutRestartGang);
-    }
-    Ok((policy, max))
-}
-
-/// The `spec.timeout` a pod's annotations ask of the Barrier made for its
-/// Job (`None`: the controller's default): checked here, read there
-/// ([`crate::controller::runs`]).
-pub fn barrier_timeout(
-    annotations: &std::collections::BTreeMap<String, String>,
-) -> Result<Option<String>, Refusal> {
-    annotations
-        .get(BARRIER_TIMEOUT_ANNOTATION)
-        .map(|t| crate::api::spec_duration(t).map_err(Refusal::InvalidBarrierTimeout))
-        .transpose()
-}
-
-/// The `spec.after` a pod's annotations ask of the Barrier made for its
-/// Job: checked here, read there ([`crate::controller::runs`]).
-pub fn after_of(
-    annotations: &std::collections::BTreeMap<String, String>,
-) -> Result<Vec<crate::api::After>, Refusal> {
-    use crate::api::Until;
-    let until = match annotations.get(AFTER_UNTIL_ANNOTATION).map(String::as_str) {
-        None | Some("Ready") => Until::Ready,
-        Some("Entered") => Until::Entered,
-        Some("Open") => Until::Open,
-        Some("Completed") => Until::Completed,
-        Some(other) => return Err(Refusal::InvalidAfterUntil(other.to_owned())),
-    };
-    let Some(value) = annotations.get(AFTER_ANNOTATION) else {
-        if annotations.contains_key(AFTER_UNTIL_ANNOTATION) {
-            return Err(Refusal::UntilWithoutAfter);
-        }
-        return Ok(Vec::new());
-    };
-    let invalid = |reason: &str| Refusal::InvalidAfter {
-        value: value.clone(),
-        reason: reason.to_owned(),
-    };
-    let names: Vec<&str> = value.split(',').map(str::trim).collect();
-    if names.len() > 16 {
-        return Err(invalid("more than 16"));
-    }
-    let mut after = Vec::new();
-    for name in names {
-        resource_name(name).map_err(|reason| invalid(&format!("{name:?}: {reason}")))?;
-        if after.iter().any(|a: &crate::api::After| a.barrier == name) {
-            return Err(invalid(&format!("{name} is named twice")));
-        }
-        after.push(crate::api::After {
-            barrier: name.to_owned(),
-            until,
-        });
-    }
-    Ok(after)
 }
 
 /// What a pod's labels ask for.
@@ -495,7 +374,7 @@ pub fn wanted(pod: &Pod, injection: &Injection) -> Result<Wanted, Refusal> {
         lock: lock.map(|l| (l, mode)),
         timeout,
         session_timeout,
-        run: crate::controller::runs::run_of_pod(pod),
+        run: crate::workload::run::run_of_pod(pod),
         wrap_container: annotations.get(WRAP_CONTAINER_ANNOTATION).cloned(),
         rounds: restarts,
     })
@@ -524,28 +403,6 @@ pub fn agrees_with_barrier(
             barrier: barrier.to_owned(),
             policy: made,
         });
-    }
-    Ok(())
-}
-
-/// The Job that controls `pod` (its run), if any.
-pub fn job_of(pod: &Pod) -> Option<&OwnerReference> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Job" && o.api_version == "batch/v1" && o.controller == Some(true))
-}
-
-/// Checks that `name` can name a Barrier or LockLease: a DNS-1123
-/// subdomain (what the API server requires of every object's name).
-fn resource_name(name: &str) -> Result<(), &'static str> {
-    static SUBDOMAIN: std::sync::LazyLock<regex_lite::Regex> = std::sync::LazyLock::new(|| {
-        regex_lite::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-            .expect("a valid pattern")
-    });
-    if name.len() > 253 || !SUBDOMAIN.is_match(name) {
-        return Err("a name is lower case letters, digits, '-' and '.', starts and ends with a letter or digit, and has no empty part between dots");
     }
     Ok(())
 }
@@ -1805,13 +1662,13 @@ mod tests {
         );
         assert_eq!(
             refused(serde_json::json!({ "zkgate.io/on-participant-loss": "Restart" })),
-            Refusal::InvalidLossPolicy("Restart".into())
+            Refusal::Template(TemplateError::InvalidLossPolicy("Restart".into()))
         );
         assert_eq!(
             refused(
                 serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang", "zkgate.io/max-restarts": "-1" })
             ),
-            Refusal::InvalidMaxRestarts("-1".into())
+            Refusal::Template(TemplateError::InvalidMaxRestarts("-1".into()))
         );
         assert_eq!(
             refused(
@@ -1821,7 +1678,7 @@ mod tests {
         );
         assert_eq!(
             refused(serde_json::json!({ "zkgate.io/max-restarts": "2" })),
-            Refusal::RestartsWithoutRestartGang
+            Refusal::Template(TemplateError::RestartsWithoutRestartGang)
         );
         let mut probed =
             commanded(serde_json::json!({ "zkgate.io/on-participant-loss": "RestartGang" }));

@@ -50,8 +50,8 @@ use self::inject::{inject, HandoutTarget, Injection};
 use super::backoff::Backoff;
 use super::http::Health;
 use super::metrics::Metrics;
-use super::BARRIER_LABEL;
 use crate::api::{Barrier, LockLease};
+use crate::workload::BARRIER_LABEL;
 use crate::zk::Session;
 
 /// How the webhook gets its serving certificate.
@@ -743,7 +743,7 @@ impl Webhook {
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let unreadable =
             |what: &str, e: kube::Error| format!("{UNREADABLE}{what} the pod's label names: {e}");
-        if let Some(lock) = labels.get(super::LOCK_LABEL) {
+        if let Some(lock) = labels.get(crate::workload::LOCK_LABEL) {
             let api: Api<LockLease> = Api::namespaced(self.client.clone(), namespace);
             let Some(lease) = api
                 .get_opt(lock)
@@ -752,7 +752,7 @@ impl Webhook {
             else {
                 return Err(format!(
                     "the pod's label {}={lock} names a LockLease that does not exist in namespace {namespace}: create the LockLease first",
-                    super::LOCK_LABEL
+                    crate::workload::LOCK_LABEL
                 ));
             };
             // A side is for a ReadWrite lock: a reader of an Exclusive one
@@ -772,7 +772,7 @@ impl Webhook {
             // Roles in order: the Barriers it starts after must not start
             // after it (checked by `inject` before: a bad value is refused).
             let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-            let after = inject::after_of(&annotations).unwrap_or_default();
+            let after = crate::workload::template::after_of(&annotations).unwrap_or_default();
             if !after.is_empty() {
                 let first = after.into_iter().map(|a| a.barrier).collect();
                 let chain = super::after::cycle_from(&api, barrier, first, &mut Default::default())
@@ -781,32 +781,34 @@ impl Webhook {
                 if let Some(why) = chain.refusal() {
                     return Err(format!(
                         "the pod's annotation {}, with the Barriers there now, {why}",
-                        inject::AFTER_ANNOTATION
+                        crate::workload::template::AFTER_ANNOTATION
                     ));
                 }
             }
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-            let ours = super::runs::run_of_pod(pod);
+            let ours = crate::workload::run::run_of_pod(pod);
             // What JobSet's pods must say for zkgate to keep them one gang.
-            if let Some(why) = super::runs::jobset_pod_refusal(&labels) {
+            if let Some(why) = crate::workload::run::jobset_pod_refusal(&labels) {
                 return Err(why);
             }
             // A pod that says it is of a JobSet's run (by the labels JobSet
             // gives its pods, which whoever makes a pod can write) must be
             // of a Job that says so too.
-            let jobset_job = match (&ours, inject::job_of(pod)) {
-                (Some(run), Some(job)) if labels.contains_key(super::runs::JOBSET_UID_LABEL) => {
+            let jobset_job = match (&ours, crate::workload::run::job_of(pod)) {
+                (Some(run), Some(job))
+                    if labels.contains_key(crate::workload::run::JOBSET_UID_LABEL) =>
+                {
                     let found = jobs
                         .get_opt(&job.name)
                         .await
                         .map_err(|e| unreadable("Job", e))?
                         .filter(|j| j.metadata.uid.as_deref() == Some(job.uid.as_str()));
-                    let theirs = found.as_ref().and_then(super::runs::run_of_job);
+                    let theirs = found.as_ref().and_then(crate::workload::run::run_of_job);
                     let Some(theirs) = theirs.filter(|r| r.id == *run && r.of_jobset()) else {
                         return Err(format!(
                             "the pod's labels {} and {} say it is of JobSet run {run}, but its Job {} (uid {}) is not of that run",
-                            super::runs::JOBSET_UID_LABEL,
-                            super::runs::JOBSET_RESTART_LABEL,
+                            crate::workload::run::JOBSET_UID_LABEL,
+                            crate::workload::run::JOBSET_RESTART_LABEL,
                             job.name,
                             job.uid
                         ));
@@ -837,9 +839,10 @@ impl Webhook {
                         return Ok(());
                     };
                     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-                    let (Some((_, form)), Ok((asked, _))) =
-                        (wanted.barrier, inject::loss_policy(&annotations))
-                    else {
+                    let (Some((_, form)), Ok((asked, _))) = (
+                        wanted.barrier,
+                        crate::workload::template::loss_policy(&annotations),
+                    ) else {
                         return Ok(());
                     };
                     inject::agrees_with_barrier(
@@ -851,7 +854,8 @@ impl Webhook {
                     .map_err(|refusal| refusal.to_string())?;
                     // The order it asks for must be the Barrier's (fixed
                     // when it was made), or it would start at once.
-                    let after = inject::after_of(&annotations).unwrap_or_default();
+                    let after =
+                        crate::workload::template::after_of(&annotations).unwrap_or_default();
                     if !after.is_empty() && after != found.spec.after {
                         let names = |a: &[crate::api::After]| {
                             a.iter()
@@ -861,7 +865,7 @@ impl Webhook {
                         };
                         return Err(format!(
                             "the pod's annotation {} asks Barrier {barrier} to start after {}, but it was made to start after [{}]: make the Barrier with that after (delete it and create it again), or drop the annotation",
-                            inject::AFTER_ANNOTATION,
+                            crate::workload::template::AFTER_ANNOTATION,
                             names(&after),
                             names(&found.spec.after)
                         ));
@@ -893,7 +897,7 @@ impl Webhook {
                 }
                 return Ok(());
             }
-            let job = inject::job_of(pod);
+            let job = crate::workload::run::job_of(pod);
             let missing = format!(
                 "the pod's label {BARRIER_LABEL}={barrier} names a Barrier that does not exist in namespace {namespace}"
             );
@@ -918,7 +922,7 @@ impl Webhook {
                 .map_err(|e| unreadable("Job", e))?;
             let labelled = found.as_ref().is_some_and(|j| {
                 j.metadata.uid.as_deref() == Some(owner.uid.as_str())
-                    && super::jobs::barrier_label(j) == Some(barrier.as_str())
+                    && crate::workload::run::barrier_label(j) == Some(barrier.as_str())
             });
             // A JobSet's Barrier is made only if the JobSet can be sized:
             // say why not here, where the user sees it (the Job's events),
