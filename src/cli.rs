@@ -1156,6 +1156,13 @@ pub async fn run(cli: Cli) -> Result<i32, AgentError> {
                 released_file,
                 command,
             } => {
+                // Not released before anything else: a file a killed life
+                // left would make the restarted container Ready while it
+                // fetches its credentials and waits for its gang.
+                if let Some(file) = &released_file {
+                    crate::agent::ready::refuse_special(file)?;
+                    crate::agent::ready::remove(file);
+                }
                 let (p, stop) = b.common.participant().await?;
                 b.command(&p)?
                     .released_file(released_file)

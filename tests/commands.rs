@@ -1760,3 +1760,67 @@ async fn a_contender_waiting_for_a_semaphores_count_follows_a_change_of_mode() {
         "nothing of a semaphore left under an Exclusive lock"
     );
 }
+
+/// Issue 42 (found in review): `barrier run --released-file` keeps the file
+/// from just before the command starts (after the opening) until the
+/// member has left: a member whose command completed waits for the others
+/// to finish, and its pod must stay Ready meanwhile (Kueue's
+/// `waitForPodsReady` would otherwise count a running gang as not ready
+/// and evict it once its recovery timeout passed). Not there while the
+/// member waits for its gang, gone once it is done.
+#[tokio::test]
+async fn the_released_file_lasts_until_the_member_has_left() {
+    use tokio::io::AsyncBufReadExt;
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let released = dir.path().join("released");
+    let go = dir.path().join("go");
+    let run = |id: &str, rest: &[&str]| {
+        let mut args = vec![
+            "barrier",
+            "run",
+            "pair",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--timeout",
+            "60s",
+        ];
+        args.extend_from_slice(rest);
+        let mut cmd = zkgate(&connect, &args);
+        cmd.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let mut p0 = run(
+        "p0",
+        &["--released-file", released.to_str().unwrap(), "--", "true"],
+    );
+    let mut lines = tokio::io::BufReader::new(p0.stderr.take().unwrap()).lines();
+    let mut err = String::new();
+    read_until(&mut lines, &mut err, "participants entered").await;
+    assert!(!released.exists(), "released before the gang met: {err}");
+    let script = format!("while [ ! -f {} ]; do sleep 0.1; done", go.display());
+    let mut p1 = run("p1", &["--", "sh", "-c", &script]);
+    read_until(
+        &mut lines,
+        &mut err,
+        "the command exited; leaving the barrier",
+    )
+    .await;
+    // p0's command is done, p1's runs: p0 waits to leave, still released.
+    assert!(
+        released.exists(),
+        "gone while the member waits to leave: {err}"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        exited(&mut p1, Duration::from_secs(30)).await.code(),
+        Some(0)
+    );
+    assert_eq!(
+        exited(&mut p0, Duration::from_secs(30)).await.code(),
+        Some(0)
+    );
+    assert!(!released.exists(), "left behind");
+}

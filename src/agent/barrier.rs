@@ -695,10 +695,11 @@ impl<'a> BarrierCommand<'a> {
     ) -> Result<i32, AgentError> {
         child::check_command(command)?;
         if let Some(file) = &self.released {
+            // Also done before the participant's credentials are fetched
+            // (the command line's `run`); here for every other caller.
             super::ready::refuse_special(file)?;
+            super::ready::remove(file);
         }
-        // Not released while we wait (a file left by an earlier life goes).
-        drop(self.released().await?);
         let session = stop
             .unless_stopped("connecting", self.participant.connect())
             .await?;
@@ -735,8 +736,6 @@ impl<'a> BarrierCommand<'a> {
             },
             Err(e) => Err(e),
         };
-        // The command ended: not released any more.
-        drop(released);
         let code = match ended {
             Ok(Ended::Exited(code)) => code,
             Ok(Ended::Interrupted(reason, code)) => {
@@ -751,6 +750,10 @@ impl<'a> BarrierCommand<'a> {
                 return Err(e);
             }
         };
+        // Released while this member leaves after its command completed
+        // (its pod must stay Ready while it waits for the others to end);
+        // not after a failure.
+        let _released = (code == 0).then_some(released);
         info!(code, "the command exited; leaving the barrier");
         // Leaving needs ZooKeeper: it waits for it (the user's timeout
         // bounds the wait, as for any leave).
@@ -881,6 +884,7 @@ impl<'a> BarrierCommand<'a> {
         let child = match spawned {
             Ok(child) => child,
             Err(e) => {
+                drop(released);
                 let unmarked = marks.unmark(&session, &p.id).await;
                 if let Err(u) = unmarked {
                     warn!(error = %u, "could not remove our run mark; the controller removes it when the pod ends");
@@ -954,10 +958,15 @@ impl<'a> BarrierCommand<'a> {
             )
             .await
         };
-        // The command ended: not released until the next round's starts.
-        drop(released);
+        // The command ended: not released until the next round's starts,
+        // unless it completed, when this member stays released while it
+        // leaves the round (see `after_round`).
+        let completed = matches!(ended, Ok(Ended::Exited(0))) && stop.asked_to_stop().is_none();
+        let released = released.filter(|_| completed);
         let outcome = self
-            .after_round(&mut kept, stop, gang, marks, k, &round, ended, marked)
+            .after_round(
+                &mut kept, stop, gang, marks, k, &round, ended, marked, released,
+            )
             .await;
         (kept.into_session(), outcome)
     }
@@ -965,7 +974,8 @@ impl<'a> BarrierCommand<'a> {
     /// What follows the command's end in round `k` (see
     /// [`BarrierCommand::run_round`]): the run mark removed (the command
     /// is dead), then the round finished, ended or met again. Everything
-    /// here that needs ZooKeeper waits for it.
+    /// here that needs ZooKeeper waits for it. `released` (a completed
+    /// command's) lasts while this member leaves a finishing round.
     #[allow(clippy::too_many_arguments)]
     async fn after_round(
         &self,
@@ -977,6 +987,7 @@ impl<'a> BarrierCommand<'a> {
         round: &DoubleBarrier,
         ended: Result<Ended<Interruption>, AgentError>,
         marked: bool,
+        released: Option<Readiness>,
     ) -> Result<Option<i32>, AgentError> {
         let p = self.participant;
         let node = kept.node().to_owned();
@@ -1019,8 +1030,10 @@ impl<'a> BarrierCommand<'a> {
                     .map_err(|e| p.explain(e))?;
                     self.await_commands_ended(kept, marks, k).await?;
                     info!(barrier = %round.path(), id = %p.id, "everyone has left");
+                    drop(released);
                     return Ok(Some(0));
                 }
+                drop(released);
                 // The round ended as we completed: the gang runs again, and
                 // so do we.
                 info!(barrier = %gang.path(), round = k, "the command completed, but the round had ended: meeting again");

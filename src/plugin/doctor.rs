@@ -25,6 +25,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::ByteString;
 use kube::api::{Api, ListParams, PostParams};
 use kube::ResourceExt;
 
@@ -320,51 +321,69 @@ impl Plugin {
     /// mutating one, the Barriers' validating one): there, and their
     /// certificates not expired or about to.
     async fn webhook_bundles(&self, findings: &mut Vec<Finding>) {
-        let labelled = ListParams::default().labels(INSTALL_LABEL);
-        let mut bundles: Vec<(String, Option<Vec<u8>>)> = Vec::new();
-        let mutating: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
-        let validating: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-        match mutating.list(&labelled).await {
-            Ok(list) => {
-                for c in &list {
-                    for w in c.webhooks.iter().flatten() {
-                        bundles.push((
-                            format!("{} webhook {}", c.name_any(), w.name),
-                            w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
-                        ));
-                    }
-                }
-            }
-            Err(e) => findings.push(Finding::new(
-                Verdict::Unknown,
-                "caBundle",
-                format!("cannot list MutatingWebhookConfigurations ({e})"),
-            )),
-        }
-        match validating.list(&labelled).await {
-            Ok(list) => {
-                for c in &list {
-                    for w in c.webhooks.iter().flatten() {
-                        bundles.push((
-                            format!("{} webhook {}", c.name_any(), w.name),
-                            w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
-                        ));
-                    }
-                }
-            }
-            Err(e) => findings.push(Finding::new(
-                Verdict::Unknown,
-                "caBundle",
-                format!("cannot list ValidatingWebhookConfigurations ({e})"),
-            )),
-        }
+        let mut bundles = self
+            .bundles_of::<MutatingWebhookConfiguration>(findings, |c| {
+                c.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| (w.name.clone(), w.client_config.ca_bundle.clone()))
+                    .collect()
+            })
+            .await;
+        bundles.extend(
+            self.bundles_of::<ValidatingWebhookConfiguration>(findings, |c| {
+                c.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| (w.name.clone(), w.client_config.ca_bundle.clone()))
+                    .collect()
+            })
+            .await,
+        );
         let now = Timestamp::now();
         for (at, bundle) in bundles {
             findings.push(match bundle {
-                Some(bundle) => bundle_finding(&at, &bundle, now),
+                Some(bundle) => bundle_finding(&at, &bundle.0, now),
                 None => Finding::new(Verdict::Fail, "caBundle", format!("{at}: none"))
                     .fix("the controller fills it once a replica runs (or cert-manager's CA injector, with webhook.certManager): check the controller's logs"),
             });
+        }
+    }
+
+    /// Each webhook's `caBundle` (`webhooks` reads them) of this install's
+    /// webhook configurations of kind `K`, named `CONFIGURATION webhook
+    /// NAME`; a listing that fails is a finding of its own.
+    async fn bundles_of<K>(
+        &self,
+        findings: &mut Vec<Finding>,
+        webhooks: impl Fn(&K) -> Vec<(String, Option<ByteString>)>,
+    ) -> Vec<(String, Option<ByteString>)>
+    where
+        K: kube::Resource<Scope = kube::core::ClusterResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
+        match api.list(&ListParams::default().labels(INSTALL_LABEL)).await {
+            Ok(list) => list
+                .items
+                .iter()
+                .flat_map(|c| {
+                    webhooks(c)
+                        .into_iter()
+                        .map(|(w, bundle)| (format!("{} webhook {w}", c.name_any()), bundle))
+                })
+                .collect(),
+            Err(e) => {
+                findings.push(Finding::new(
+                    Verdict::Unknown,
+                    "caBundle",
+                    format!("cannot list {}s ({e})", K::kind(&Default::default())),
+                ));
+                Vec::new()
+            }
         }
     }
 

@@ -859,7 +859,7 @@ async fn a_namespace_made_again_under_the_same_name_gets_a_new_credential() {
     let new = Tenant::adopt(
         &c,
         NamespaceGuard {
-            client: c.client.clone(),
+            kubeconfig: c.dir.join("kubeconfig"),
             name: name.clone(),
         },
     )

@@ -168,7 +168,9 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
     };
     c.apply(
         &ns.name,
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: work}\ndata: {low: \"600\", high: \"2\"}\n",
+        // The preemptor works long enough for the preempted Job to be seen
+        // suspended, its pods and Barrier gone, before it may be readmitted.
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: work}\ndata: {low: \"600\", high: \"15\"}\n",
     );
     c.apply(&ns.name, &queued_job("low", None));
     let uid = jobs.get("low").await.unwrap().uid().unwrap();
@@ -368,12 +370,6 @@ spec:
         )
         .await;
         eprintln!("{name}: {evicted:?}");
-        // No pod of it ever passed the barrier.
-        for pod in c.pods(&ns.name, &format!("job-name={name}")).await {
-            if let Some(log) = c.logs_if_any(&ns.name, &pod.name_any(), "worker").await {
-                assert!(!log.contains("started"), "{}: {log}", pod.name_any());
-            }
-        }
     }
 }
 
@@ -420,4 +416,58 @@ async fn the_kueue_example_is_admitted_and_started_as_one_gang() {
         conditions.iter().any(|(t, _)| t == "Admitted"),
         "Kueue admitted it: {conditions:?}"
     );
+}
+
+/// A wrap-form gang whose members end far apart stays Ready, so Kueue does
+/// not evict it (found in review): a member whose command completed waits
+/// for the others to end, and its pod stays Ready meanwhile, its released
+/// file kept until it has left. Here member 0 completes at once and member
+/// 1 runs 60 s, twice Kueue's recovery timeout (30 s): the Job completes
+/// and its Workload was never evicted.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn kueue_keeps_a_wrap_form_gang_whose_members_end_far_apart() {
+    let c = cluster().await;
+    let ns = queued_namespace(&c).await;
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    c.apply(
+        &ns.name,
+        r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: apart
+  labels: {kueue.x-k8s.io/queue-name: queue}
+spec:
+  completions: 2
+  parallelism: 2
+  completionMode: Indexed
+  backoffLimit: 0
+  template:
+    metadata:
+      labels: {zkgate.io/barrier: apart}
+      annotations: {zkgate.io/barrier-form: wrap}
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      containers:
+        - name: worker
+          image: workload:local
+          resources: {requests: {cpu: 50m}}
+          command: ["sh", "-c", "if [ $JOB_COMPLETION_INDEX = 1 ]; then sleep 60; fi"]
+"#,
+    );
+    let uid = jobs.get("apart").await.unwrap().uid().unwrap();
+    c.job_succeeded_after(&ns.name, "apart", 2, 0).await;
+    let conditions = workload_conditions(&c, &ns.name, &uid).await;
+    assert!(
+        !conditions.iter().any(|(t, _)| t == "Evicted"),
+        "Kueue evicted a gang that ran: {conditions:?}"
+    );
+    let barrier = c
+        .barrier(&ns.name, "apart", "the Barrier to complete", |b| {
+            b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed)
+        })
+        .await;
+    let status = barrier.status.unwrap();
+    assert_eq!((status.entered, status.left), (2, 2));
 }

@@ -703,8 +703,11 @@ fn wrap(
                 &file,
             ])),
         }),
+        // A throttled container's slow exec is not a gang that stopped:
+        // three misses, each given 5 s.
         period_seconds: Some(5),
-        failure_threshold: Some(1),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
         ..Default::default()
     });
     target
