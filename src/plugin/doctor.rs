@@ -29,7 +29,7 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, ListParams, PostParams};
 use kube::ResourceExt;
 
-use super::{Plugin, PluginError};
+use super::{ControllerDeployment, Plugin, PluginError};
 use crate::controller::diagnosis::Diagnosis;
 use crate::controller::webhook::inject::BARRIER_CONTAINER;
 use crate::controller::webhook::DOCTOR_PROBE_ANNOTATION;
@@ -181,12 +181,11 @@ impl Plugin {
         let mut image = None;
         for d in &list {
             let at = format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any());
-            let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let ready = d
-                .status
-                .as_ref()
-                .and_then(|s| s.ready_replicas)
-                .unwrap_or(0);
+            let ControllerDeployment {
+                version,
+                wanted,
+                ready,
+            } = ControllerDeployment::of(d);
             let container = d
                 .spec
                 .as_ref()
@@ -203,11 +202,6 @@ impl Plugin {
             if image.is_none() {
                 image = participants;
             }
-            let version = d
-                .labels()
-                .get("app.kubernetes.io/version")
-                .cloned()
-                .unwrap_or_else(|| "unknown".into());
             findings.push(if ready == 0 && wanted > 0 {
                 Finding::new(
                     Verdict::Fail,

@@ -207,17 +207,11 @@ impl Plugin {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    let version = d
-                        .labels()
-                        .get("app.kubernetes.io/version")
-                        .cloned()
-                        .unwrap_or_else(|| "unknown".into());
-                    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                    let ready = d
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.ready_replicas)
-                        .unwrap_or(0);
+                    let ControllerDeployment {
+                        version,
+                        wanted,
+                        ready,
+                    } = ControllerDeployment::of(&d);
                     let _ = writeln!(
                         out,
                         "controller   {}/{}: {version}, image {}, {ready} of {wanted} ready",
@@ -716,6 +710,32 @@ fn why_lock(pod: &Pod, lock: &LockLease, now: Timestamp) -> String {
             lock.name_any(),
             lock_line(lock)
         ),
+    }
+}
+
+/// What `version` and `doctor` say of a controller Deployment: the release
+/// its chart labelled it with, and its replicas wanted and ready.
+struct ControllerDeployment {
+    version: String,
+    wanted: i32,
+    ready: i32,
+}
+
+impl ControllerDeployment {
+    fn of(d: &k8s_openapi::api::apps::v1::Deployment) -> Self {
+        ControllerDeployment {
+            version: d
+                .labels()
+                .get("app.kubernetes.io/version")
+                .cloned()
+                .unwrap_or_else(|| "unknown".into()),
+            wanted: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            ready: d
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0),
+        }
     }
 }
 
