@@ -480,10 +480,11 @@ pub enum BarrierAction {
         /// After SIGTERM, how long the command gets before SIGKILL.
         #[arg(long, env = "ZKGATE_KILL_GRACE", default_value = "10s", value_parser = duration)]
         kill_grace: Duration,
-        /// A file that exists exactly while the command runs after an
-        /// opening (each round's, in rounds), for a readiness probe
-        /// (`zkgate probe --ready-file`): a queue's `waitForPodsReady`
-        /// then sees a gang that waits.
+        /// A file that exists from just before the command starts after an
+        /// opening (each round's, in rounds) until this member has left
+        /// after it exited 0, for a readiness probe (`zkgate probe
+        /// --ready-file`): a queue's `waitForPodsReady` then sees a gang
+        /// that waits.
         #[arg(long, env = "ZKGATE_RELEASED_FILE")]
         released_file: Option<PathBuf>,
         /// The command and its arguments, after `--`.

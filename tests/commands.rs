@@ -1824,3 +1824,66 @@ async fn the_released_file_lasts_until_the_member_has_left() {
     );
     assert!(!released.exists(), "left behind");
 }
+
+/// Found in review (helper 18): a member stopped (SIGTERM: its pod is
+/// going) whose command then exits 0 is no longer released while it
+/// leaves: its pod must not stay Ready while it is being stopped.
+#[tokio::test]
+async fn a_stopped_member_is_not_released_while_it_leaves() {
+    let connect = isolated_connect();
+    let dir = tempfile::tempdir().unwrap();
+    let released = dir.path().join("released");
+    let go = dir.path().join("go");
+    let run = |id: &str, rest: &[&str]| {
+        let mut args = vec![
+            "barrier",
+            "run",
+            "pair",
+            "--participants",
+            "2",
+            "--id",
+            id,
+            "--timeout",
+            "60s",
+        ];
+        args.extend_from_slice(rest);
+        zkgate(&connect, &args)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut p0 = run(
+        "p0",
+        &[
+            "--released-file",
+            released.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 0' TERM; sleep 60 & wait $!",
+        ],
+    );
+    let script = format!("while [ ! -f {} ]; do sleep 0.1; done", go.display());
+    let mut p1 = run("p1", &["--", "sh", "-c", &script]);
+    eventually(Duration::from_secs(30), "p0 released", || async {
+        released.exists().then_some(())
+    })
+    .await;
+    signal(&p0, libc::SIGTERM);
+    // p0's command exits 0 at once; p0 leaves, waiting for p1.
+    eventually(Duration::from_secs(30), "p0 no longer released", || async {
+        (!released.exists()).then_some(())
+    })
+    .await;
+    assert!(
+        p0.try_wait().unwrap().is_none(),
+        "p0 still leaves (it waits for p1): the file went with the stop, not with p0"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        exited(&mut p1, Duration::from_secs(30)).await.code(),
+        Some(0)
+    );
+    exited(&mut p0, Duration::from_secs(30)).await;
+    assert!(!released.exists());
+}

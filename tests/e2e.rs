@@ -422,7 +422,13 @@ impl Drop for NamespaceGuard {
         let _ = Command::new(kube_bin("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .args([
+                "--request-timeout=10s",
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=false",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

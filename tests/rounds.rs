@@ -270,12 +270,12 @@ async fn a_lost_member_restarts_the_gang_and_its_replacement_joins_the_next_roun
 }
 
 /// Issue 42: `--released-file` (the wrap form's readiness, which a
-/// queue's `waitForPodsReady` reads) exists exactly while the command runs
-/// after an opening: not while the member waits for its gang, there when
-/// each round's command starts, gone while the gang meets again after a
-/// loss, and gone once the member is done.
+/// queue's `waitForPodsReady` reads) exists only while the member is
+/// released: not while it waits for its gang, there when each round's
+/// command starts, gone while the gang meets again after a loss, and gone
+/// once the member is done.
 #[tokio::test]
-async fn the_released_file_is_there_only_while_a_rounds_command_runs() {
+async fn the_released_file_is_there_only_while_a_member_is_released_in_rounds() {
     let (connect, admin, gang) = gang(2, None).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

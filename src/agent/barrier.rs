@@ -58,10 +58,11 @@ impl<'a> BarrierCommand<'a> {
         }
     }
 
-    /// `run`: the file that exists exactly while the command runs after
-    /// an opening (made before each round's command starts, removed once
-    /// it ended): the wrap form's readiness, which a queue's
-    /// `waitForPodsReady` reads (Issue 42). None: no file.
+    /// `run`: the file that exists from just before the command starts
+    /// after an opening (each round's, in rounds) until the member has
+    /// left after it exited 0; removed at once after a failure, a stop or
+    /// a round's end: the wrap form's readiness, which a queue's
+    /// `waitForPodsReady` reads (issue 42). None: no file.
     pub fn released_file(self, file: Option<std::path::PathBuf>) -> Self {
         BarrierCommand {
             released: file,
@@ -739,6 +740,9 @@ impl<'a> BarrierCommand<'a> {
         let code = match ended {
             Ok(Ended::Exited(code)) => code,
             Ok(Ended::Interrupted(reason, code)) => {
+                // Not released before the session's close, which may
+                // wait for a server (found in review).
+                drop(released);
                 close(kept.into_session()).await;
                 return Err(self.registration_lost(
                     reason,
@@ -746,20 +750,22 @@ impl<'a> BarrierCommand<'a> {
                 ));
             }
             Err(e) => {
+                drop(released);
                 close(kept.into_session()).await;
                 return Err(e);
             }
         };
         // Released while this member leaves after its command completed
         // (its pod must stay Ready while it waits for the others to end);
-        // not after a failure.
-        let _released = (code == 0).then_some(released);
+        // not after a failure, nor once it is being stopped.
+        let released = (code == 0 && stop.asked_to_stop().is_none()).then_some(released);
         info!(code, "the command exited; leaving the barrier");
         // Leaving needs ZooKeeper: it waits for it (the user's timeout
         // bounds the wait, as for any leave).
         let left = self
             .leave_kept(&mut kept, self.participant.deadline())
             .await;
+        drop(released);
         close(kept.into_session()).await;
         match left {
             Ok(()) => Ok(code),

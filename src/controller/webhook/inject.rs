@@ -70,7 +70,8 @@ pub const BIN_VOLUME: &str = "zkgate-bin";
 /// Where [`BIN_VOLUME`] is mounted.
 pub const BIN_DIR: &str = "/var/run/zkgate-bin";
 /// The wrap form's readiness: the volume of the file `zkgate barrier run`
-/// makes while the command runs after an opening (`--released-file`).
+/// keeps while the member is released (`--released-file`: from its
+/// command's start after an opening until it has left after exiting 0).
 pub const RELEASED_VOLUME: &str = "zkgate-released";
 /// Where [`RELEASED_VOLUME`] is mounted.
 pub const RELEASED_DIR: &str = "/var/run/zkgate-released";
