@@ -415,6 +415,10 @@ struct NamespaceGuard {
 
 impl Drop for NamespaceGuard {
     fn drop(&mut self) {
+        // Kept when asked, to read what ran in it after a failure.
+        if std::env::var_os("ZKGATE_E2E_KEEP_NAMESPACES").is_some() {
+            return;
+        }
         // Asked for before the test's process ends, not awaited (found in
         // review: a task spawned here never ran, the test's runtime ending
         // first, so every namespace outlived its test with whatever still
