@@ -1761,6 +1761,28 @@ async fn a_contender_waiting_for_a_semaphores_count_follows_a_change_of_mode() {
     );
 }
 
+/// `zkgate barrier run pair` as member `id` of 2 (no controller, a 60 s
+/// timeout) with `rest` after, logging at info to `stderr`.
+fn pair_member(connect: &str, id: &str, rest: &[&str], stderr: Stdio) -> Child {
+    let mut args = vec![
+        "barrier",
+        "run",
+        "pair",
+        "--participants",
+        "2",
+        "--id",
+        id,
+        "--timeout",
+        "60s",
+    ];
+    args.extend_from_slice(rest);
+    zkgate(connect, &args)
+        .env("ZKGATE_LOG", "info")
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 /// Issue 42 (found in review): `barrier run --released-file` keeps the file
 /// from just before the command starts (after the opening) until the
 /// member has left: a member whose command completed waits for the others
@@ -1775,23 +1797,7 @@ async fn the_released_file_lasts_until_the_member_has_left() {
     let dir = tempfile::tempdir().unwrap();
     let released = dir.path().join("released");
     let go = dir.path().join("go");
-    let run = |id: &str, rest: &[&str]| {
-        let mut args = vec![
-            "barrier",
-            "run",
-            "pair",
-            "--participants",
-            "2",
-            "--id",
-            id,
-            "--timeout",
-            "60s",
-        ];
-        args.extend_from_slice(rest);
-        let mut cmd = zkgate(&connect, &args);
-        cmd.env("ZKGATE_LOG", "info").stderr(Stdio::piped());
-        cmd.spawn().unwrap()
-    };
+    let run = |id: &str, rest: &[&str]| pair_member(&connect, id, rest, Stdio::piped());
     let mut p0 = run(
         "p0",
         &["--released-file", released.to_str().unwrap(), "--", "true"],
@@ -1834,24 +1840,7 @@ async fn a_stopped_member_is_not_released_while_it_leaves() {
     let dir = tempfile::tempdir().unwrap();
     let released = dir.path().join("released");
     let go = dir.path().join("go");
-    let run = |id: &str, rest: &[&str]| {
-        let mut args = vec![
-            "barrier",
-            "run",
-            "pair",
-            "--participants",
-            "2",
-            "--id",
-            id,
-            "--timeout",
-            "60s",
-        ];
-        args.extend_from_slice(rest);
-        zkgate(&connect, &args)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let run = |id: &str, rest: &[&str]| pair_member(&connect, id, rest, Stdio::null());
     let mut p0 = run(
         "p0",
         &[

@@ -196,23 +196,9 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
     let first_ready = stat(format!("{znode}/ready"))
         .await
         .expect("the first admission's ready");
-    let first_pods = eventually(WITHIN, "the first admission's 4 workers to run", || async {
-        let mut running = Vec::new();
-        for pod in c.pods(&ns.name, "job-name=low").await {
-            let name = pod.name_any();
-            let log = c.logs_if_any(&ns.name, &name, "worker").await?;
-            running.push((name, times(&log, "started-at-us").first().copied()?));
-        }
-        (running.len() == 4).then_some(running)
-    })
-    .await;
-    for (pod, at) in &first_pods {
-        assert!(
-            *at >= first_ready.ctime * 1000,
-            "{pod} started at {at} us, before the first opening ({} ms)",
-            first_ready.ctime
-        );
-    }
+    let first_pods = c
+        .workers_started_after(&ns.name, "job-name=low", 4, first_ready.ctime)
+        .await;
 
     // Preempted by a Job of a higher priority.
     c.apply(
@@ -287,12 +273,8 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
     );
     let status = again.status.unwrap();
     assert_eq!((status.entered, status.left), (4, 4), "{status:?}");
-    for pod in c.pods(&ns.name, "job-name=low").await {
-        assert!(
-            !first_pods.iter().any(|(p, _)| *p == pod.name_any()),
-            "a pod of the first admission is still there"
-        );
-    }
+    c.none_of_these_pods_left(&ns.name, "job-name=low", &first_pods)
+        .await;
 }
 
 /// Kueue's `waitForPodsReady` in every form: a Job Kueue admits whose gang

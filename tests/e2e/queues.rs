@@ -8,6 +8,58 @@ use kube::api::{Patch, PatchParams};
 
 use super::*;
 
+impl Cluster {
+    /// The `n` pods `selector` picks once each worker printed its start:
+    /// (pod, start in us), each checked to have started no earlier than
+    /// the opening at `opened_ms` (the `ready` node's ctime).
+    pub(super) async fn workers_started_after(
+        &self,
+        namespace: &str,
+        selector: &str,
+        n: usize,
+        opened_ms: i64,
+    ) -> Vec<(String, i64)> {
+        let started = eventually(
+            WITHIN,
+            &format!("{n} workers ({selector}) to run"),
+            || async {
+                let mut running = Vec::new();
+                for pod in self.pods(namespace, selector).await {
+                    let name = pod.name_any();
+                    let log = self.logs_if_any(namespace, &name, "worker").await?;
+                    running.push((name, times(&log, "started-at-us").first().copied()?));
+                }
+                (running.len() == n).then_some(running)
+            },
+        )
+        .await;
+        for (pod, at) in &started {
+            assert!(
+                *at >= opened_ms * 1000,
+                "{pod} started at {at} us, before the opening ({opened_ms} ms)"
+            );
+        }
+        started
+    }
+
+    /// None of `earlier` (pods of an earlier run) is among the pods
+    /// `selector` picks now.
+    pub(super) async fn none_of_these_pods_left(
+        &self,
+        namespace: &str,
+        selector: &str,
+        earlier: &[(String, i64)],
+    ) {
+        for pod in self.pods(namespace, selector).await {
+            assert!(
+                !earlier.iter().any(|(p, _)| *p == pod.name_any()),
+                "a pod of the earlier run is still there: {}",
+                pod.name_any()
+            );
+        }
+    }
+}
+
 /// A labelled Job of 4 created suspended, as Kueue makes it; each worker
 /// prints its start and works for as long as its pod template's
 /// annotation `e2e.zkgate.io/work` says (seconds; read through the
@@ -91,25 +143,9 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
         Some(uid.as_str())
     );
     let first_ready = stat(ready.clone()).await.expect("the first run's ready");
-    let first_pods = eventually(WITHIN, "the first run's 4 workers to run", || async {
-        let pods = c.pods(&ns.name, "job-name=queued").await;
-        let mut running = Vec::new();
-        for pod in &pods {
-            let name = pod.name_any();
-            let log = c.logs_if_any(&ns.name, &name, "worker").await?;
-            let started = times(&log, "started-at-us");
-            running.push((name, started.first().copied()?));
-        }
-        (running.len() == 4).then_some(running)
-    })
-    .await;
-    for (pod, at) in &first_pods {
-        assert!(
-            *at >= first_ready.ctime * 1000,
-            "{pod} started at {at} us, before the first opening ({} ms)",
-            first_ready.ctime
-        );
-    }
+    let first_pods = c
+        .workers_started_after(&ns.name, "job-name=queued", 4, first_ready.ctime)
+        .await;
 
     // Preempted while the workers run.
     patch(json!({ "spec": { "suspend": true } })).await.unwrap();
@@ -177,12 +213,8 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
         opened >= resumed_at && opened > first_ready.ctime,
         "the resumed run's Barrier says it opened at {opened} ms, before the resume ({resumed_at} ms)"
     );
-    for pod in c.pods(&ns.name, "job-name=queued").await {
-        assert!(
-            !first_pods.iter().any(|(p, _)| *p == pod.name_any()),
-            "a first-run pod is still there"
-        );
-    }
+    c.none_of_these_pods_left(&ns.name, "job-name=queued", &first_pods)
+        .await;
 }
 
 /// A labelled Job suspended while its pods wait at the barrier (3 of 4:
