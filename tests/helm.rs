@@ -1730,20 +1730,23 @@ fn documented_block(page: &str, marker: &str) -> String {
 }
 
 /// Runs `script` with bash as a user would: the repository as the working
-/// directory, `kubeconfig`'s cluster, helm and kubectl on the PATH.
-fn run_documented(script: &str, kubeconfig: &Path) -> Output {
+/// directory, `kubeconfig`'s cluster, helm and kubectl on the PATH. Off the
+/// runtime's thread (tokio's process): the tests keep ZooKeeper sessions and
+/// waiters on it, whose pings a thread blocked for seconds would starve.
+async fn run_documented(script: &str, kubeconfig: &Path) -> Output {
     let tools = tool("helm").parent().unwrap().to_owned();
     let path = format!(
         "{}:{}",
         tools.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    Command::new("bash")
+    tokio::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("KUBECONFIG", kubeconfig)
         .env("PATH", path)
         .output()
+        .await
         .unwrap()
 }
 
@@ -1862,7 +1865,7 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
         .deletion_timestamp
         .is_some());
     let stuck = documented_block("operations/upgrade.md", "\"finalizers\":null");
-    let out = run_documented(&stuck, &kubeconfig);
+    let out = run_documented(&stuck, &kubeconfig).await;
     assert!(
         out.status.success(),
         "the stuck-finalizer recipe failed: {}",
@@ -1928,7 +1931,7 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
     let (first, rest) = uninstall
         .split_once("# 2.")
         .expect("the uninstall's steps are numbered");
-    let out = run_documented(first, &kubeconfig);
+    let out = run_documented(first, &kubeconfig).await;
     assert!(
         out.status.success(),
         "step 1 failed: {}",
@@ -1956,7 +1959,7 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
         told.is_err(),
         "the waiter entered a deleted barrier: {told:?}"
     );
-    let out = run_documented(&format!("# 2.{rest}"), &kubeconfig);
+    let out = run_documented(&format!("# 2.{rest}"), &kubeconfig).await;
     assert!(
         out.status.success(),
         "steps 2 and 3 failed: {}",
@@ -1986,36 +1989,42 @@ async fn the_documented_uninstall_leaves_no_resource_finalizer_or_znode() {
     // The install's root, removed as the page says: zkCli.sh with the
     // install's connect string (the page's, its servers and chroot made
     // this test's), first reading the root's record, then deleteall.
-    let zkcli = |marker: &str| {
+    // Run off the runtime's thread (tokio's process), since the admin
+    // session above lives on it: a JVM starting for seconds on a busy
+    // machine would otherwise starve its pings until the client gives the
+    // connection up.
+    let zkcli = |marker: &'static str| {
         let block = documented_block("operations/upgrade.md", marker);
         let documented = "'zk-0.zk.zookeeper.svc:2181,zk-1.zk.zookeeper.svc:2181,zk-2.zk.zookeeper.svc:2181/zkgate'";
         assert!(block.contains(documented), "{block}");
         let block = block.replace(documented, &format!("'{zk}'"));
-        let mut zkcli = Command::new("bash");
-        zkcli
-            .args(["-euo", "pipefail", "-c", &block])
-            .env(
-                "PATH",
-                format!(
-                    "/usr/share/zookeeper/bin:{}",
-                    std::env::var("PATH").unwrap_or_default()
-                ),
-            )
-            .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE");
-        let out = zkcli.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{marker}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        async move {
+            let mut zkcli = tokio::process::Command::new("bash");
+            zkcli
+                .args(["-euo", "pipefail", "-c", &block])
+                .env(
+                    "PATH",
+                    format!(
+                        "/usr/share/zookeeper/bin:{}",
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .env("ZOO_LOG4J_PROP", "ERROR,CONSOLE");
+            let out = zkcli.output().await.unwrap();
+            assert!(
+                out.status.success(),
+                "{marker}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
     };
-    let record = zkcli("get /zkgate");
+    let record = zkcli("get /zkgate").await;
     assert!(
         record.contains("\"cluster\":"),
         "the root's record, which says whose root it is: {record}"
     );
-    zkcli("deleteall /zkgate");
+    zkcli("deleteall /zkgate").await;
     assert!(
         !exists("zkgate".to_owned()).await,
         "the install's root is left"
@@ -2248,7 +2257,7 @@ async fn the_documented_upgrade_from_the_previous_chart_releases_nobody_early() 
     // The upgrade, as documented, with the controller replaced mid-way.
     controller.kill().await;
     let upgrade = documented_block("operations/upgrade.md", "meta.helm.sh/release-name");
-    let out = run_documented(&upgrade, &kubeconfig);
+    let out = run_documented(&upgrade, &kubeconfig).await;
     assert!(
         out.status.success(),
         "the documented upgrade failed: {}",
