@@ -526,6 +526,74 @@ async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holde
     .await;
 }
 
+/// A `lock sidecar` stopped (SIGTERM at the pod's end) while ZooKeeper's
+/// replies stall for less than the session timeout: the hold stops being
+/// trusted during the drain that follows the token's withdrawal, but the
+/// session and its node live on. Its release, in that session, proves that
+/// nobody else held the lock meanwhile: it exits 0 and the lock is free.
+/// Failed before the fix: exit 6, "lost the lock", for a hold never lost
+/// (the lock-sidecar example's sidecar did so once in CI, on a busy
+/// machine).
+#[tokio::test]
+async fn a_sidecar_stopped_through_a_stall_shorter_than_the_session_releases_cleanly() {
+    let (code, err) = sidecar_stopped_through_a_stall(true).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("could not confirm the hold"),
+        "the stall did not reach past the hold's trust, so this tested nothing: {err}"
+    );
+}
+
+/// As above, but the stall outlasts the session: the release cannot tell,
+/// and the sidecar says the hold may be lost (exit 6) in bounded time,
+/// rather than hang until the kubelet's SIGKILL.
+#[tokio::test]
+async fn a_sidecar_stopped_through_a_stall_longer_than_the_session_says_it_lost_the_lock() {
+    let (code, err) = sidecar_stopped_through_a_stall(false).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("lost the lock"), "{err}");
+}
+
+/// A `lock sidecar` (session 8 s, kill grace 3 s: trusted for 4.1 s after
+/// the last confirmation, which comes every 0.8 s; a drain of 3.9 s) holds
+/// through the proxy, its watched command done. The replies stall; 1.5 s
+/// in it gets SIGTERM, so the trust ends during its drain (3.3 to 4.1 s
+/// in); with `resume`, the proxy flows again at 4.5 s, before the drain's
+/// end (5.4 s) and long before the server could expire the session. The
+/// sidecar's exit code and standard error; the lock's nodes are checked
+/// gone once the proxy flows again.
+async fn sidecar_stopped_through_a_stall(resume: bool) -> (i32, String) {
+    let (direct, through_proxy, proxy) = routes().await;
+    let dir = tempfile::tempdir().unwrap();
+    let observer = session(&direct).await;
+    let (sidecar, main) =
+        support::lock_sidecar_and_watch(&through_proxy, dir.path(), "8s", "3s", &["true"]);
+    let sidecar = piped(sidecar);
+    let (code, err) = support::finished(piped(main), Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "the watched command: {err}");
+    let lock = format!("{LOCKS}/db");
+    assert_eq!(
+        children(&observer, &lock).await.len(),
+        1,
+        "the sidecar holds"
+    );
+    proxy.stall();
+    let stalled = Instant::now();
+    tokio::time::sleep_until(stalled + Duration::from_millis(1500)).await;
+    signal_pid(sidecar.id().unwrap(), libc::SIGTERM);
+    if resume {
+        tokio::time::sleep_until(stalled + Duration::from_millis(4500)).await;
+        proxy.resume();
+    }
+    let outcome = support::finished(sidecar, Duration::from_secs(40)).await;
+    proxy.resume();
+    eventually(Duration::from_secs(30), "the lock free", || async {
+        children(&observer, &lock).await.is_empty().then_some(())
+    })
+    .await;
+    outcome
+}
+
 /// Issue 44, item 1: zkgate's own log lines must never hold it up. The
 /// holder's standard error is a pipe that is full and never read (a reader
 /// that stopped, a terminal after Ctrl-S); the first line it logs when cut

@@ -13,8 +13,8 @@ use super::ready::{self, Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::api::{LockMode, LockNodeData};
 use crate::zk::{
-    encode_count, path as zpath, within, LockHold, LockOptions, Mutex, Permits, ReadWriteLock,
-    Semaphore, Session, VersionCheck, ZkError, MAX_KILL_GRACE,
+    encode_count, path as zpath, within, LockHold, LockOptions, LossReason, Mutex, Permits,
+    ReadWriteLock, Semaphore, Session, VersionCheck, ZkError, MAX_KILL_GRACE,
 };
 
 /// Which side of the lock to take.
@@ -537,15 +537,41 @@ impl<'a> LockCommand<'a> {
                 wait_ms = drained.as_millis() as u64,
                 "withdrew the token; releasing the lock once a watched command is surely stopped"
             );
-            if let Some(reason) = tokio::select! {
-                () = tokio::time::sleep(drained) => None,
-                reason = &mut loss => Some(reason),
-            } {
-                return Err(self.lost("; the token file was withdrawn")(reason));
+            let drain_end = Instant::now() + drained;
+            tokio::select! {
+                () = tokio::time::sleep_until(drain_end) => {}
+                reason = &mut loss => match reason {
+                    // Not heard from ZooKeeper in time to trust the hold
+                    // (a stall, a busy machine), but the token is already
+                    // withdrawn and any watched command stops by the trust
+                    // it was given. The session may well live on: the
+                    // release, in it, tells whether the hold was lost.
+                    LossReason::PresumedExpired => {
+                        warn!(lock = %self.path, "could not confirm the hold while stopping; the release will tell whether it was lost");
+                        tokio::time::sleep_until(drain_end).await;
+                    }
+                    reason => return Err(self.lost("; the token file was withdrawn")(reason)),
+                },
             }
-            let released = hold.release().await;
+            // Deleting our node in our own session proves the session never
+            // expired, so nobody else held the lock meanwhile. Bounded: cut
+            // off for a session timeout more, it may be lost (rather than
+            // hanging until the kubelet's SIGKILL).
+            let released = match tokio::time::timeout(session.timeout(), hold.release()).await {
+                Ok(released) => released,
+                Err(_) => return Err(self.lost("; the token file was withdrawn, and the release got no reply")(LossReason::PresumedExpired)),
+            };
             match outcome {
-                Ok(code) => released.map(|_| code).map_err(|e| self.participant.explain(e)),
+                Ok(code) => match released {
+                    Ok(()) => Ok(code),
+                    Err(ZkError::NodeRemoved { .. }) => {
+                        Err(self.lost("; its node was gone at the release (the token file was withdrawn)")(LossReason::Revoked))
+                    }
+                    Err(ZkError::SessionExpired) => {
+                        Err(self.lost("; the token file was withdrawn")(LossReason::SessionExpired))
+                    }
+                    Err(e) => Err(self.participant.explain(e)),
+                },
                 Err(e) => {
                     if let Err(release) = released {
                         debug!(error = %release, "giving up the hold");
