@@ -140,16 +140,23 @@ impl Cluster {
 
     /// `kubectl apply -f -` of `manifest` in `namespace` (the cluster's
     /// kubectl, the server's release).
-    fn apply(&self, namespace: &str, manifest: &str) {
-        if let Err(e) = self.apply_as(None, namespace, manifest) {
+    async fn apply(&self, namespace: &str, manifest: &str) {
+        if let Err(e) = self.apply_as(None, namespace, manifest).await {
             panic!("kubectl apply failed: {e}\n{manifest}");
         }
     }
 
     /// [`Cluster::apply`] as `user` (impersonated: `kubectl --as`) when
-    /// given: what kubectl said when it failed.
-    fn apply_as(&self, user: Option<&str>, namespace: &str, manifest: &str) -> Result<(), String> {
-        let mut kubectl = Command::new(kube_bin("kubectl"));
+    /// given: what kubectl said when it failed. Off the runtime's thread
+    /// (tokio's process): tests keep ZooKeeper sessions on it, whose pings
+    /// an apply through the webhooks, seconds on a busy node, would starve.
+    async fn apply_as(
+        &self,
+        user: Option<&str>,
+        namespace: &str,
+        manifest: &str,
+    ) -> Result<(), String> {
+        let mut kubectl = tokio::process::Command::new(kube_bin("kubectl"));
         kubectl
             .args(["--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
@@ -164,14 +171,11 @@ impl Cluster {
             .stderr(Stdio::piped())
             .spawn()
             .expect("kubectl");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(manifest.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(manifest.as_bytes()).await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
         match out.status.success() {
             true => Ok(()),
             false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
@@ -592,14 +596,16 @@ impl Cluster {
 async fn the_gang_job_example_starts_no_worker_before_the_fourth_pod_registered() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("gang-job/barrier.yaml", &[]));
+    c.apply(&ns.name, &c.example("gang-job/barrier.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
             "gang-job/job.yaml",
             &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
         ),
-    );
+    )
+    .await;
     let barrier = c
         .gang_of_started_together(
             &ns.name,
@@ -636,7 +642,8 @@ async fn a_labelled_job_of_four_gang_starts_with_no_other_change() {
             "gang-job-labelled/job.yaml",
             &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
         ),
-    );
+    )
+    .await;
     let barrier = c.gang_started_together(&ns.name, "zkgate-barrier").await;
     assert_eq!(barrier.spec.job_ref.as_deref(), Some("train"));
     assert_eq!(barrier.owner_references()[0].kind, "Job");
@@ -674,14 +681,14 @@ async fn a_labelled_job_made_again_gang_starts_again_on_a_barrier_of_its_own() {
         "gang-job-labelled/job.yaml",
         &[("sleep 30", "echo started-at-us $(now-us); sleep 2")],
     );
-    c.apply(&ns.name, &manifest);
+    c.apply(&ns.name, &manifest).await;
     let first = c.gang_started_together(&ns.name, "zkgate-barrier").await;
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
     let old = jobs.get("train").await.unwrap().uid().unwrap();
     jobs.delete("train", &DeleteParams::background())
         .await
         .unwrap();
-    c.apply(&ns.name, &manifest);
+    c.apply(&ns.name, &manifest).await;
     let again = jobs.get("train").await.unwrap().uid().unwrap();
     assert_ne!(again, old, "a new Job");
     let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
@@ -741,7 +748,8 @@ spec:
               image: workload:local
               command: ["sh", "-c", "echo started-at-us $(now-us); sleep 2"]
 "#,
-    );
+    )
+    .await;
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
     let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
     // Each run's Barrier, seen while it is there (a run's lasts until the
@@ -806,9 +814,10 @@ async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with
     c.apply(
         &ns.name,
         "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: trio}\nspec: {participants: 3}\n",
-    );
+    ).await;
     for pod in ["waiter-a", "waiter-b"] {
-        c.apply(&ns.name, &waiting_pod(pod, &c.zookeeper(), "trio", None));
+        c.apply(&ns.name, &waiting_pod(pod, &c.zookeeper(), "trio", None))
+            .await;
     }
     let session = support::session(&c.zookeeper()).await;
     let barrier_path = Layout::new(ROOT)
@@ -866,11 +875,12 @@ async fn pods_leaving_while_waiting_at_the_barrier_take_their_registrations_with
     })
     .await;
     let id = container.trim_start_matches("containerd://");
-    let out = Command::new(kube_bin("ctr"))
+    let out = tokio::process::Command::new(kube_bin("ctr"))
         .arg("-a")
         .arg(c.dir.join("containerd/containerd.sock"))
         .args(["-n", "k8s.io", "tasks", "kill", "--signal", "SIGTERM", id])
         .output()
+        .await
         .unwrap();
     assert!(
         out.status.success(),
@@ -962,7 +972,8 @@ spec:
 async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("lock-job/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("lock-job/locklease.yaml", &[]))
+        .await;
     // ZooKeeper by a host name (from the pod's /etc/hosts): the static
     // binary resolves names in an image without glibc or nsswitch.conf.
     let host = c.zookeeper().replacen(HOST_IP, "zookeeper.local", 1);
@@ -977,7 +988,8 @@ async fn the_lock_job_example_takes_turns_with_increasing_fencing_tokens() {
                 (&c.zookeeper(), &host),
             ],
         ),
-    );
+    )
+    .await;
     c.took_turns(&ns.name, "schema-migrate", "schema", 3).await;
 }
 
@@ -1000,7 +1012,8 @@ async fn a_labelled_job_takes_turns_on_its_lock_with_no_other_change() {
                 "echo from-us $(now-us); sleep 1; echo until-us $(now-us)'",
             )],
         ),
-    );
+    )
+    .await;
     c.took_turns(&ns.name, "migrate", "db", 3).await;
 }
 
@@ -1016,13 +1029,14 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
     let owner = c.namespace().await;
     let other = c.namespace().await;
     let barrier = "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: guarded}\nspec: {participants: 2}\n";
-    c.apply(&owner.name, barrier);
+    c.apply(&owner.name, barrier).await;
     // The other namespace has resources too, so it has a credential of its own.
-    c.apply(&other.name, barrier);
+    c.apply(&other.name, barrier).await;
     c.apply(
         &other.name,
         &waiting_pod("intruder", &c.zookeeper(), "guarded", Some(&owner.name)),
-    );
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &other.name);
     let pod = eventually(WITHIN, "the intruder to fail", || async {
         let pod = pods.get("intruder").await.ok()?;
@@ -1055,7 +1069,8 @@ async fn a_pod_of_another_namespace_is_refused_by_the_barriers_acl() {
     c.apply(
         &owner.name,
         &waiting_pod("member", &c.zookeeper(), "guarded", None),
-    );
+    )
+    .await;
     c.barrier(&owner.name, "guarded", "the member to be counted", |b| {
         b.status.as_ref().is_some_and(|s| s.entered == 1)
     })
@@ -1188,7 +1203,7 @@ spec:
       securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
 "#
     );
-    c.apply(&ns.name, &pod);
+    c.apply(&ns.name, &pod).await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns.name);
     let admitted = pods.get("solo").await.unwrap();
     let spec = admitted.spec.clone().unwrap();
@@ -1349,8 +1364,9 @@ async fn deleting_the_leading_controller_pod_hands_over() {
     c.apply(
         &ns.name,
         "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: solo}\nspec: {participants: 1}\n",
-    );
-    c.apply(&ns.name, &waiting_pod("solo", &c.zookeeper(), "solo", None));
+    ).await;
+    c.apply(&ns.name, &waiting_pod("solo", &c.zookeeper(), "solo", None))
+        .await;
     c.barrier(
         &ns.name,
         "solo",
@@ -1424,15 +1440,18 @@ async fn the_local_image_is_the_dockerfiles() {
 async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("rw-lock/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("rw-lock/locklease.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example("rw-lock/readers.yaml", &[("sleep 5", HOLD)]),
-    );
+    )
+    .await;
     c.apply(
         &ns.name,
         &c.example("rw-lock/writer.yaml", &[("sleep 5", HOLD)]),
-    );
+    )
+    .await;
     c.job_succeeded(&ns.name, "catalog-readers", 3).await;
     c.job_succeeded(&ns.name, "catalog-writer", 1).await;
     let readers = c
@@ -1479,12 +1498,14 @@ async fn the_rw_lock_example_keeps_the_writer_apart_from_the_readers() {
 async fn the_semaphore_example_runs_at_most_two_pods_at_once() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("semaphore/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("semaphore/locklease.yaml", &[]))
+        .await;
     let hold = HOLD.replace("sleep 1", "sleep 3");
     c.apply(
         &ns.name,
         &c.example("semaphore/job.yaml", &[("sleep 10", &hold)]),
-    );
+    )
+    .await;
     c.job_succeeded(&ns.name, "pull", 6).await;
     let holds = c
         .holds(&ns.name, "job-name=pull", "pull", "pulls from the bucket")
@@ -1519,7 +1540,8 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
     c.apply(
         &ns.name,
         &c.example("cronjob-semaphore/locklease.yaml", &[]),
-    );
+    )
+    .await;
     let manifest = c.example(
         "cronjob-semaphore/cronjob.yaml",
         &[(
@@ -1527,7 +1549,7 @@ async fn the_cronjob_semaphore_example_bounds_every_run_together() {
             "echo from-us $(now-us); sleep 3; echo until-us $(now-us)'",
         )],
     );
-    c.apply(&ns.name, &manifest);
+    c.apply(&ns.name, &manifest).await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("batch", "v1", "CronJob"),
         "cronjobs",
@@ -1596,7 +1618,8 @@ async fn a_restart_gang_job_restarts_together_when_a_member_fails_and_completes(
                 script,
             )],
         ),
-    );
+    )
+    .await;
     c.job_succeeded(&ns.name, "train-rounds", 3).await;
     let barrier = c
         .barrier(&ns.name, "train-rounds", "round 1 completed", |b| {
@@ -1662,7 +1685,8 @@ async fn a_launcher_after_its_workers_starts_once_every_worker_is_ready() {
                 "echo serves-us $(now-us); sleep 30",
             )],
         ),
-    );
+    )
+    .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -1672,7 +1696,8 @@ async fn a_launcher_after_its_workers_starts_once_every_worker_is_ready() {
                 "echo started-at-us $(now-us); sleep 1",
             )],
         ),
-    );
+    )
+    .await;
     c.job_succeeded(&ns.name, "mpi-launcher", 1).await;
     let launcher = c.pods(&ns.name, "job-name=mpi-launcher").await;
     let started = times(
@@ -1762,11 +1787,13 @@ async fn a_chain_of_three_roles_starts_in_order_and_a_failed_role_fails_the_next
             "zkgate.io/after: second, zkgate.io/after-until: Completed",
             started,
         ),
-    );
+    )
+    .await;
     c.apply(
         &ns.name,
         &role_job("second", "zkgate.io/after: first", started),
-    );
+    )
+    .await;
     // first runs long enough to be seen Ready: Ready is seen while a pod
     // runs, through the kubelet's report and the controller's watch, and a
     // role gone before it is seen fails the one after it (see the limits
@@ -1779,7 +1806,8 @@ async fn a_chain_of_three_roles_starts_in_order_and_a_failed_role_fails_the_next
             "",
             "echo started-at-us $(now-us); sleep 10; echo ended-at-us $(now-us)",
         ),
-    );
+    )
+    .await;
     let mut at = Vec::new();
     for name in ["first", "second", "third"] {
         c.job_succeeded(&ns.name, name, 1).await;
@@ -1802,11 +1830,12 @@ async fn a_chain_of_three_roles_starts_in_order_and_a_failed_role_fails_the_next
     c.apply(
         &ns.name,
         "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: broken}\nspec: {participants: 1, timeout: 2s}\n",
-    );
+    ).await;
     c.apply(
         &ns.name,
         &role_job("after-broken", "zkgate.io/after: broken", started),
-    );
+    )
+    .await;
     let failed = c
         .barrier(&ns.name, "after-broken", "after-broken failed", |b| {
             b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Failed)

@@ -494,7 +494,13 @@ async fn the_api_server_crashing_mid_barrier_watches_resume_and_status_converges
     .await;
 
     // The API server dies; the gang completes while it is away.
-    api.crash();
+    // Off the runtime's thread: p0's and p1's sessions live on it.
+    let api = tokio::task::spawn_blocking(move || {
+        api.crash();
+        api
+    })
+    .await
+    .unwrap();
     let last = enter("p2");
     let mut sessions = vec![last.await.unwrap()];
     for f in first {

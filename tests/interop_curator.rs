@@ -26,12 +26,17 @@ struct Curator {
 impl Curator {
     async fn start(connect: &str) -> Curator {
         let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/CuratorPeer.java");
+        // Off the runtime's thread: the first call may download jars while
+        // the test's sessions wait on it.
+        let classpath = tokio::task::spawn_blocking(support::curator_classpath)
+            .await
+            .unwrap();
         let mut child = Command::new("java")
             .args([
                 // slf4j-simple logs to stderr: warnings only.
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-cp",
-                support::curator_classpath(),
+                classpath,
                 source,
                 connect,
             ])

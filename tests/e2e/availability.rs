@@ -85,7 +85,7 @@ async fn stopping_each_controller_replica_in_turn_refuses_no_labelled_pod() {
     c.apply(
         &ns.name,
         "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: gang}\nspec: {participants: 2}\n",
-    );
+    ).await;
     let _disrupting = c.disrupting_controllers().await;
     let replicas = eventually(WITHIN, "two ready controller replicas", || async {
         let ready = c.ready_controllers().await;

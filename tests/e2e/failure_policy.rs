@@ -81,7 +81,8 @@ async fn a_shard_whose_hold_was_revoked_is_retried_without_counting() {
             "lock-shards/locklease.yaml",
             &[("leaseDuration: 5m", "leaseDuration: 6s")],
         ),
-    );
+    )
+    .await;
     // Shard 0's first pod holds on until revoked; every other hold is 1 s.
     let script = "'echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN lost ${LOST:-0}; \
         if [ $JOB_COMPLETION_INDEX = 0 ] && [ -z \"$LOST\" ]; then sleep 60; fi; \
@@ -95,7 +96,8 @@ async fn a_shard_whose_hold_was_revoked_is_retried_without_counting() {
                 ("backoffLimitPerIndex: 2", "backoffLimitPerIndex: 0"),
             ],
         ),
-    );
+    )
+    .await;
     let reason = c.job_finished(&ns.name, "ledger-shards", "Complete").await;
     eprintln!("ledger-shards completed: {reason}");
     let pods = c.pods(&ns.name, "job-name=ledger-shards").await;
@@ -189,7 +191,8 @@ async fn a_shard_whose_hold_was_revoked_is_retried_without_counting() {
 async fn a_shard_that_cannot_reach_zookeeper_counts_against_its_retries() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("lock-shards/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("lock-shards/locklease.yaml", &[]))
+        .await;
     let closed = format!("{HOST_IP}:1");
     c.apply(
         &ns.name,
@@ -205,7 +208,8 @@ async fn a_shard_that_cannot_reach_zookeeper_counts_against_its_retries() {
                 ),
             ],
         ),
-    );
+    )
+    .await;
     let reason = c.job_finished(&ns.name, "ledger-shards", "Failed").await;
     assert_eq!(reason, "FailedIndexes", "{}", c.describe(&ns.name).await);
     let pods = c.pods(&ns.name, "job-name=ledger-shards").await;
@@ -252,7 +256,8 @@ async fn a_shard_that_cannot_reach_zookeeper_counts_against_its_retries() {
 async fn a_shard_whose_locklease_was_deleted_fails_the_job_at_once() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("lock-shards/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("lock-shards/locklease.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -262,7 +267,8 @@ async fn a_shard_whose_locklease_was_deleted_fails_the_job_at_once() {
                 "'echo holds with token $ZKGATE_FENCING_TOKEN; sleep 120'",
             )],
         ),
-    );
+    )
+    .await;
     let locks: Api<zkgate::api::LockLease> = Api::namespaced(c.client.clone(), &ns.name);
     eventually(WITHIN, "one shard holding and two waiting", || async {
         let status = locks.get("ledger").await.ok()?.status?;

@@ -47,7 +47,7 @@ impl Tenant {
                  roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}}\n\
                  subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n"
             ),
-        );
+        ).await;
         let client = support::kube::client_as(&c.dir.join("kubeconfig"), &user).await;
         Tenant { ns, user, client }
     }
@@ -457,7 +457,8 @@ async fn a_tenants_credential_opens_nothing_of_another_namespace_in_zookeeper() 
     c.apply(
         b.name(),
         &waiting_pod("member", &c.zookeeper(), "gang", None),
-    );
+    )
+    .await;
     c.barrier(b.name(), "gang", "B's member to be counted", |x| {
         x.status.as_ref().is_some_and(|s| s.entered == 1)
     })
@@ -570,6 +571,7 @@ async fn a_tenants_pods_cannot_join_or_take_another_namespaces_barriers_and_lock
     let b_only = "apiVersion: zkgate.io/v1alpha1\nkind: Barrier\nmetadata: {name: b-only}\nspec: {participants: 2}\n---\n\
                   apiVersion: zkgate.io/v1alpha1\nkind: LockLease\nmetadata: {name: b-only-lock}\nspec: {}\n";
     c.apply_as(Some(&b.user), b.name(), b_only)
+        .await
         .expect("B makes its resources");
     let layout = Layout::new(ROOT).unwrap();
     let theirs = layout.namespace(b.name()).unwrap();
@@ -594,6 +596,7 @@ async fn a_tenants_pods_cannot_join_or_take_another_namespaces_barriers_and_lock
         );
         let refusal = c
             .apply_as(Some(&a.user), a.name(), &pod)
+            .await
             .expect_err("a pod naming another namespace's resource is refused");
         assert!(
             refusal.contains("denied the request")
@@ -642,6 +645,7 @@ spec:
         ),
     );
     c.apply_as(Some(&a.user), a.name(), &pod)
+        .await
         .expect("A may run zkgate in its own namespace");
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), a.name());
     let statuses = eventually(WITHIN, "A's containers to end", || async {

@@ -103,7 +103,7 @@ async fn the_jobset_example_starts_every_replicated_job_as_one_gang() {
             ),
         ],
     );
-    c.apply(&ns.name, &manifest);
+    c.apply(&ns.name, &manifest).await;
     let jobset = jobsets(&c, &ns.name).get("jobset-train").await.unwrap();
     let uid = jobset.uid().unwrap();
     let children = child_jobs_of_restart(&c, &ns.name, "jobset-train", 0, 3).await;
@@ -201,7 +201,7 @@ spec:
         replicated("workers", 2, 2),
         replicated("driver", 1, 1)
     );
-    c.apply(&ns.name, &manifest);
+    c.apply(&ns.name, &manifest).await;
     let uid = jobsets(&c, &ns.name)
         .get("restarted")
         .await

@@ -67,7 +67,8 @@ metadata: {{name: high-{name}}}
 value: 1000
 "#
         ),
-    );
+    )
+    .await;
     ns
 }
 
@@ -171,8 +172,8 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
         // The preemptor works long enough for the preempted Job to be seen
         // suspended, its pods and Barrier gone, before it may be readmitted.
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: work}\ndata: {low: \"600\", high: \"15\"}\n",
-    );
-    c.apply(&ns.name, &queued_job("low", None));
+    ).await;
+    c.apply(&ns.name, &queued_job("low", None)).await;
     let uid = jobs.get("low").await.unwrap().uid().unwrap();
 
     // Admitted by Kueue: the gang starts.
@@ -204,7 +205,8 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
     c.apply(
         &ns.name,
         &queued_job("high", Some(&format!("high-{}", ns.name))),
-    );
+    )
+    .await;
     eventually(
         WITHIN,
         "Kueue to suspend the first Job, and its pods, Barrier and znodes gone",
@@ -325,7 +327,8 @@ spec:
           command: ["sh", "-c", "echo started; sleep 600"]
 "#
             ),
-        );
+        )
+        .await;
     }
     for form in forms {
         let name = format!("short-{form}");
@@ -363,7 +366,8 @@ spec:
 async fn the_kueue_example_is_admitted_and_started_as_one_gang() {
     let c = cluster().await;
     let ns = queued_namespace(&c).await;
-    c.apply(&ns.name, &c.example("kueue/queues.yaml", &[]));
+    c.apply(&ns.name, &c.example("kueue/queues.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -379,7 +383,8 @@ async fn the_kueue_example_is_admitted_and_started_as_one_gang() {
                 ),
             ],
         ),
-    );
+    )
+    .await;
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
     let uid = jobs.get("kueue-train").await.unwrap().uid().unwrap();
     let barrier = c
@@ -437,7 +442,8 @@ spec:
           resources: {requests: {cpu: 50m}}
           command: ["sh", "-c", "if [ $JOB_COMPLETION_INDEX = 1 ]; then sleep 60; fi"]
 "#,
-    );
+    )
+    .await;
     let uid = jobs.get("apart").await.unwrap().uid().unwrap();
     c.job_succeeded_after(&ns.name, "apart", 2, 0).await;
     let conditions = workload_conditions(&c, &ns.name, &uid).await;

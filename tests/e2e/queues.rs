@@ -105,7 +105,7 @@ spec:
 async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, QUEUED_JOB);
+    c.apply(&ns.name, QUEUED_JOB).await;
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
     let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
     let session = support::session(&c.zookeeper()).await;
@@ -231,13 +231,14 @@ async fn a_job_suspended_while_its_pods_wait_at_the_barrier_meets_again_on_a_new
     c.apply(
         &ns.name,
         "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: three-pods}\nspec: {hard: {pods: \"3\"}}\n",
-    );
+    ).await;
     c.apply(
         &ns.name,
         &QUEUED_JOB
             .replace("suspend: true", "suspend: false")
             .replace(r#"e2e.zkgate.io/work: "600""#, r#"e2e.zkgate.io/work: "2""#),
-    );
+    )
+    .await;
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
     let barriers: Api<Barrier> = Api::namespaced(c.client.clone(), &ns.name);
     let session = support::session(&c.zookeeper()).await;

@@ -105,7 +105,7 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
         )
         .await;
 
-    c.apply(&ns.name, GANG);
+    c.apply(&ns.name, GANG).await;
     c.apply(
         &ns.name,
         &c.example(
@@ -115,8 +115,10 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
                 IN_ROUNDS,
             )],
         ),
-    );
-    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]));
+    )
+    .await;
+    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]))
+        .await;
     let hold = WATCHED_HOLD.replace("sleep 12", "sleep 30");
     c.apply(
         &ns.name,
@@ -129,7 +131,8 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
                 ("sleep 20'", &hold),
             ],
         ),
-    );
+    )
+    .await;
 
     // The gangs' commands all run (their barriers opened), and one pod
     // holds the lock (its command printed its start).
@@ -181,7 +184,7 @@ async fn a_running_gang_outlives_a_minute_without_quorum_and_a_lock_holder_is_st
     // Admission needs no ZooKeeper (issue 43, item 3): a labelled Job made
     // now has its pods admitted, given their barrier container by the
     // webhook of a controller without a quorum; they wait for it.
-    c.apply(&ns.name, LATE);
+    c.apply(&ns.name, LATE).await;
     eventually(WITHIN, "late's 2 pods admitted", || async {
         let pods = c.pods(&ns.name, "job-name=late").await;
         let injected = pods.iter().filter(|p| {

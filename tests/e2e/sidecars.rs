@@ -83,11 +83,12 @@ impl Cluster {
         .await;
         let id = id.trim_start_matches("containerd://").to_owned();
         let at = now_us();
-        let out = Command::new(kube_bin("ctr"))
+        let out = tokio::process::Command::new(kube_bin("ctr"))
             .arg("-a")
             .arg(self.dir.join("containerd/containerd.sock"))
             .args(["-n", "k8s.io", "tasks", "kill", "--signal", signal, &id])
             .output()
+            .await
             .unwrap();
         assert!(
             out.status.success(),
@@ -143,7 +144,8 @@ pub(super) fn assert_took_turns(mut holds: Vec<Hold>) {
 async fn the_gang_sidecar_example_starts_no_worker_before_the_barrier_opened() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]));
+    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -153,7 +155,8 @@ async fn the_gang_sidecar_example_starts_no_worker_before_the_barrier_opened() {
                 "echo started-at-us $(now-us); sleep 2",
             )],
         ),
-    );
+    )
+    .await;
     let barrier = c
         .gang_of_started_together(
             &ns.name,
@@ -195,7 +198,7 @@ async fn a_labelled_job_in_the_sidecar_form_starts_no_worker_before_the_barrier_
                 ),
             ],
         ),
-    );
+    ).await;
     let barrier = c.gang_started_together(&ns.name, "zkgate-barrier").await;
     assert_eq!(barrier.spec.job_ref.as_deref(), Some("train"));
     let status = barrier.status.unwrap();
@@ -229,7 +232,8 @@ async fn a_labelled_job_in_the_sidecar_form_starts_no_worker_before_the_barrier_
 async fn the_lock_sidecar_example_takes_turns_with_increasing_fencing_tokens() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -239,7 +243,7 @@ async fn the_lock_sidecar_example_takes_turns_with_increasing_fencing_tokens() {
                 "echo from-us $(now-us) token $ZKGATE_FENCING_TOKEN; sleep 1; echo until-us $(now-us)'",
             )],
         ),
-    );
+    ).await;
     c.job_succeeded(&ns.name, "upload", 3).await;
     let holds = c
         .holds(
@@ -295,11 +299,13 @@ pub(super) fn watched_hold(log: &str, pod: &str) -> Option<(Hold, bool)> {
 async fn a_lock_sidecar_killed_while_it_holds_has_its_command_stopped_before_anyone_else_holds() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]));
+    c.apply(&ns.name, &c.example("lock-sidecar/locklease.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example("lock-sidecar/job.yaml", &[("sleep 20'", WATCHED_HOLD)]),
-    );
+    )
+    .await;
     // The first holder: its main container runs only once its sidecar
     // holds (the startup probe), and its command printed the start.
     let holder = eventually(WITHIN, "a holder's command to start", || async {
@@ -385,7 +391,8 @@ async fn a_lock_sidecar_killed_while_it_holds_has_its_command_stopped_before_any
 async fn a_barrier_sidecar_killed_while_waiting_is_counted_once_and_the_gang_waits() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]));
+    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -398,7 +405,8 @@ async fn a_barrier_sidecar_killed_while_waiting_is_counted_once_and_the_gang_wai
                 ("parallelism: 4", "parallelism: 3"),
             ],
         ),
-    );
+    )
+    .await;
     let session = support::session(&c.zookeeper()).await;
     let barrier = Layout::new(ROOT)
         .unwrap()
@@ -494,7 +502,8 @@ async fn a_barrier_sidecar_killed_while_waiting_is_counted_once_and_the_gang_wai
 async fn a_barrier_sidecar_killed_after_the_opening_does_not_release_the_gang_again() {
     let c = cluster().await;
     let ns = c.namespace().await;
-    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]));
+    c.apply(&ns.name, &c.example("gang-sidecar/barrier.yaml", &[]))
+        .await;
     c.apply(
         &ns.name,
         &c.example(
@@ -504,7 +513,8 @@ async fn a_barrier_sidecar_killed_after_the_opening_does_not_release_the_gang_ag
                 "echo started-at-us $(now-us); sleep 40",
             )],
         ),
-    );
+    )
+    .await;
     let session = support::session(&c.zookeeper()).await;
     let barrier = Layout::new(ROOT)
         .unwrap()
@@ -624,7 +634,7 @@ async fn a_restart_gang_job_in_the_sidecar_form_restarts_its_pods_in_place_and_c
                 ),
             ],
         ),
-    );
+    ).await;
     let failed = c
         .job_succeeded_after_failures(&ns.name, "train-in-place", 3)
         .await;
