@@ -1734,6 +1734,11 @@ fn documented_block(page: &str, marker: &str) -> String {
 /// runtime's thread (tokio's process): the tests keep ZooKeeper sessions and
 /// waiters on it, whose pings a thread blocked for seconds would starve.
 async fn run_documented(script: &str, kubeconfig: &Path) -> Output {
+    run_as_a_user(script, kubeconfig, Path::new(env!("CARGO_MANIFEST_DIR"))).await
+}
+
+/// [`run_documented`] in the working directory `cwd`.
+async fn run_as_a_user(script: &str, kubeconfig: &Path, cwd: &Path) -> Output {
     let tools = tool("helm").parent().unwrap().to_owned();
     let path = format!(
         "{}:{}",
@@ -1742,7 +1747,7 @@ async fn run_documented(script: &str, kubeconfig: &Path) -> Output {
     );
     tokio::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(cwd)
         .env("KUBECONFIG", kubeconfig)
         .env("PATH", path)
         .output()
@@ -2426,4 +2431,127 @@ async fn a_second_release_leaves_the_first_ones_crds_alone() {
             .unwrap_or_default();
         assert_eq!(annotations["meta.helm.sh/release-name"], "zkgate");
     }
+}
+
+/// Issue 46, item 2: an install without a clone. What a release publishes
+/// for the chart (scripts/release-chart, run by scripts/dist): the package
+/// installs with `helm install` from the file alone, and the one manifest
+/// with `kubectl apply --server-side`, each on an API server of its own,
+/// from a working directory that holds only the downloaded file. The
+/// manifest applied again (an upgrade in place) is accepted too.
+#[tokio::test]
+async fn the_released_chart_package_and_manifest_install_without_a_clone() {
+    let built = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/release-chart"
+    ))
+    .arg(built.path())
+    .output()
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/release-chart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made: Vec<PathBuf> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(PathBuf::from)
+        .collect();
+    let [package, manifest] = &made[..] else {
+        panic!("scripts/release-chart made {made:?}")
+    };
+    let app_version = chart_app_version();
+    let user = tempfile::tempdir().unwrap();
+    for file in [package, manifest] {
+        std::fs::copy(file, user.path().join(file.file_name().unwrap())).unwrap();
+    }
+    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    let controller_image = |client: kube::Client| async move {
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(client, "zkgate-system");
+        let deployment = deployments.get("zkgate").await.unwrap();
+        deployment.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap()
+    };
+    let established = |client: kube::Client| async move {
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(client);
+        for crd in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
+            support::eventually(Duration::from_secs(30), crd, || async {
+                crds.get(crd)
+                    .await
+                    .ok()?
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            })
+            .await;
+        }
+    };
+
+    // kubectl apply, twice.
+    let (server, client) = support::kube::PrivateApiServer::bare().await;
+    for attempt in ["first", "again"] {
+        let out = run_as_a_user(
+            &format!("kubectl apply --server-side -f {}", name(manifest)),
+            &server.kubeconfig(),
+            user.path(),
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "kubectl apply ({attempt}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    established(client.clone()).await;
+    assert_eq!(
+        controller_image(client).await,
+        format!("ghcr.io/zkgate/zkgate:{app_version}")
+    );
+
+    // helm install from the package.
+    let (server, client) = support::kube::PrivateApiServer::bare().await;
+    let out = run_as_a_user(
+        &format!(
+            "helm install zkgate ./{} --namespace zkgate-system --create-namespace --set zookeeper.deploy=true",
+            name(package)
+        ),
+        &server.kubeconfig(),
+        user.path(),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "helm install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    established(client.clone()).await;
+    assert_eq!(
+        controller_image(client).await,
+        format!("ghcr.io/zkgate/zkgate:{app_version}")
+    );
+}
+
+/// The chart's appVersion (the controller's image tag).
+fn chart_app_version() -> String {
+    let chart = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/zkgate/Chart.yaml"
+    ))
+    .unwrap();
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .expect("Chart.yaml has an appVersion")
+        .trim()
+        .trim_matches('"')
+        .to_owned()
 }
