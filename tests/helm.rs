@@ -2533,6 +2533,15 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         "helm install: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Its notes' next step needs no clone either: the release's example.
+    let notes = String::from_utf8_lossy(&out.stdout);
+    let example = "examples/gang-job-labelled/job.yaml";
+    assert!(
+        notes.contains(&format!(
+            "-f https://raw.githubusercontent.com/zkgate/zkgate/v{app_version}/{example}"
+        )) && Path::new(env!("CARGO_MANIFEST_DIR")).join(example).exists(),
+        "{notes}"
+    );
     established(client.clone()).await;
     assert_eq!(
         controller_image(client).await,
