@@ -90,9 +90,14 @@ fn helm() -> PathBuf {
     Path::new(&dir).join("helm")
 }
 
-/// `helm install` of the chart with the local image, 2 replicas, and a
-/// controller credential (so every namespace gets its own), unless this run
-/// already did it. Test processes run side by side: `flock` lets one install.
+/// `helm install` of the chart with the production values file
+/// (charts/zkgate/values-production.yaml: 2 replicas and their
+/// PodDisruptionBudget, the controller's resources, a PriorityClass, the
+/// NetworkPolicy, ACLs on), so that every test here runs on it, changed
+/// only where it names the user's cluster: the local image, this cluster's
+/// ZooKeeper, the controller's credential's Secret, text logs to read.
+/// Unless this run already did it. Test processes run side by side:
+/// `flock` lets one install.
 fn install_chart(dir: &Path) {
     let zookeeper = std::fs::read_to_string(dir.join("zookeeper")).expect("DIR/zookeeper");
     let script = format!(
@@ -104,9 +109,10 @@ if {helm} status {RELEASE} -n {SYSTEM_NAMESPACE} >/dev/null 2>&1; then exit 0; f
   --from-literal=auth=zkgate-controller:$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n') --dry-run=client -o yaml \
   | {kubectl} apply -f - >/dev/null
 {helm} install {RELEASE} {chart} -n {SYSTEM_NAMESPACE} --wait --timeout 180s \
+  -f {chart}/values-production.yaml \
   --set image.repository=zkgate --set image.tag=local --set image.pullPolicy=Never \
   --set zookeeper.connect={zookeeper} --set zookeeper.auth.existingSecret=zkgate-controller-auth \
-  --set replicaCount=2 --set controller.logFormat=text --set webhook.enabled=true >/dev/null
+  --set controller.logFormat=text >/dev/null
 "#,
         dir = dir.display(),
         helm = helm().display(),
@@ -1374,6 +1380,66 @@ async fn deleting_the_leading_controller_pod_hands_over() {
         |b| b.status.as_ref().and_then(|s| s.phase) == Some(BarrierPhase::Completed),
     )
     .await;
+}
+
+/// Issue 46, item 6: the production values file, installed (every test
+/// here runs on it): both replicas run and are Ready under its
+/// PriorityClass and memory limit, its PodDisruptionBudget keeps one of
+/// them, and its NetworkPolicy is in place.
+#[tokio::test]
+#[ignore = "needs the local cluster: scripts/test runs it with --run-ignored where `scripts/cluster available`"]
+async fn the_production_values_install_and_run() {
+    let c = cluster().await;
+    let selector = format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=zkgate");
+    let pods = eventually(WITHIN, "both replicas Ready", || async {
+        let pods = c.pods(SYSTEM_NAMESPACE, &selector).await;
+        let ready = pods
+            .iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        (ready == 2).then_some(pods)
+    })
+    .await;
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-cluster-critical"),
+            "{}",
+            pod.name_any()
+        );
+        assert!(spec.priority.is_some_and(|p| p > 0), "{}", pod.name_any());
+        let limits = spec.containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .expect("the production values' limits");
+        assert_eq!(limits["memory"].0, "256Mi");
+    }
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.client.clone(), SYSTEM_NAMESPACE);
+    let pdb = eventually(WITHIN, "the budget counted", || async {
+        let pdb = pdbs.get(RELEASE).await.ok()?;
+        (pdb.status.as_ref()?.current_healthy == 2).then_some(pdb)
+    })
+    .await;
+    assert_eq!(pdb.status.unwrap().disruptions_allowed, 1);
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(c.client.clone(), SYSTEM_NAMESPACE);
+    assert!(
+        !policies
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the production values' NetworkPolicy"
+    );
 }
 
 /// The image `scripts/images` built for the cluster is the Dockerfile's:
