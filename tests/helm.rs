@@ -2435,10 +2435,12 @@ async fn a_second_release_leaves_the_first_ones_crds_alone() {
 
 /// Issue 46, item 2: an install without a clone. What a release publishes
 /// for the chart (scripts/release-chart, run by scripts/dist): the package
-/// installs with `helm install` from the file alone, and the one manifest
-/// with `kubectl apply --server-side`, each on an API server of its own,
-/// from a working directory that holds only the downloaded file. The
-/// manifest applied again (an upgrade in place) is accepted too.
+/// installs with `helm install` from the file alone, its OCI artifact
+/// (pushed with crane to a registry on loopback) with `helm install
+/// oci://`, and the one manifest with `kubectl apply --server-side`, each
+/// on an API server of its own, from a working directory that holds only
+/// the downloaded file. The manifest applied again (an upgrade in place) is
+/// accepted too.
 #[tokio::test]
 async fn the_released_chart_package_and_manifest_install_without_a_clone() {
     let built = tempfile::tempdir().unwrap();
@@ -2460,7 +2462,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         .lines()
         .map(PathBuf::from)
         .collect();
-    let [package, manifest] = &made[..] else {
+    let [package, manifest, oci] = &made[..] else {
         panic!("scripts/release-chart made {made:?}")
     };
     let app_version = chart_app_version();
@@ -2517,6 +2519,43 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         format!("ghcr.io/zkgate/zkgate:{app_version}")
     );
 
+    // helm install from a registry the OCI artifact was pushed to.
+    let (registry, address) = registry().await;
+    let reference = format!("{address}/charts/zkgate:{app_version}");
+    let pushed = tokio::process::Command::new(registry_bin("crane"))
+        .args(["push", "--insecure"])
+        .arg(oci)
+        .arg(&reference)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        pushed.status.success(),
+        "crane push: {}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let (server, client) = support::kube::PrivateApiServer::bare().await;
+    let out = run_as_a_user(
+        &format!(
+            "helm install zkgate oci://{address}/charts/zkgate --version {app_version} --plain-http \
+               --namespace zkgate-system --create-namespace --set zookeeper.deploy=true"
+        ),
+        &server.kubeconfig(),
+        user.path(),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "helm install oci://: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    established(client.clone()).await;
+    assert_eq!(
+        controller_image(client).await,
+        format!("ghcr.io/zkgate/zkgate:{app_version}")
+    );
+    drop((server, registry));
+
     // helm install from the package.
     let (server, client) = support::kube::PrivateApiServer::bare().await;
     let out = run_as_a_user(
@@ -2547,6 +2586,45 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         controller_image(client).await,
         format!("ghcr.io/zkgate/zkgate:{app_version}")
     );
+}
+
+/// A binary of tools/registry (scripts/kubernetes build registry).
+fn registry_bin(name: &str) -> PathBuf {
+    let cache = std::env::var("ZKGATE_KUBE_CACHE")
+        .unwrap_or_else(|_| format!("{}/.cache/zkgate/kube", std::env::var("HOME").unwrap()));
+    Path::new(&cache).join("registry/bin").join(name)
+}
+
+/// An in-memory OCI registry on loopback (killed when dropped) and its
+/// address.
+async fn registry() -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let bin = registry_bin("registry");
+    assert!(
+        bin.exists(),
+        "{} is not built: scripts/kubernetes build registry (scripts/test does)",
+        bin.display()
+    );
+    let mut child = tokio::process::Command::new(bin)
+        .args(["-port", "0"])
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(port) = line.split("serving on port ").nth(1) {
+                return port.trim().to_owned();
+            }
+        }
+        panic!("the registry exited before serving")
+    })
+    .await
+    .expect("the registry serves within 30 s");
+    // Its later log lines are read and dropped, so that it never blocks.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("localhost:{port}"))
 }
 
 /// The chart's appVersion (the controller's image tag).
