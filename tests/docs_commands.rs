@@ -79,67 +79,16 @@ fn placeholder(name: &str) -> Option<&'static str> {
     }
 }
 
-/// Where a release's download and its tagged files are (what a user
-/// without a clone installs from).
-const RELEASES: &str = "https://github.com/zkgate/zkgate/releases/download/";
-const TAGGED: &str = "https://raw.githubusercontent.com/zkgate/zkgate/";
-
 /// `word`, a URL of this release's downloads or tagged files, as the local
-/// file a web server would give: the chart's package and manifest built by
-/// scripts/release-chart (once), the checkout's files. A URL naming
-/// another version than the chart's fails: the docs drifted from the
-/// release.
+/// file a web server would give (support::release). A URL naming another
+/// version than the chart's, or a file the release does not publish, fails:
+/// the docs drifted from the release.
 fn released(word: &str, file: &Path, line: &str) -> String {
-    let version = chart_version();
-    let local = |rest: &str, base: &Path| {
-        let Some(path) = rest.strip_prefix(&format!("v{version}/")) else {
-            panic!(
-                "{}: `{line}`: a release URL of another version than the chart's {version}",
-                file.display()
-            )
-        };
-        let local = base.join(path);
-        assert!(
-            local.exists(),
-            "{}: `{line}`: {word} is not something the release publishes",
-            file.display()
-        );
-        local.to_string_lossy().into_owned()
-    };
-    if let Some(rest) = word.strip_prefix(RELEASES) {
-        local(rest, release_dir())
-    } else if let Some(rest) = word.strip_prefix(TAGGED) {
-        local(rest, root())
-    } else {
-        word.to_owned()
+    match support::release::local(word) {
+        None => word.to_owned(),
+        Some(Ok(path)) => path.to_string_lossy().into_owned(),
+        Some(Err(why)) => panic!("{}: `{line}`: {why}", file.display()),
     }
-}
-
-/// The chart's version, which a release's tag names.
-fn chart_version() -> String {
-    let chart = std::fs::read_to_string(root().join("charts/zkgate/Chart.yaml")).unwrap();
-    chart
-        .lines()
-        .find_map(|l| l.strip_prefix("version:"))
-        .expect("Chart.yaml has a version")
-        .trim()
-        .trim_matches('"')
-        .to_owned()
-}
-
-/// What scripts/release-chart publishes, built once for this run.
-fn release_dir() -> &'static Path {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join("zkgate-docs-release");
-        let out = Command::new(root().join("scripts/release-chart"))
-            .arg(&dir)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "scripts/release-chart failed");
-        dir
-    })
 }
 
 /// `word` with its `$var` and `${var}` replaced by their placeholders.

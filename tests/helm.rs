@@ -1730,11 +1730,13 @@ fn documented_block(page: &str, marker: &str) -> String {
 }
 
 /// Runs `script` with bash as a user would: the repository as the working
-/// directory, `kubeconfig`'s cluster, helm and kubectl on the PATH. Off the
+/// directory, `kubeconfig`'s cluster, helm and kubectl on the PATH, the
+/// release's URLs read from the local files (support::release). Off the
 /// runtime's thread (tokio's process): the tests keep ZooKeeper sessions and
 /// waiters on it, whose pings a thread blocked for seconds would starve.
 async fn run_documented(script: &str, kubeconfig: &Path) -> Output {
-    run_as_a_user(script, kubeconfig, Path::new(env!("CARGO_MANIFEST_DIR"))).await
+    let script = support::release::localize(script);
+    run_as_a_user(&script, kubeconfig, Path::new(env!("CARGO_MANIFEST_DIR"))).await
 }
 
 /// [`run_documented`] in the working directory `cwd`.

@@ -11,6 +11,7 @@ pub mod jobset;
 pub mod kube;
 pub mod order;
 pub mod proxy;
+pub mod release;
 pub mod tls;
 pub mod zookeeper;
 
