@@ -402,6 +402,17 @@ const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
 async fn cut_off_holder_stops_before_the_next_starts(
     start_holder: impl FnOnce(&str, &str) -> Vec<(tokio::process::Child, &'static [&'static str])>,
 ) {
+    cut_off_holder_stops_before_the_next_starts_resumed(None, start_holder).await
+}
+
+/// As [`cut_off_holder_stops_before_the_next_starts`], the proxy flowing
+/// again `resume_after` the stall began (when given): a holder that gave
+/// up on the hold, but whose session lives on, must still not let the next
+/// holder in before its command is surely dead.
+async fn cut_off_holder_stops_before_the_next_starts_resumed(
+    resume_after: Option<Duration>,
+    start_holder: impl FnOnce(&str, &str) -> Vec<(tokio::process::Child, &'static [&'static str])>,
+) {
     let (direct, through_proxy, proxy) = routes().await;
     let dir = tempfile::tempdir().unwrap();
     let (started, beat, next_started) = (
@@ -447,11 +458,20 @@ async fn cut_off_holder_stops_before_the_next_starts(
     )
     .await;
     proxy.stall();
-    for (holder, lost) in holders {
-        let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
-        assert_eq!(code, 6, "{err}");
-        assert!(lost.iter().any(|l| err.contains(l)), "{err}");
-    }
+    let resume = async {
+        if let Some(after) = resume_after {
+            tokio::time::sleep(after).await;
+            proxy.resume();
+        }
+    };
+    let holders_end = async {
+        for (holder, lost) in holders {
+            let (code, err) = support::finished(holder, Duration::from_secs(40)).await;
+            assert_eq!(code, 6, "{err}");
+            assert!(lost.iter().any(|l| err.contains(l)), "{err}");
+        }
+    };
+    tokio::join!(resume, holders_end);
     let (code, err) = support::finished(next, Duration::from_secs(40)).await;
     assert_eq!(code, 0, "{err}");
     let (last_beat, next_start) = (read_nanos(&beat), read_nanos(&next_started));
@@ -523,6 +543,39 @@ async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holde
             (piped(sidecar), &["lost the lock"][..]),
         ]
     })
+    .await;
+}
+
+/// Found in review: a `lock sidecar` that stops trusting its hold (no
+/// reply for the trust window: a stall, or a busy node) while its session
+/// lives on must keep its node until the watched command is surely dead:
+/// here the proxy flows again just after the trust ends (4.1 s in), so the
+/// sidecar's own delete would reach the server at once. Failed before the
+/// fix: the sidecar dropped its hold at once, and the next holder's command
+/// started while the watched one (which ignores SIGTERM) ran out its kill
+/// grace.
+#[tokio::test]
+async fn a_sidecar_that_stops_trusting_its_hold_keeps_it_until_the_watched_command_is_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    cut_off_holder_stops_before_the_next_starts_resumed(
+        Some(Duration::from_millis(4300)),
+        |through_proxy, script| {
+            let (sidecar, main) = support::lock_sidecar_and_watch(
+                through_proxy,
+                dir.path(),
+                "8s",
+                "3s",
+                &["sh", "-c", script],
+            );
+            vec![
+                (
+                    piped(main),
+                    &["withdrew the token", "stopped confirming the hold"][..],
+                ),
+                (piped(sidecar), &["lost the lock"][..]),
+            ]
+        },
+    )
     .await;
 }
 

@@ -521,17 +521,30 @@ impl<'a> LockCommand<'a> {
             };
             readiness.clear();
             withdraw(token_file);
+            // Whether `loss` has resolved: it must not be polled again.
+            let mut loss_told = false;
             let outcome = match ended {
+                // Not heard from ZooKeeper in time to trust the hold, but the
+                // session may live on: its node is kept through the drain
+                // below, as for a stop, or our own delete could let the next
+                // holder in while a watched command runs out its kill grace
+                // (the server itself could not expire the session sooner).
+                SidecarEnd::Lost(reason @ LossReason::PresumedExpired) => {
+                    loss_told = true;
+                    Err(self.lost("; the token file was withdrawn")(reason))
+                }
+                // Revoked, or the session is gone: the node is too.
                 SidecarEnd::Lost(reason) => return Err(self.lost("; the token file was withdrawn")(reason)),
                 SidecarEnd::Stopped => Ok(0),
                 SidecarEnd::LeaseEnded(lease) => Err(self.lease_over(lease, "; the token file was withdrawn and the hold given up")),
                 SidecarEnd::Failed(e) => Err(e),
             };
-            // Asked to stop, the lease is over, or publishing failed. A
-            // command under `lock watch` may still run: it sees the token
-            // go at its next look and is dead its kill grace later. Only
-            // then may the next holder start, so the hold is kept (and
-            // watched) until that bound has passed.
+            // Asked to stop, the lease is over, publishing failed, or the
+            // hold is no longer trusted. A command under `lock watch` may
+            // still run: it sees the token (or its trust) go at its next
+            // look and is dead its kill grace later. Only then may the next
+            // holder start, so the hold is kept (and watched) until that
+            // bound has passed.
             let drained = WATCH_POLL + grace + safety_margin(session.timeout());
             info!(
                 wait_ms = drained.as_millis() as u64,
@@ -540,7 +553,7 @@ impl<'a> LockCommand<'a> {
             let drain_end = Instant::now() + drained;
             tokio::select! {
                 () = tokio::time::sleep_until(drain_end) => {}
-                reason = &mut loss => match reason {
+                reason = &mut loss, if !loss_told => match reason {
                     // Not heard from ZooKeeper in time to trust the hold
                     // (a stall, a busy machine), but the token is already
                     // withdrawn and any watched command stops by the trust
@@ -557,24 +570,25 @@ impl<'a> LockCommand<'a> {
             // expired, so nobody else held the lock meanwhile. Bounded: cut
             // off for a session timeout more, it may be lost (rather than
             // hanging until the kubelet's SIGKILL).
-            let released = match tokio::time::timeout(session.timeout(), hold.release()).await {
-                Ok(released) => released,
-                Err(_) => return Err(self.lost("; the token file was withdrawn, and the release got no reply")(LossReason::PresumedExpired)),
-            };
+            let released = tokio::time::timeout(session.timeout(), hold.release()).await;
             match outcome {
                 Ok(code) => match released {
-                    Ok(()) => Ok(code),
-                    Err(ZkError::NodeRemoved { .. }) => {
+                    Ok(Ok(())) => Ok(code),
+                    Ok(Err(ZkError::NodeRemoved { .. })) => {
                         Err(self.lost("; its node was gone at the release (the token file was withdrawn)")(LossReason::Revoked))
                     }
-                    Err(ZkError::SessionExpired) => {
+                    Ok(Err(ZkError::SessionExpired)) => {
                         Err(self.lost("; the token file was withdrawn")(LossReason::SessionExpired))
                     }
-                    Err(e) => Err(self.participant.explain(e)),
+                    Ok(Err(e)) => Err(self.participant.explain(e)),
+                    Err(_) => Err(self.lost("; the token file was withdrawn, and the release got no reply")(LossReason::PresumedExpired)),
                 },
+                // What ended the hold says more than its release.
                 Err(e) => {
-                    if let Err(release) = released {
-                        debug!(error = %release, "giving up the hold");
+                    match released {
+                        Ok(Err(release)) => debug!(error = %release, "giving up the hold"),
+                        Err(_) => debug!("giving up the hold: the release got no reply"),
+                        Ok(Ok(())) => {}
                     }
                     Err(e)
                 }
