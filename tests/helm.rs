@@ -2482,9 +2482,13 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
             .clone()
             .unwrap()
     };
-    let established = |client: kube::Client| async move {
+    // The CRDs established and the controller's Deployment on the
+    // release's image.
+    let release_image = format!("ghcr.io/zkgate/zkgate:{app_version}");
+    let release_image = release_image.as_str();
+    let installed = |client: kube::Client| async move {
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-            Api::all(client);
+            Api::all(client.clone());
         for crd in ["barriers.zkgate.io", "lockleases.zkgate.io"] {
             support::eventually(Duration::from_secs(30), crd, || async {
                 crds.get(crd)
@@ -2498,6 +2502,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
             })
             .await;
         }
+        assert_eq!(controller_image(client).await, release_image);
     };
 
     // kubectl apply, twice.
@@ -2515,11 +2520,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    established(client.clone()).await;
-    assert_eq!(
-        controller_image(client).await,
-        format!("ghcr.io/zkgate/zkgate:{app_version}")
-    );
+    installed(client).await;
 
     // helm install from a registry the OCI artifact was pushed to.
     let (registry, address) = registry().await;
@@ -2551,11 +2552,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         "helm install oci://: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    established(client.clone()).await;
-    assert_eq!(
-        controller_image(client).await,
-        format!("ghcr.io/zkgate/zkgate:{app_version}")
-    );
+    installed(client).await;
     drop((server, registry));
 
     // helm install from the package.
@@ -2583,11 +2580,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
         )) && Path::new(env!("CARGO_MANIFEST_DIR")).join(example).exists(),
         "{notes}"
     );
-    established(client.clone()).await;
-    assert_eq!(
-        controller_image(client).await,
-        format!("ghcr.io/zkgate/zkgate:{app_version}")
-    );
+    installed(client).await;
 }
 
 /// A binary of tools/registry (scripts/kubernetes build registry).

@@ -524,26 +524,31 @@ async fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
 async fn a_cut_off_sidecars_main_container_command_is_dead_before_the_next_holder_starts() {
     let dir = tempfile::tempdir().unwrap();
     cut_off_holder_stops_before_the_next_starts(|through_proxy, script| {
-        // The main container: no ZooKeeper, only the shared volume.
-        let (sidecar, main) = support::lock_sidecar_and_watch(
-            through_proxy,
-            dir.path(),
-            "8s",
-            "3s",
-            &["sh", "-c", script],
-        );
-        vec![
-            // Whichever the main container sees first: the sidecar's
-            // withdrawal, or its trust deadline passing (the same moment,
-            // give or take the sidecar's scheduling).
-            (
-                piped(main),
-                &["withdrew the token", "stopped confirming the hold"][..],
-            ),
-            (piped(sidecar), &["lost the lock"][..]),
-        ]
+        sidecar_and_watched_command(through_proxy, dir.path(), script)
     })
     .await;
+}
+
+/// A `lock sidecar` (session 8 s, kill grace 3 s) through `through_proxy`
+/// and its main container's `script` under `lock watch` (no ZooKeeper,
+/// only the shared volume `dir`), with what each must say when cut off.
+fn sidecar_and_watched_command(
+    through_proxy: &str,
+    dir: &std::path::Path,
+    script: &str,
+) -> Vec<(tokio::process::Child, &'static [&'static str])> {
+    let (sidecar, main) =
+        support::lock_sidecar_and_watch(through_proxy, dir, "8s", "3s", &["sh", "-c", script]);
+    vec![
+        // Whichever the main container sees first: the sidecar's
+        // withdrawal, or its trust deadline passing (the same moment,
+        // give or take the sidecar's scheduling).
+        (
+            piped(main),
+            &["withdrew the token", "stopped confirming the hold"][..],
+        ),
+        (piped(sidecar), &["lost the lock"][..]),
+    ]
 }
 
 /// Found in review: a `lock sidecar` that stops trusting its hold (no
@@ -559,22 +564,7 @@ async fn a_sidecar_that_stops_trusting_its_hold_keeps_it_until_the_watched_comma
     let dir = tempfile::tempdir().unwrap();
     cut_off_holder_stops_before_the_next_starts_resumed(
         Some(Duration::from_millis(4300)),
-        |through_proxy, script| {
-            let (sidecar, main) = support::lock_sidecar_and_watch(
-                through_proxy,
-                dir.path(),
-                "8s",
-                "3s",
-                &["sh", "-c", script],
-            );
-            vec![
-                (
-                    piped(main),
-                    &["withdrew the token", "stopped confirming the hold"][..],
-                ),
-                (piped(sidecar), &["lost the lock"][..]),
-            ]
-        },
+        |through_proxy, script| sidecar_and_watched_command(through_proxy, dir.path(), script),
     )
     .await;
 }
