@@ -2467,7 +2467,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
     let [package, manifest, oci] = &made[..] else {
         panic!("scripts/release-chart made {made:?}")
     };
-    let app_version = chart_app_version();
+    let app_version = support::release::chart_field("appVersion");
     let user = tempfile::tempdir().unwrap();
     for file in [package, manifest] {
         std::fs::copy(file, user.path().join(file.file_name().unwrap())).unwrap();
@@ -2620,20 +2620,4 @@ async fn registry() -> (tokio::process::Child, String) {
     // Its later log lines are read and dropped, so that it never blocks.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, format!("localhost:{port}"))
-}
-
-/// The chart's appVersion (the controller's image tag).
-fn chart_app_version() -> String {
-    let chart = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/zkgate/Chart.yaml"
-    ))
-    .unwrap();
-    chart
-        .lines()
-        .find_map(|l| l.strip_prefix("appVersion:"))
-        .expect("Chart.yaml has an appVersion")
-        .trim()
-        .trim_matches('"')
-        .to_owned()
 }

@@ -17,11 +17,16 @@ fn root() -> &'static Path {
 
 /// The chart's version, which a release's tag names (`v<version>`).
 pub fn chart_version() -> String {
+    chart_field("version")
+}
+
+/// A top-level field of charts/zkgate/Chart.yaml (`version`, `appVersion`).
+pub fn chart_field(name: &str) -> String {
     let chart = std::fs::read_to_string(root().join("charts/zkgate/Chart.yaml")).unwrap();
     chart
         .lines()
-        .find_map(|l| l.strip_prefix("version:"))
-        .expect("Chart.yaml has a version")
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("Chart.yaml has no {name}"))
         .trim()
         .trim_matches('"')
         .to_owned()
