@@ -555,9 +555,7 @@ fn the_rendered_manifests_are_accepted_by_the_api_server() {
 
 /// The rules of the rendered Roles and ClusterRoles on `resource`.
 fn rules_on(rendered: &str, resource: &str) -> Vec<String> {
-    rendered
-        .split("\n---")
-        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+    documents(rendered)
         .filter(|doc| doc["kind"] == "Role" || doc["kind"] == "ClusterRole")
         .flat_map(|doc| doc["rules"].as_array().cloned().unwrap_or_default())
         .filter(|rule| {
@@ -1027,6 +1025,104 @@ async fn a_missing_verb_in_the_charts_rbac_stops_the_controller() {
     }
 }
 
+/// The NetworkPolicy renders what its values ask: the webhook's and the
+/// metrics' peers, the watched namespace's pods beside the API server where
+/// the controller hands out credentials (and not where it has none), the
+/// egress to DNS, ZooKeeper (the quick start's pod, or the peers given) and
+/// the API server; and the API server takes each.
+#[test]
+fn the_network_policy_renders_what_its_values_ask_and_the_api_server_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("policy.yaml");
+    let api_server = json!([{"ipBlock": {"cidr": "10.0.0.0/24"}}]);
+    let monitoring = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
+    let ensemble =
+        json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "zk"}}}]);
+    std::fs::write(
+        &values,
+        json!({"networkPolicy": {
+            "enabled": true,
+            "webhook": {"ingressFrom": api_server},
+            "metrics": {"ingressFrom": monitoring},
+            "egress": {"enabled": true, "zookeeperPorts": [2181, 2281],
+                       "zookeeperTo": ensemble, "apiServerTo": api_server},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let policy_of = |rendered: &str| {
+        documents(rendered)
+            .find(|d| d["kind"] == "NetworkPolicy")
+            .unwrap_or_else(|| panic!("no NetworkPolicy rendered:\n{rendered}"))
+    };
+    let port = |number: u16, protocol: &str| json!({"port": number, "protocol": protocol});
+
+    // With a controller credential (pods ask the handout) and a watched
+    // namespace.
+    let handing_out = template(&[
+        "-f",
+        values.to_str().unwrap(),
+        "--set",
+        "zookeeper.connect=zk:2181,zookeeper.auth.existingSecret=zk-auth,controller.watchNamespace=jobs",
+    ]);
+    let policy = policy_of(&handing_out);
+    let spec = &policy["spec"];
+    assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        spec["podSelector"]["matchExpressions"],
+        json!([{"key": "app.kubernetes.io/component", "operator": "NotIn", "values": ["zookeeper"]}]),
+        "the quick start's ZooKeeper, which shares the selector labels, is not the controller"
+    );
+    assert_eq!(
+        spec["ingress"],
+        json!([
+            {"ports": [port(9443, "TCP")], "from": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jobs"}}},
+                api_server[0],
+            ]},
+            {"ports": [port(8080, "TCP")], "from": monitoring},
+        ])
+    );
+    assert_eq!(
+        spec["egress"],
+        json!([
+            {"ports": [port(53, "UDP"), port(53, "TCP")]},
+            {"ports": [port(2181, "TCP"), port(2281, "TCP")], "to": ensemble},
+            {"ports": [port(443, "TCP"), port(6443, "TCP")], "to": api_server},
+        ])
+    );
+
+    // Without a credential (nothing to hand out) and with the quick
+    // start's ZooKeeper: the webhook's port for the API server alone, and
+    // ZooKeeper is that pod.
+    let quick = template(&[
+        "-f",
+        values.to_str().unwrap(),
+        "--set",
+        "zookeeper.deploy=true,networkPolicy.egress.zookeeperTo=null",
+    ]);
+    let quick_policy = policy_of(&quick);
+    let spec = &quick_policy["spec"];
+    assert_eq!(spec["ingress"][0]["from"], api_server);
+    assert_eq!(
+        spec["egress"][1]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "zookeeper",
+        "{spec}"
+    );
+    assert!(
+        !template(&["--set", "zookeeper.connect=zk:2181"]).contains("kind: NetworkPolicy"),
+        "off by default"
+    );
+    let kubectl = tool("kubectl");
+    for rendered in [&handing_out, &quick] {
+        ok(run(
+            &kubectl,
+            &["apply", "--dry-run=server", "-n", "default", "-f", "-"],
+            Some(&serde_json::to_string(&policy_of(rendered)).unwrap()),
+        ));
+    }
+}
+
 /// Every metric the chart's Grafana dashboard and PrometheusRule query is
 /// one the controller exports (read from a running controller's /metrics).
 #[tokio::test]
@@ -1122,6 +1218,195 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "the controller does not say its install (the no-leader alert picks replicas by it):\n{body}"
     );
     support::docs::check_generated("metrics.md", &metrics_page(&body));
+}
+
+/// The chart's alerts, evaluated by Prometheus' own rule engine (`promtool
+/// test rules`, tools/promtool) on series as the controllers export them:
+/// each fires when its condition holds, not before its `for`, with the
+/// labels and annotations it is routed by, and only for its own install
+/// (another install's replicas, scraped by the same Prometheus, neither
+/// fire nor hide it).
+#[test]
+fn the_alerts_fire_on_their_condition_for_their_own_install_only() {
+    const OURS: &str = "zkgate-system";
+    let rendered = template(&[
+        "--namespace",
+        OURS,
+        "--set",
+        "zookeeper.connect=zk:2181,monitoring.prometheusRule.enabled=true",
+        "--api-versions",
+        "monitoring.coreos.com/v1/PrometheusRule",
+    ]);
+    let rule = documents(&rendered)
+        .find(|doc| doc["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule rendered");
+    let groups = &rule["spec"]["groups"];
+    let annotations = |alert: &str| {
+        groups
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["alert"] == alert)
+            .unwrap_or_else(|| panic!("no alert {alert}"))["annotations"]
+            .clone()
+    };
+    // Every scrape sets job and instance; a replica of another install
+    // says so in its install_info.
+    let series = |name: &str, instance: &str, extra: &str, values: &str| {
+        json!({
+            "series": format!("{name}{{job=\"zkgate\",instance=\"{instance}\"{extra}}}"),
+            "values": values,
+        })
+    };
+    let install = |instance: &str, namespace: &str| {
+        series(
+            "zkgate_install_info",
+            instance,
+            &format!(",install_namespace=\"{namespace}\",version=\"0.2.0\""),
+            "1x60",
+        )
+    };
+    let fires =
+        |alert: &str, at: &str, labels: serde_json::Value, annotations: serde_json::Value| {
+            json!({"eval_time": at, "alertname": alert,
+               "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]})
+        };
+    let quiet =
+        |alert: &str, at: &str| json!({"eval_time": at, "alertname": alert, "exp_alerts": []});
+    let day = 86_400;
+    let tests = json!({
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            // A Barrier waiting since t=600 s (its 30 min are up at 40 min);
+            // the other replica has none; another install's has waited
+            // since t=1 s (up at 30 min).
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("b", OURS), install("c", "other"),
+                series("zkgate_barrier_oldest_waiting_created_timestamp_seconds", "a", "", "600x60"),
+                series("zkgate_barrier_oldest_waiting_created_timestamp_seconds", "b", "", "0x60"),
+                series("zkgate_barrier_oldest_waiting_created_timestamp_seconds", "c", "", "1x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateBarrierWaitingTooLong", "35m"),
+                quiet("ZkgateBarrierWaitingTooLong", "40m"),
+                fires("ZkgateBarrierWaitingTooLong", "41m", json!({"severity": "warning"}),
+                      annotations("ZkgateBarrierWaitingTooLong")),
+            ]},
+            // A hold revoked at t=3000 s (50 min); another install's at
+            // t=600 s.
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("b", OURS), install("c", "other"),
+                series("zkgate_lock_earliest_revocation_timestamp_seconds", "a", "", "3000x60"),
+                series("zkgate_lock_earliest_revocation_timestamp_seconds", "b", "", "0x60"),
+                series("zkgate_lock_earliest_revocation_timestamp_seconds", "c", "", "600x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateLockNearItsLease", "10m"),
+                quiet("ZkgateLockNearItsLease", "49m"),
+                fires("ZkgateLockNearItsLease", "50m", json!({"severity": "info"}),
+                      annotations("ZkgateLockNearItsLease")),
+            ]},
+            // This install's leader steps down at 10 min and nobody takes
+            // over; another install's leader leads all along.
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("b", OURS), install("c", "other"),
+                series("zkgate_leader", "a", "", "1x10 0x50"),
+                series("zkgate_leader", "b", "", "0x60"),
+                series("zkgate_leader", "c", "", "1x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateNoLeader", "10m"),
+                quiet("ZkgateNoLeader", "14m"),
+                fires("ZkgateNoLeader", "20m", json!({"severity": "critical"}),
+                      annotations("ZkgateNoLeader")),
+            ]},
+            // Only another install is scraped: this one's replicas are gone.
+            {"interval": "1m", "input_series": [
+                install("c", "other"),
+                series("zkgate_leader", "c", "", "1x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateNoLeader", "4m"),
+                fires("ZkgateNoLeader", "6m",
+                      json!({"severity": "critical", "install_namespace": OURS}),
+                      annotations("ZkgateNoLeader")),
+            ]},
+            // A replica's session lost at 5 min; another install's lost
+            // from the start.
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("b", OURS), install("c", "other"),
+                series("zkgate_zookeeper_session_connected", "a", ",pod=\"zkgate-0\"", "1x5 0x55"),
+                series("zkgate_zookeeper_session_connected", "b", ",pod=\"zkgate-1\"", "1x60"),
+                series("zkgate_zookeeper_session_connected", "c", ",pod=\"other-0\"", "0x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateZooKeeperSessionDown", "4m"),
+                quiet("ZkgateZooKeeperSessionDown", "6m"),
+                fires("ZkgateZooKeeperSessionDown", "8m",
+                      json!({"severity": "critical", "job": "zkgate", "instance": "a", "pod": "zkgate-0"}),
+                      json!({
+                          "summary": "zkgate controller zkgate-0 has no ZooKeeper session.",
+                          "description": annotations("ZkgateZooKeeperSessionDown")["description"],
+                      })),
+            ]},
+            // This install's admissions fail from 10 min on; another
+            // install's fail all along.
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("c", "other"),
+                series("zkgate_webhook_admissions_total", "a", ",outcome=\"failed\"", "0x10 1+1x50"),
+                series("zkgate_webhook_admissions_total", "a", ",outcome=\"injected\"", "0+5x60"),
+                series("zkgate_webhook_admissions_total", "c", ",outcome=\"failed\"", "0+3x60"),
+            ], "alert_rule_test": [
+                quiet("ZkgateAdmissionsFailing", "10m"),
+                quiet("ZkgateAdmissionsFailing", "13m"),
+                fires("ZkgateAdmissionsFailing", "20m", json!({"severity": "warning"}),
+                      annotations("ZkgateAdmissionsFailing")),
+            ]},
+            // One replica serves a certificate good for 60 days; from 5 min
+            // another serves one that ends in 10 (its reload failed). Another
+            // install's ends tomorrow; a replica with no certificate says 0.
+            {"interval": "1m", "input_series": [
+                install("a", OURS), install("b", OURS), install("n", OURS), install("c", "other"),
+                series("zkgate_webhook_certificate_expiry_timestamp_seconds", "a", "", &format!("{}x60", 60 * day)),
+                series("zkgate_webhook_certificate_expiry_timestamp_seconds", "b", "", &format!("_x5 {}x55", 10 * day)),
+                series("zkgate_webhook_certificate_expiry_timestamp_seconds", "n", "", "0x60"),
+                series("zkgate_webhook_certificate_expiry_timestamp_seconds", "c", "", &format!("{day}x60")),
+            ], "alert_rule_test": [
+                quiet("ZkgateWebhookCertificateExpiring", "3m"),
+                fires("ZkgateWebhookCertificateExpiring", "6m", json!({"severity": "warning"}),
+                      annotations("ZkgateWebhookCertificateExpiring")),
+            ]},
+        ],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        json!({ "groups": groups }).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("tests.yaml"), tests.to_string()).unwrap();
+    let promtool = built_tool("promtool", "promtool");
+    let checked = run(
+        &promtool,
+        &[
+            "check",
+            "rules",
+            "--lint-fatal",
+            dir.path().join("rules.yaml").to_str().unwrap(),
+        ],
+        None,
+    );
+    ok(checked);
+    let tested = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    ok(tested);
+}
+
+/// The YAML documents of rendered manifests.
+fn documents(rendered: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
+    rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
 }
 
 /// The book's metrics reference, from a controller's `/metrics`: every
@@ -2525,7 +2810,7 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
     // helm install from a registry the OCI artifact was pushed to.
     let (registry, address) = registry().await;
     let reference = format!("{address}/charts/zkgate:{app_version}");
-    let pushed = tokio::process::Command::new(registry_bin("crane"))
+    let pushed = tokio::process::Command::new(built_tool("registry", "crane"))
         .args(["push", "--insecure"])
         .arg(oci)
         .arg(&reference)
@@ -2583,23 +2868,25 @@ async fn the_released_chart_package_and_manifest_install_without_a_clone() {
     installed(client).await;
 }
 
-/// A binary of tools/registry (scripts/kubernetes build registry).
-fn registry_bin(name: &str) -> PathBuf {
+/// A binary `scripts/kubernetes build TOOLS` makes (tools/TOOLS/go.mod),
+/// which scripts/test builds.
+fn built_tool(tools: &str, name: &str) -> PathBuf {
     let cache = std::env::var("ZKGATE_KUBE_CACHE")
         .unwrap_or_else(|_| format!("{}/.cache/zkgate/kube", std::env::var("HOME").unwrap()));
-    Path::new(&cache).join("registry/bin").join(name)
+    let bin = Path::new(&cache).join(tools).join("bin").join(name);
+    assert!(
+        bin.exists(),
+        "{} is not built: scripts/kubernetes build {tools} (scripts/test does)",
+        bin.display()
+    );
+    bin
 }
 
 /// An in-memory OCI registry on loopback (killed when dropped) and its
 /// address.
 async fn registry() -> (tokio::process::Child, String) {
     use tokio::io::AsyncBufReadExt;
-    let bin = registry_bin("registry");
-    assert!(
-        bin.exists(),
-        "{} is not built: scripts/kubernetes build registry (scripts/test does)",
-        bin.display()
-    );
+    let bin = built_tool("registry", "registry");
     let mut child = tokio::process::Command::new(bin)
         .args(["-port", "0"])
         .stderr(Stdio::piped())
