@@ -408,16 +408,24 @@ impl ControllerArgs {
     }
 }
 
-/// The plugin's errors as exit codes: a name that is not there is bad
-/// input (2); an API server that cannot be reached or answers with an
-/// error, unavailable (5).
+/// The plugin's errors as exit codes: a name that is not there, or a
+/// question the caller's credentials may not ask (401, 403: asking again
+/// changes nothing), is bad input (2); an API server that cannot be
+/// reached or answers with another error, unavailable (5).
 fn plugin_error(e: crate::plugin::PluginError) -> AgentError {
     use crate::plugin::PluginError as P;
-    let exit = match &e {
-        P::NotFound { .. } => Exit::Usage,
-        P::Connect(_) | P::Kube(_) => Exit::Unavailable,
-    };
-    AgentError::new(exit, e.to_string())
+    match &e {
+        P::NotFound { .. } => AgentError::new(Exit::Usage, e.to_string()),
+        P::Kube(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
+            AgentError::new(
+                Exit::Usage,
+                format!(
+                    "{e} (your credentials may not ask this: `kubectl auth can-i` tells; -A needs to list in every namespace, -n NAMESPACE one)"
+                ),
+            )
+        }
+        P::Connect(_) | P::Kube(_) => AgentError::new(Exit::Unavailable, e.to_string()),
+    }
 }
 
 fn host_name() -> Result<String, AgentError> {

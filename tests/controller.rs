@@ -2403,6 +2403,29 @@ async fn the_plugin_names_who_has_not_registered_and_who_waits_for_whom() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("-n NAMESPACE"), "{err}");
+    // As a user who may list nothing (the kubeconfig's user impersonating
+    // one): refused by the API server, which is the caller's to fix, not
+    // an outage to wait out (2, not 5), and said so.
+    let nobody = tempfile::NamedTempFile::new().unwrap();
+    let mut config: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(support::kube::kubeconfig()).unwrap())
+            .unwrap();
+    for user in config["users"].as_array_mut().unwrap() {
+        user["user"]["as"] = json!("zkgate-test-nobody");
+    }
+    std::fs::write(nobody.path(), config.to_string()).unwrap();
+    let out = zkgate(&s, &["status", "-A"])
+        .env("KUBECONFIG", nobody.path())
+        .stdout(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("forbidden") && err.contains("your credentials may not ask this"),
+        "{err}"
+    );
 
     // `version`: the plugin's release, the API server's, the CRDs (whether
     // as this release makes them), and a controller's Deployment as the

@@ -66,6 +66,71 @@ pub fn spec_duration(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+/// A fingerprint of `crd`'s versions and their schemas (SHA-1, hex): equal
+/// for two CRDs that validate alike whatever order their fields come in
+/// (the API server's or the generator's), so a controller can say which
+/// CRDs it was built with and `kubectl zkgate doctor` compare the cluster's
+/// with them. An identity, not a secret.
+pub fn schema_fingerprint(crd: &CustomResourceDefinition) -> String {
+    use sha1::Digest as _;
+    /// `value` as JSON with every object's keys sorted.
+    fn canonical(value: &serde_json::Value, out: &mut String) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                let mut keys: Vec<&String> = fields.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, key) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::from(key.as_str()).to_string());
+                    out.push(':');
+                    canonical(&fields[key], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+    let mut text = String::new();
+    for version in &crd.spec.versions {
+        text.push_str(&version.name);
+        text.push('\n');
+        // A schema always serializes.
+        let schema = serde_json::to_value(&version.schema).unwrap_or_default();
+        canonical(&schema, &mut text);
+        text.push('\n');
+    }
+    sha1::Sha1::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// [`schema_fingerprint`] of each of [`crds`], by the CRD's name.
+pub fn crd_fingerprints() -> std::collections::BTreeMap<String, String> {
+    crds()
+        .iter()
+        .map(|crd| {
+            (
+                crd.metadata.name.clone().unwrap_or_default(),
+                schema_fingerprint(crd),
+            )
+        })
+        .collect()
+}
+
 /// Every CRD zkgate serves, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![Barrier::crd(), LockLease::crd()]

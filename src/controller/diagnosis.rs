@@ -80,6 +80,11 @@ pub struct Diagnosis {
     pub root_acl_error: Option<String>,
     /// The session timeouts asked for, and what the ensemble grants.
     pub session_timeouts: Vec<TimeoutReport>,
+    /// The CRDs this controller's release makes: each one's name and
+    /// [`crate::api::schema_fingerprint`], which `kubectl zkgate doctor`
+    /// compares with the cluster's (empty from a release before it).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub crds: std::collections::BTreeMap<String, String>,
 }
 
 /// One server's answer to `srvr`.
@@ -265,6 +270,7 @@ impl Diagnostician {
             root_acl,
             root_acl_error,
             session_timeouts,
+            crds: crate::api::crd_fingerprints(),
         }
     }
 

@@ -120,27 +120,16 @@ impl Plugin {
             // Nothing else can be asked.
             Err(e) => return Err(PluginError::Kube(e)),
         }
-        for (name, state) in self.crd_states().await {
-            findings.push(match state {
-                CrdState::Same(served) => Finding::new(
-                    Verdict::Ok,
-                    "CRD",
-                    format!("{name}: serves {served}, as this release makes it"),
-                ),
-                CrdState::Other(served) => Finding::new(
-                    Verdict::Warn,
-                    "CRD",
-                    format!("{name}: serves {served}, not as this release ({}) makes it", env!("CARGO_PKG_VERSION")),
-                )
-                .fix("upgrade the CRDs with the chart (helm upgrade) or apply the release's crds/; if the controller is another release, use its kubectl-zkgate"),
-                CrdState::Missing => Finding::new(Verdict::Fail, "CRD", format!("{name}: not installed"))
-                    .fix("install the chart, or kubectl apply the release's crds/"),
-                CrdState::Unreadable(e) => {
-                    Finding::new(Verdict::Unknown, "CRD", format!("{name}: cannot be read ({e})"))
-                }
-            });
-        }
-        let image = self.controllers(&mut findings).await;
+        let crds = self.crd_states().await;
+        // The controllers are asked first (they say which CRDs they make),
+        // and reported after the CRDs.
+        let mut controllers = Vec::new();
+        let (image, makers) = self.controllers(&mut controllers).await;
+        findings.extend(
+            crds.into_iter()
+                .map(|(name, state)| crd_finding(&name, state, &makers)),
+        );
+        findings.extend(controllers);
         self.webhook_bundles(&mut findings).await;
         findings.push(self.admission().await);
         if let Some(image) = image {
@@ -150,8 +139,10 @@ impl Plugin {
     }
 
     /// Each controller Deployment: ready, and what it says of ZooKeeper.
-    /// Returns the participants' image of the first.
-    async fn controllers(&self, findings: &mut Vec<Finding>) -> Option<String> {
+    /// Returns the participants' image of the first, and what each replica
+    /// asked says of the CRDs it makes.
+    async fn controllers(&self, findings: &mut Vec<Finding>) -> (Option<String>, Vec<CrdMaker>) {
+        let mut makers = Vec::new();
         let deployments: Api<Deployment> = Api::all(self.client.clone());
         let list = match deployments
             .list(&ListParams::default().labels(INSTALL_LABEL))
@@ -164,7 +155,7 @@ impl Plugin {
                     "controller",
                     format!("cannot list Deployments in every namespace ({e})"),
                 ));
-                return None;
+                return (None, makers);
             }
         };
         if list.is_empty() {
@@ -176,7 +167,7 @@ impl Plugin {
                 )
                 .fix("install the chart (docs: Installing the chart)"),
             );
-            return None;
+            return (None, makers);
         }
         let mut image = None;
         for d in &list {
@@ -217,7 +208,16 @@ impl Plugin {
                 )
             });
             match self.ask(d).await {
-                Ok((pod, diagnosis)) => zookeeper_findings(&at, &pod, &diagnosis, findings),
+                Ok((pod, diagnosis)) => {
+                    zookeeper_findings(&at, &pod, &diagnosis, findings);
+                    if !diagnosis.crds.is_empty() {
+                        makers.push(CrdMaker {
+                            at: at.clone(),
+                            version: diagnosis.version.clone(),
+                            crds: diagnosis.crds,
+                        });
+                    }
+                }
                 Err(why) => findings.push(Finding::new(
                     Verdict::Unknown,
                     "ZooKeeper",
@@ -225,7 +225,7 @@ impl Plugin {
                 )),
             }
         }
-        image
+        (image, makers)
     }
 
     /// `/doctor` of a running replica of `d`, through the pod proxy.
@@ -463,14 +463,94 @@ impl Plugin {
 
 /// The state of one of zkgate's CRDs in the cluster.
 pub(super) enum CrdState {
-    /// As this release makes it; the versions served.
-    Same(String),
-    /// Another release's; the versions served.
-    Other(String),
+    /// Installed: the versions served, and its schemas'
+    /// [`crate::api::schema_fingerprint`].
+    Found { served: String, fingerprint: String },
     /// Not installed.
     Missing,
     /// Could not be read.
     Unreadable(kube::Error),
+}
+
+/// A controller that said which CRDs its release makes.
+pub(super) struct CrdMaker {
+    /// Its Deployment, `namespace/name`.
+    at: String,
+    /// Its release.
+    version: String,
+    /// Each CRD's name and fingerprint.
+    crds: std::collections::BTreeMap<String, String>,
+}
+
+/// The verdict on the CRD `name` as installed: against what the
+/// controllers make where they said (the CRDs must be the controller's
+/// release's, whatever the plugin's), else against this plugin's release.
+fn crd_finding(name: &str, state: CrdState, makers: &[CrdMaker]) -> Finding {
+    let (served, fingerprint) = match state {
+        CrdState::Found {
+            served,
+            fingerprint,
+        } => (served, fingerprint),
+        CrdState::Missing => {
+            return Finding::new(Verdict::Fail, "CRD", format!("{name}: not installed"))
+                .fix("install the chart, or kubectl apply the release's crds/")
+        }
+        CrdState::Unreadable(e) => {
+            return Finding::new(
+                Verdict::Unknown,
+                "CRD",
+                format!("{name}: cannot be read ({e})"),
+            )
+        }
+    };
+    if makers.is_empty() {
+        // No controller said (none answered, or one of a release before
+        // it said nothing of its CRDs).
+        return if crate::api::crd_fingerprints().get(name) == Some(&fingerprint) {
+            Finding::new(
+                Verdict::Ok,
+                "CRD",
+                format!("{name}: serves {served}, as this plugin's release makes it"),
+            )
+        } else {
+            Finding::new(
+                Verdict::Warn,
+                "CRD",
+                format!(
+                    "{name}: serves {served}, not as this plugin's release ({}) makes it",
+                    env!("CARGO_PKG_VERSION")
+                ),
+            )
+            .fix("upgrade the CRDs with the chart (helm upgrade) or apply the release's crds/; if the controller is another release, use its kubectl-zkgate")
+        };
+    }
+    let named = |m: &CrdMaker| format!("{} ({})", m.at, m.version);
+    let differing: Vec<String> = makers
+        .iter()
+        .filter(|m| m.crds.get(name) != Some(&fingerprint))
+        .map(named)
+        .collect();
+    if differing.is_empty() {
+        let all: Vec<String> = makers.iter().map(named).collect();
+        Finding::new(
+            Verdict::Ok,
+            "CRD",
+            format!(
+                "{name}: serves {served}, as the controller makes it: {}",
+                all.join(", ")
+            ),
+        )
+    } else {
+        Finding::new(
+            Verdict::Warn,
+            "CRD",
+            format!(
+                "{name}: serves {served}, not as the controller makes it: {}",
+                differing.join(", ")
+            ),
+        )
+        .fix("upgrade the CRDs to the controller's release: helm upgrade with its chart (CRDs included), or kubectl apply --server-side -f its zkgate-VERSION.yaml (docs: Upgrading)")
+    }
 }
 
 /// What the controller's diagnosis says of ZooKeeper, the ACLs and the
@@ -763,6 +843,181 @@ mod tests {
         Err(kube::Error::Api(Box::new(
             kube::core::Status::failure(message, "InternalError").with_code(500),
         )))
+    }
+
+    #[test]
+    fn the_crds_are_judged_against_the_controllers_release_where_it_says() {
+        let name = "barriers.zkgate.io";
+        let ours = crate::api::crd_fingerprints()[name].clone();
+        let found = |fingerprint: &str| CrdState::Found {
+            served: "v1alpha1".into(),
+            fingerprint: fingerprint.into(),
+        };
+        let maker = |at: &str, version: &str, fingerprint: &str| CrdMaker {
+            at: at.into(),
+            version: version.into(),
+            crds: [(name.to_owned(), fingerprint.to_owned())].into(),
+        };
+        // The cluster's CRD is another release's, as is the controller's:
+        // fine, whatever the plugin is.
+        let older = maker("zkgate-system/zkgate", "0.1.0", "0ld");
+        let f = crd_finding(name, found("0ld"), std::slice::from_ref(&older));
+        assert_eq!(f.verdict, Verdict::Ok, "{f:?}");
+        assert!(f
+            .said
+            .contains("as the controller makes it: zkgate-system/zkgate (0.1.0)"));
+        // This plugin's release's CRD beside that controller: named.
+        let f = crd_finding(name, found(&ours), &[older]);
+        assert_eq!(f.verdict, Verdict::Warn, "{f:?}");
+        assert!(f
+            .said
+            .contains("not as the controller makes it: zkgate-system/zkgate (0.1.0)"));
+        assert!(f.fix.is_some());
+        // Two installs of different releases on one cluster: the one whose
+        // CRDs differ is named.
+        let f = crd_finding(
+            name,
+            found(&ours),
+            &[
+                maker("a/zkgate", env!("CARGO_PKG_VERSION"), &ours),
+                maker("b/zkgate", "0.1.0", "0ld"),
+            ],
+        );
+        assert_eq!(f.verdict, Verdict::Warn);
+        assert!(f.said.contains("b/zkgate (0.1.0)") && !f.said.contains("a/zkgate"));
+        // No controller said: this plugin's release is the reference.
+        assert_eq!(crd_finding(name, found(&ours), &[]).verdict, Verdict::Ok);
+        assert_eq!(crd_finding(name, found("0ld"), &[]).verdict, Verdict::Warn);
+        assert_eq!(
+            crd_finding(name, CrdState::Missing, &[]).verdict,
+            Verdict::Fail
+        );
+    }
+
+    /// A change to a schema changes the fingerprint (a description too: the
+    /// verdict on a mismatch is a warning, not a failure, for that reason).
+    #[test]
+    fn a_crds_fingerprint_follows_its_schemas() {
+        let crd = crate::api::crds().remove(0);
+        let mut changed = crd.clone();
+        changed.spec.versions[0]
+            .schema
+            .as_mut()
+            .unwrap()
+            .open_api_v3_schema
+            .as_mut()
+            .unwrap()
+            .description = Some("another".into());
+        assert_ne!(
+            crate::api::schema_fingerprint(&crd),
+            crate::api::schema_fingerprint(&changed)
+        );
+        let mut renamed = crd.clone();
+        renamed.metadata.labels = Some([("other".to_owned(), "label".to_owned())].into());
+        assert_eq!(
+            crate::api::schema_fingerprint(&crd),
+            crate::api::schema_fingerprint(&renamed),
+            "only the versions and their schemas count"
+        );
+    }
+
+    /// What a replica's diagnosis says of ZooKeeper, the ACLs and the
+    /// session timeouts, each verdict with its fix.
+    #[test]
+    fn the_diagnosis_names_open_acls_clamped_timeouts_and_an_old_or_quorumless_server() {
+        use crate::controller::diagnosis::{ServerReport, TimeoutReport};
+        let healthy = Diagnosis {
+            version: "0.2.0".into(),
+            servers: vec!["zk-0:2181".into(), "zk-1:2181".into()],
+            root: "/zkgate".into(),
+            connected: true,
+            reached: true,
+            server_stats: vec![
+                ServerReport {
+                    server: "zk-0:2181".into(),
+                    version: Some("3.9.3".into()),
+                    mode: Some("leader".into()),
+                    error: None,
+                },
+                ServerReport {
+                    server: "zk-1:2181".into(),
+                    version: Some("3.9.3".into()),
+                    mode: Some("follower".into()),
+                    error: None,
+                },
+            ],
+            credential: true,
+            root_acl: Some(vec!["digest ALL".into()]),
+            session_timeouts: vec![TimeoutReport {
+                of: "participants".into(),
+                requested_ms: 10_000,
+                granted_ms: Some(10_000),
+                error: None,
+            }],
+            ..Default::default()
+        };
+        let verdicts = |d: &Diagnosis| {
+            let mut findings = Vec::new();
+            zookeeper_findings("zkgate-system/zkgate", "zkgate-0", d, &mut findings);
+            findings
+        };
+        let found = verdicts(&healthy);
+        assert!(found.iter().all(|f| f.verdict == Verdict::Ok), "{found:?}");
+
+        let mut open = healthy.clone();
+        open.credential = false;
+        open.root_acl = Some(vec!["world:anyone ALL".into()]);
+        open.session_timeouts[0].granted_ms = Some(4_000);
+        open.server_stats[0].version = Some("3.5.10".into());
+        open.server_stats[1].mode = Some("not serving".into());
+        let found = verdicts(&open);
+        let of = |check: &str| {
+            found
+                .iter()
+                .filter(|f| f.check == check)
+                .map(|f| (f.verdict, f.said.as_str(), f.fix.as_deref().unwrap_or("")))
+                .collect::<Vec<_>>()
+        };
+        let acls = of("ACLs");
+        assert_eq!(acls.len(), 1);
+        assert_eq!(acls[0].0, Verdict::Warn);
+        assert!(
+            acls[0].1.starts_with("off:") && acls[0].2.contains("zookeeper.auth.existingSecret")
+        );
+        let timeouts = of("session timeout");
+        assert_eq!(timeouts[0].0, Verdict::Warn);
+        assert!(
+            timeouts[0].1.contains("ask 10s and the servers grant 4s")
+                && timeouts[0].2.contains("webhook.participantSessionTimeout"),
+            "{timeouts:?}"
+        );
+        let zookeeper = of("ZooKeeper");
+        assert!(
+            zookeeper
+                .iter()
+                .any(|(v, said, _)| *v == Verdict::Fail && said.contains("runs 3.5.10")),
+            "{zookeeper:?}"
+        );
+        assert!(
+            zookeeper
+                .iter()
+                .any(|(v, said, _)| *v == Verdict::Warn && said.contains("no quorum")),
+            "{zookeeper:?}"
+        );
+
+        let mut cut_off = healthy.clone();
+        cut_off.connected = false;
+        cut_off.failing = Some("cannot reach zk-0:2181".into());
+        cut_off.root_acl = None;
+        cut_off.root_acl_error = Some("no connected session".into());
+        let found = verdicts(&cut_off);
+        assert!(found.iter().any(|f| f.verdict == Verdict::Fail
+            && f.check == "ZooKeeper"
+            && f.said.contains("is not connected")
+            && f.said.contains("cannot reach zk-0:2181")));
+        assert!(found
+            .iter()
+            .any(|f| f.verdict == Verdict::Unknown && f.check == "ACLs"));
     }
 
     #[test]

@@ -174,10 +174,16 @@ impl Plugin {
             Err(e) => format!("unknown ({e})"),
         };
         let _ = writeln!(out, "API server   {server}");
+        let ours = crate::api::crd_fingerprints();
         for (name, state) in self.crd_states().await {
             let state = match state {
-                CrdState::Same(served) => format!("serves {served}, as this release makes them"),
-                CrdState::Other(served) => format!("serves {served}, not as this release makes them: another release's (upgrade them with the chart, or apply its crds/)"),
+                CrdState::Found {
+                    served,
+                    fingerprint,
+                } if ours.get(&name) == Some(&fingerprint) => {
+                    format!("serves {served}, as this release makes them")
+                }
+                CrdState::Found { served, .. } => format!("serves {served}, not as this release makes them: another release's (upgrade them with the chart, or apply its crds/)"),
                 CrdState::Missing => "not installed".to_owned(),
                 CrdState::Unreadable(e) => format!("cannot be read ({e})"),
             };
@@ -231,37 +237,25 @@ impl Plugin {
         Ok(out)
     }
 
-    /// Each of this release's CRDs as the cluster has it: whether its
-    /// schemas are this release's, and the versions it serves.
+    /// Each of this release's CRDs as the cluster has it: the versions it
+    /// serves and its schemas' fingerprint.
     async fn crd_states(&self) -> Vec<(String, CrdState)> {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let schemas = |crd: &CustomResourceDefinition| {
-            crd.spec
-                .versions
-                .iter()
-                .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
-                .collect::<Vec<_>>()
-        };
         let mut states = Vec::new();
-        for ours in crate::api::crds() {
-            let name = ours.name_any();
+        for name in crate::api::crd_fingerprints().into_keys() {
             let state = match crds.get_opt(&name).await {
-                Ok(Some(installed)) => {
-                    let served = installed
+                Ok(Some(installed)) => CrdState::Found {
+                    served: installed
                         .spec
                         .versions
                         .iter()
                         .filter(|v| v.served)
                         .map(|v| v.name.as_str())
                         .collect::<Vec<_>>()
-                        .join(", ");
-                    if schemas(&installed) == schemas(&ours) {
-                        CrdState::Same(served)
-                    } else {
-                        CrdState::Other(served)
-                    }
-                }
+                        .join(", "),
+                    fingerprint: crate::api::schema_fingerprint(&installed),
+                },
                 Ok(None) => CrdState::Missing,
                 Err(e) => CrdState::Unreadable(e),
             };

@@ -130,6 +130,17 @@ async fn doctor_finds_the_install_healthy_then_names_a_foreign_ca_bundle_and_an_
         );
     }
     let healthy = format!("{SYSTEM_NAMESPACE}/{RELEASE}");
+    // The CRDs are compared with what the running controller makes (it
+    // says, in its diagnosis), not only with the plugin's release.
+    let crds = lines(&report, "ok", "CRD");
+    assert!(
+        crds.len() == 2
+            && crds.iter().all(|l| l.contains(&format!(
+                "as the controller makes it: {healthy} ({})",
+                env!("CARGO_PKG_VERSION")
+            ))),
+        "the CRDs are not compared with the controller's:\n{report}"
+    );
     assert!(
         lines(&report, "ok", "ZooKeeper")
             .iter()
