@@ -427,6 +427,32 @@ async fn a_labelled_jobs_pods_are_injected_and_get_the_jobs_barrier() {
         Some(1.0),
         "the hand-written pod (the unlabelled one never reached the webhook)"
     );
+    // Every admission is timed, whatever its outcome (the reader above was
+    // refused); none failed (what ZkgateAdmissionsFailing counts).
+    let (_, body) = support::http_get(controller.metrics_port, "/metrics")
+        .await
+        .unwrap();
+    let sum = |prefix: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        sum("zkgate_webhook_admissions_total{outcome=\"refused\"}"),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum("zkgate_webhook_admissions_total{outcome=\"failed\"}"),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum("zkgate_webhook_admission_duration_seconds_count"),
+        sum("zkgate_webhook_admissions_total{"),
+        "an admission answered but not timed:\n{body}"
+    );
     drop(controller);
     h.done().await;
 }
@@ -1584,6 +1610,14 @@ async fn a_forged_admission_review_creates_nothing() {
     h.done().await;
 }
 
+const EXPIRY: &str = "zkgate_webhook_certificate_expiry_timestamp_seconds";
+
+/// When the leaf of `pem` expires, Unix seconds (as exported).
+fn not_after(pem: &[u8]) -> f64 {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).unwrap();
+    pem.parse_x509().unwrap().validity().not_after.timestamp() as f64
+}
+
 fn pem_der(pem: &[u8]) -> Vec<u8> {
     use rustls::pki_types::pem::PemObject;
     rustls::pki_types::CertificateDer::from_pem_slice(pem)
@@ -1606,6 +1640,12 @@ async fn a_rotated_certificate_is_served_and_admission_keeps_working() {
         served_certificate(h.port, &ca).await,
         pem_der(&field(&before, "tls.crt"))
     );
+    // What the certificate-expiry alert reads: the served one's end.
+    assert_eq!(
+        controller.metric(EXPIRY).await,
+        Some(not_after(&field(&before, "tls.crt"))),
+        "the expiry exported is not the served certificate's"
+    );
 
     let ask = json!({ "metadata": { "annotations": { "zkgate.io/rotate": "now" } } });
     secrets
@@ -1625,6 +1665,11 @@ async fn a_rotated_certificate_is_served_and_admission_keeps_working() {
         (served_certificate(h.port, &ca).await == new).then_some(())
     })
     .await;
+    assert_eq!(
+        controller.metric(EXPIRY).await,
+        Some(not_after(&field(&after, "tls.crt"))),
+        "the expiry exported is not the rotated certificate's"
+    );
     h.barrier("train", 1).await;
     let admitted = h
         .create_pod(pod_of(
@@ -2101,11 +2146,33 @@ async fn the_handout_gives_a_pod_its_own_namespaces_credential_and_nothing_else(
     );
 
     let own = token(&h.client, &h.ns, zkgate::handout::AUDIENCE).await;
+    let asked = std::sync::atomic::AtomicU32::new(0);
     let body = eventually(WITHIN, "the namespace's credential handed out", || async {
+        asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (status, body) = h.ask_handout(Some(&own)).await;
         (status == 200).then_some(body)
     })
     .await;
+    // Each answer counted by its outcome: the four bad tokens refused, the
+    // namespace's own granted once it was (an ask before its credential was
+    // made is counted as what it got).
+    let serving = &controller;
+    let outcome = |o: &'static str| {
+        let name = format!("zkgate_handout_requests_total{{outcome=\"{o}\"}}");
+        async move { serving.metric(&name).await.unwrap_or(-1.0) }
+    };
+    let (refused, granted, failed) = (
+        outcome("refused").await,
+        outcome("granted").await,
+        outcome("failed").await,
+    );
+    assert_eq!(granted, 1.0, "one ask granted");
+    assert!(refused >= 4.0, "the four bad tokens refused: {refused}");
+    assert_eq!(
+        refused + granted + failed,
+        4.0 + f64::from(asked.load(std::sync::atomic::Ordering::Relaxed)),
+        "every answer counted once (refused {refused}, granted {granted}, failed {failed})"
+    );
     let handout: zkgate::handout::Handout = serde_json::from_str(&body).unwrap();
     assert_eq!(handout.namespace, h.ns);
     let credential = zkgate::zk::Credential::parse(&handout.auth.unwrap()).unwrap();
