@@ -384,6 +384,7 @@ impl Cluster {
         NamespaceGuard {
             kubeconfig: self.dir.join("kubeconfig"),
             name: namespace(&self.client).await,
+            cluster_objects: Vec::new(),
         }
     }
 
@@ -421,6 +422,9 @@ struct NamespaceGuard {
     /// The cluster's admin kubeconfig.
     kubeconfig: PathBuf,
     name: String,
+    /// Cluster-scoped objects the test made for it (`kind/name`), deleted
+    /// with it (a namespace's deletion does not reach them).
+    cluster_objects: Vec<String>,
 }
 
 impl Drop for NamespaceGuard {
@@ -446,6 +450,21 @@ impl Drop for NamespaceGuard {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        if !self.cluster_objects.is_empty() {
+            let _ = Command::new(kube_bin("kubectl"))
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args([
+                    "--request-timeout=10s",
+                    "delete",
+                    "--ignore-not-found",
+                    "--wait=false",
+                ])
+                .args(&self.cluster_objects)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 

@@ -865,6 +865,7 @@ async fn a_namespace_made_again_under_the_same_name_gets_a_new_credential() {
         NamespaceGuard {
             kubeconfig: c.dir.join("kubeconfig"),
             name: name.clone(),
+            cluster_objects: Vec::new(),
         },
     )
     .await;

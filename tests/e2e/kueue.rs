@@ -20,9 +20,15 @@ const QUOTA_CPU: &str = "500m";
 
 /// A namespace Kueue manages, with a LocalQueue `queue` of a ClusterQueue
 /// of its own (`QUOTA_CPU`, preemption of lower priorities), and a
-/// WorkloadPriorityClass `high-NAMESPACE`.
+/// WorkloadPriorityClass `high-NAMESPACE` (the cluster objects deleted
+/// with the namespace).
 async fn queued_namespace(c: &Cluster) -> NamespaceGuard {
-    let ns = c.namespace().await;
+    let mut ns = c.namespace().await;
+    ns.cluster_objects = vec![
+        format!("clusterqueue.kueue.x-k8s.io/cluster-{}", ns.name),
+        format!("resourceflavor.kueue.x-k8s.io/flavor-{}", ns.name),
+        format!("workloadpriorityclass.kueue.x-k8s.io/high-{}", ns.name),
+    ];
     let namespaces: Api<Namespace> = Api::all(c.client.clone());
     namespaces
         .patch(
