@@ -1402,6 +1402,86 @@ fn the_alerts_fire_on_their_condition_for_their_own_install_only() {
     ok(tested);
 }
 
+/// The dashboard's variables pick an install, its replicas and the tenants'
+/// namespaces; every query of a zkgate series is narrowed to the chosen
+/// replicas (and the held-time panels to the chosen namespaces); and every
+/// query parses as PromQL with Prometheus' own parser (`promtool check
+/// rules` on them as recording rules).
+#[test]
+fn the_dashboards_queries_follow_its_variables_and_parse() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(chart().join("dashboards/zkgate.json")).unwrap(),
+    )
+    .unwrap();
+    let variables: std::collections::BTreeMap<&str, &str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["query"]["query"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        variables.get("install"),
+        Some(&"label_values(zkgate_install_info, install_namespace)")
+    );
+    assert!(
+        variables
+            .get("instance")
+            .is_some_and(|q| q.contains("install_namespace=\"$install\"")),
+        "{variables:?}"
+    );
+    assert!(variables.contains_key("barrier_namespace"), "{variables:?}");
+
+    let selector = regex_lite::Regex::new(r"(zkgate_[a-z_]+)(\{[^}]*\})?").unwrap();
+    let mut rules = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            for found in selector.captures_iter(expr) {
+                let labels = found.get(2).map_or("", |m| m.as_str());
+                assert!(
+                    labels.contains("instance=~\"$instance\""),
+                    "panel {:?}: {} is not narrowed to the chosen replicas: {expr}",
+                    panel["title"],
+                    &found[1]
+                );
+                if found[1].starts_with("zkgate_barrier_held_seconds") {
+                    assert!(
+                        labels.contains("barrier_namespace=~\"$barrier_namespace\""),
+                        "panel {:?}: not narrowed to the chosen namespaces: {expr}",
+                        panel["title"]
+                    );
+                }
+            }
+            let substituted = expr
+                .replace("$instance", ".*")
+                .replace("$barrier_namespace", ".*")
+                .replace("$install", "zkgate-system");
+            rules.push(json!({
+                "record": format!("dashboard:panel_{}:query", rules.len()),
+                "expr": substituted,
+            }));
+        }
+    }
+    assert!(rules.len() >= 20, "{} queries", rules.len());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard.yaml");
+    std::fs::write(
+        &file,
+        json!({"groups": [{"name": "dashboard", "rules": rules}]}).to_string(),
+    )
+    .unwrap();
+    ok(run(
+        &built_tool("promtool", "promtool"),
+        &["check", "rules", file.to_str().unwrap()],
+        None,
+    ));
+}
+
 /// The YAML documents of rendered manifests.
 fn documents(rendered: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
     rendered
