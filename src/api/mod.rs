@@ -37,6 +37,10 @@ use kube::CustomResourceExt;
 /// The API group.
 pub const GROUP: &str = "zkgate.io";
 
+/// The finalizer by which the controller removes a resource's znodes
+/// before the resource goes.
+pub const FINALIZER: &str = "zkgate.io/znodes";
+
 /// A duration as users write it (`90s`, `10m`, `1h30m`), validated by the
 /// API server with this pattern so a typo is refused at `kubectl apply`:
 /// numbers of at most 9 digits (so the sum cannot overflow), and at least

@@ -385,7 +385,7 @@ async fn apply_sized(
         .barrier_seen(namespace, &name, &outcome.status, &node);
     // Those that start after this one look again when what they read of
     // it changed (its pods' changes reach them directly: see
-    // `after::Waits::dependents`). Not on every look: a chain of held
+    // `waits::Waits::dependents`). Not on every look: a chain of held
     // Barriers would wake each other without end.
     if changed {
         ctx.after.touch(namespace, &name);

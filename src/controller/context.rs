@@ -14,8 +14,7 @@ use crate::zk::Session;
 /// The name on status writes (server-side apply) and events.
 pub const MANAGER: &str = "zkgate-controller";
 
-/// The finalizer that removes a resource's znodes.
-pub const FINALIZER: &str = "zkgate.io/znodes";
+pub use crate::api::FINALIZER;
 
 /// Shared by all reconciles of one leadership term.
 pub struct Context {
@@ -44,7 +43,7 @@ pub struct Context {
     /// This replica's node in the leader lock's queue (the one holding it).
     pub leader_node: String,
     /// Which Barriers wait on which (`spec.after`).
-    pub after: super::after::Waits,
+    pub after: super::waits::Waits,
 }
 
 /// The last status the controller applied, per resource uid: its memory of

@@ -26,6 +26,7 @@ mod reconciler;
 mod removal;
 pub mod runs;
 pub mod status;
+mod waits;
 pub mod webhook;
 mod worth;
 mod zkevents;
@@ -429,7 +430,7 @@ async fn lead(
     // A Barrier's reconcile asks for a look at those waiting on it.
     let (after_tx, after_rx) = unbounded_channel();
     let ctx = Arc::new(Context {
-        after: after::Waits::new(after_tx),
+        after: waits::Waits::new(after_tx),
         client: client.clone(),
         zk: session.clone(),
         layout: options.layout.clone(),

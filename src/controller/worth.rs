@@ -30,7 +30,7 @@ use kube::core::object::HasStatus;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::context::FINALIZER;
+use crate::api::FINALIZER;
 
 /// What of one resource's last version decides whether the next is worth a
 /// reconcile.

@@ -34,10 +34,25 @@ pub struct LockHold<'s> {
     done: bool,
 }
 
+/// A hold as a queue (a lock's, a semaphore's) hands it over: what
+/// [`LockHold::new`] makes a hold of.
+pub(crate) struct Acquired {
+    /// Our node.
+    pub node: String,
+    /// More nodes of the same hold (a semaphore's further permits),
+    /// released with it.
+    pub siblings: Vec<String>,
+    /// Its czxid.
+    pub token: i64,
+    /// When the request that showed us holding was sent: the server knew
+    /// the session alive then.
+    pub confirmed_at: Instant,
+}
+
 impl<'s> LockHold<'s> {
     pub(crate) fn new(
         session: &'s Session,
-        acquired: super::lock::Acquired,
+        acquired: Acquired,
         kind: ContenderKind,
         persistent: bool,
     ) -> Self {

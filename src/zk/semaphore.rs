@@ -37,8 +37,8 @@ use zookeeper_client as zk;
 use super::contender::{ContenderKind, LEASE_MARKER, PROTECTED_PREFIX};
 use super::error::{within, Result, ZkError};
 use super::guard::NodeGuard;
-use super::hold::LockHold;
-use super::lock::{Acquired, LockOptions, Mutex};
+use super::hold::{Acquired, LockHold};
+use super::lock::{LockOptions, Mutex};
 use super::path;
 use super::session::{is_connection_loss, Session, SessionState};
 

@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 use super::super::contender::{self, ContenderKind, PROTECTED_PREFIX};
 use super::super::error::{within, Result, ZkError};
 use super::super::guard::NodeGuard;
-use super::super::hold::LockHold;
+use super::super::hold::{Acquired, LockHold};
 use super::super::path;
 use super::super::session::{is_connection_loss, Session};
 
@@ -69,20 +69,6 @@ pub(crate) async fn acquire<'s>(
             Err(e)
         }
     }
-}
-
-/// A hold as the queue hands it over.
-pub(crate) struct Acquired {
-    /// Our node.
-    pub node: String,
-    /// More nodes of the same hold (a semaphore's further permits),
-    /// released with it.
-    pub siblings: Vec<String>,
-    /// Its czxid.
-    pub token: i64,
-    /// When the request that showed us holding was sent: the server knew
-    /// the session alive then.
-    pub confirmed_at: Instant,
 }
 
 /// Creates our node and waits until no contender blocks it; `guard` holds

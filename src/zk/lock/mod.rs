@@ -18,7 +18,7 @@ pub use node::{LockMode, LockNodeData};
 use tokio::time::Instant;
 
 use self::internals::LockSpec;
-pub(crate) use self::internals::{list, list_synced, Acquired};
+pub(crate) use self::internals::{list, list_synced};
 use super::contender::ContenderKind;
 use super::error::Result;
 use super::hold::LockHold;
