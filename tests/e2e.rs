@@ -724,7 +724,7 @@ async fn a_labelled_job_made_again_gang_starts_again_on_a_barrier_of_its_own() {
             let old_pods = c.pods(&ns.name, &format!("controller-uid={old}")).await;
             let barrier = barriers.get_opt("train").await.ok()??;
             (old_pods.is_empty()
-                && zkgate::controller::runs::run_of(&barrier).as_deref() == Some(again.as_str()))
+                && zkgate::workload::run::run_of(&barrier).as_deref() == Some(again.as_str()))
             .then_some(())
         },
     )
@@ -785,7 +785,7 @@ spec:
         "two runs of the CronJob succeeded",
         || async {
             if let Some(b) = barriers.get_opt("nightly").await.ok().flatten() {
-                if let Some(run) = zkgate::controller::runs::run_of(&b) {
+                if let Some(run) = zkgate::workload::run::run_of(&b) {
                     seen.lock()
                         .unwrap()
                         .entry(run.to_owned())

@@ -697,12 +697,13 @@ async fn a_jobsets_child_jobs_share_one_barrier_sized_over_its_replicated_jobs()
     let barrier_of_run = |run: String| {
         let (barriers, observer, path) = (barriers.clone(), &observer, path.clone());
         async move {
-            let barrier = eventually(WITHIN, "the run's Barrier", || async {
-                barriers.get_opt("gang").await.ok().flatten().filter(|b| {
-                    zkgate::controller::runs::run_of(b).as_deref() == Some(run.as_str())
+            let barrier =
+                eventually(WITHIN, "the run's Barrier", || async {
+                    barriers.get_opt("gang").await.ok().flatten().filter(|b| {
+                        zkgate::workload::run::run_of(b).as_deref() == Some(run.as_str())
+                    })
                 })
-            })
-            .await;
+                .await;
             eventually(WITHIN, "the run's barrier node", || async {
                 let (data, _) = observer.client().get_data(&path).await.ok()?;
                 let data = zkgate::zk::BarrierData::parse(&path, &data).ok()??;

@@ -184,7 +184,7 @@ async fn apply_sized(
         failed: None,
         // Fixed at creation: a Barrier's owners do not change its run.
         // Its run, or that it has none ("").
-        run: Some(super::runs::run_of(barrier).unwrap_or_default()),
+        run: Some(crate::workload::run::run_of(barrier).unwrap_or_default()),
         // A gang that restarts together meets in rounds, from round 0.
         round: restarts.then_some(0),
         max_restarts: barrier.spec.max_restarts.filter(|_| restarts),

@@ -60,23 +60,7 @@ use crate::layout::Layout;
 use crate::workload::{BARRIER_LABEL, LOCK_LABEL};
 use crate::zk::{LockOptions, Mutex, Session, SessionOptions, SessionState};
 
-/// The labels of the objects the controller makes (a Job's Barrier, the
-/// webhook's certificate Secret): `app.kubernetes.io/managed-by: zkgate`.
-pub fn managed_by() -> std::collections::BTreeMap<String, String> {
-    [(
-        "app.kubernetes.io/managed-by".to_owned(),
-        "zkgate".to_owned(),
-    )]
-    .into()
-}
-
-/// Whether an object carries [`managed_by`]'s labels: the controller made it.
-pub fn made_by_zkgate(meta: &kube::api::ObjectMeta) -> bool {
-    let Some(labels) = meta.labels.as_ref() else {
-        return false;
-    };
-    managed_by().iter().all(|(k, v)| labels.get(k) == Some(v))
-}
+pub use crate::workload::{made_by_zkgate, managed_by};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]

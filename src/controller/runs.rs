@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
@@ -27,11 +26,11 @@ use tokio_util::time::{delay_queue, DelayQueue};
 use tracing::{debug, info, warn};
 
 use crate::api::{Barrier, BarrierSpec};
+use crate::workload::lookup::{jobset_size, run_is_live};
 use crate::workload::run::{
-    barrier_label, is_jobset, run_of_job, Run, JOBSET_GROUP, JOBSET_UID_LABEL, RUN_LABEL,
+    barrier_label, finished, holder_of, live, run_of, run_of_job, suspended, Run, RUN_LABEL,
 };
-use crate::workload::template::{after_of, barrier_timeout, loss_policy, AFTER_ANNOTATION};
-use crate::workload::BARRIER_LABEL;
+use crate::workload::template::{after_of, barrier_timeout, loss_policy};
 
 /// What asks for a plan.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -52,89 +51,9 @@ impl Touch {
     }
 }
 
-/// The run a Barrier belongs to and what owns it: for one the controller
-/// made (labelled [`crate::controller::managed_by`]), its `batch/v1` Job
-/// owner (the Job it was made for), or its JobSet owner and the restart
-/// [`RUN_LABEL`] names. A Barrier made by hand belongs to no run, and every
-/// participant enters it.
-pub fn holder_of(barrier: &Barrier) -> Option<(&OwnerReference, String)> {
-    // Only what the controller made: a Barrier made by hand stays its
-    // maker's even when a Job owns it (for the garbage collector).
-    if !crate::controller::made_by_zkgate(&barrier.metadata) {
-        return None;
-    }
-    let owners = barrier.metadata.owner_references.iter().flatten();
-    for owner in owners {
-        if owner.kind == "Job" && owner.api_version == "batch/v1" {
-            return Some((owner, owner.uid.clone()));
-        }
-        if is_jobset(owner) {
-            let run = barrier.labels().get(RUN_LABEL)?;
-            let ours = run
-                .strip_prefix(owner.uid.as_str())
-                .is_some_and(|rest| rest.starts_with('.'));
-            return ours.then(|| (owner, run.clone()));
-        }
-    }
-    None
-}
-
-/// The run a Barrier belongs to (see [`holder_of`]).
-pub fn run_of(barrier: &Barrier) -> Option<String> {
-    holder_of(barrier).map(|(_, run)| run)
-}
-
-/// Whether `job` still runs: not finished (`Complete` or `Failed`), not
-/// being deleted, and not suspended. A live Job's Barrier is never taken
-/// from it.
-pub fn live(job: &Job) -> bool {
-    job.metadata.deletion_timestamp.is_none() && !finished(job) && !suspended(job)
-}
-
 /// Whether a pod of `job` succeeded, or it finished.
 fn made_progress(job: &Job) -> bool {
     finished(job) || job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0
-}
-
-/// Whether `job` is suspended (`spec.suspend`, Kubernetes 1.21+: a queue
-/// such as Kueue that has not admitted it yet, or has preempted it). Its
-/// pods are deleted; at its resume they are made again.
-fn suspended(job: &Job) -> bool {
-    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
-}
-
-/// Whether run `run` of `owner` (a Job or a JobSet, see [`holder_of`])
-/// still runs, asked of the API server: its Job, or one of its JobSet's
-/// child Jobs of that restart, is [`live`].
-pub async fn run_is_live(
-    client: &kube::Client,
-    namespace: &str,
-    owner: &OwnerReference,
-    run: &str,
-) -> Result<bool, kube::Error> {
-    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-    if is_jobset(owner) {
-        let children = jobs
-            .list(&ListParams::default().labels(&format!("{JOBSET_UID_LABEL}={}", owner.uid)))
-            .await?;
-        return Ok(children
-            .items
-            .iter()
-            .any(|j| live(j) && run_of_job(j).is_some_and(|r| r.id == run)));
-    }
-    Ok(jobs
-        .get_opt(&owner.name)
-        .await?
-        .is_some_and(|j| j.uid().as_deref() == Some(owner.uid.as_str()) && live(&j)))
-}
-
-fn finished(job: &Job) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
 }
 
 /// What to do about the Barrier a label names, given the Jobs whose pod
@@ -252,7 +171,7 @@ fn plan<'a>(barrier: Option<&Barrier>, labelled: &[&'a Job], holder_live: bool) 
 
 /// Makes Barrier `name` for `job`'s run, owned by the run's owner (deleted
 /// with it): a Job's is sized from the Job (`spec.jobRef`), a JobSet's over
-/// the replicated Jobs whose pod template carries the label ([`jobset_size`]).
+/// the replicated Jobs whose pod template carries the label ([`crate::workload::lookup::jobset_size`]).
 /// Its timeout is the pod template's, else `default_timeout`.
 async fn make_barrier(
     client: &kube::Client,
@@ -324,7 +243,7 @@ async fn make_barrier(
         warn!(%namespace, barrier = %name, run = %run.id, "the run is no label value (an owner reference written by hand?); no Barrier is made for it");
         return Ok(Seen::Done);
     }
-    let mut labels = crate::controller::managed_by();
+    let mut labels = crate::workload::managed_by();
     if run.of_jobset() {
         labels.insert(RUN_LABEL.to_owned(), run.id.clone());
     }
@@ -351,106 +270,6 @@ fn label_value(value: &str) -> bool {
         && value
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// How many participants JobSet `jobset`'s Barrier `label` takes: over its
-/// replicated Jobs whose pod template carries the label, `replicas` times
-/// each Job's count ([`crate::workload::run::count`]). Read from the
-/// JobSet itself, not from the child Jobs there now (its controller makes
-/// them one by one). `Ok(Err(why))` when there is no such size: the JobSet
-/// gone or another by that name, or no replicated Job so labelled.
-pub async fn jobset_size(
-    client: &kube::Client,
-    namespace: &str,
-    jobset: &OwnerReference,
-    label: &str,
-) -> Result<Result<u32, String>, kube::Error> {
-    let (group, version) = jobset
-        .api_version
-        .split_once('/')
-        .unwrap_or((JOBSET_GROUP, "v1alpha2"));
-    let resource = kube::discovery::ApiResource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        api_version: jobset.api_version.clone(),
-        kind: "JobSet".to_owned(),
-        plural: "jobsets".to_owned(),
-    };
-    let api: Api<kube::core::DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &resource);
-    let Some(found) = api.get_opt(&jobset.name).await? else {
-        return Ok(Err("the JobSet is gone".to_owned()));
-    };
-    if found.metadata.uid.as_deref() != Some(jobset.uid.as_str()) {
-        return Ok(Err("the JobSet of that name is another one".to_owned()));
-    }
-    Ok(size_over_replicated_jobs(&found.data, label))
-}
-
-/// [`jobset_size`] of a JobSet's `data` (its `spec` and `status`).
-fn size_over_replicated_jobs(data: &serde_json::Value, label: &str) -> Result<u32, String> {
-    let replicated = data["spec"]["replicatedJobs"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let labelled: Vec<&serde_json::Value> = replicated
-        .iter()
-        .filter(|r| {
-            r["template"]["spec"]["template"]["metadata"]["labels"][BARRIER_LABEL].as_str()
-                == Some(label)
-        })
-        .collect();
-    let names: Vec<&str> = labelled.iter().filter_map(|r| r["name"].as_str()).collect();
-    // JobSet creates (or resumes) a later replicated Job only once the
-    // earlier ones are Ready or Complete: in one gang with them, it would
-    // wait for pods that wait for it.
-    if names.len() > 1
-        && data["spec"]["startupPolicy"]["startupPolicyOrder"].as_str() == Some("InOrder")
-    {
-        return Err(format!(
-            "the JobSet starts its replicated Jobs in order (startupPolicy InOrder), so {} cannot start as one gang: give each its own {} label and order them with {}",
-            names.join(", "),
-            BARRIER_LABEL,
-            AFTER_ANNOTATION
-        ));
-    }
-    for rjob in &labelled {
-        for dependency in rjob["dependsOn"].as_array().into_iter().flatten() {
-            let on = dependency["name"].as_str().unwrap_or_default();
-            if names.contains(&on) {
-                return Err(format!(
-                    "replicated Job {} depends on {on} (dependsOn), which is in the same gang: it would wait for pods that wait for it. Give each its own {} label and order them with {}",
-                    rjob["name"],
-                    BARRIER_LABEL,
-                    AFTER_ANNOTATION
-                ));
-            }
-        }
-    }
-    let mut total: u32 = 0;
-    for rjob in labelled {
-        let spec: k8s_openapi::api::batch::v1::JobSpec =
-            serde_json::from_value(rjob["template"]["spec"].clone()).map_err(|e| {
-                format!(
-                    "replicated Job {} has a Job template that cannot be read: {e}",
-                    rjob["name"]
-                )
-            })?;
-        let replicas = u32::try_from(rjob["replicas"].as_u64().unwrap_or(1))
-            .map_err(|_| format!("replicated Job {} has too many replicas", rjob["name"]))?;
-        let each = crate::workload::run::count(&spec).unwrap_or(0);
-        total = replicas
-            .checked_mul(each)
-            .and_then(|n| total.checked_add(n))
-            .ok_or_else(|| "more participants than a Barrier takes".to_owned())?;
-    }
-    if total == 0 {
-        return Err(format!(
-            "no replicated Job's pod template carries {}={label} with a pod to run",
-            BARRIER_LABEL
-        ));
-    }
-    Ok(total)
 }
 
 /// A plan that failed (or found the caches behind) is tried again after
@@ -667,6 +486,7 @@ mod tests {
     use super::*;
     use crate::workload::run::JOBSET_RESTART_LABEL;
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn labelled(name: &str, uid: &str, created: i64, over: bool) -> Job {
         let mut j = Job::default();
@@ -692,7 +512,7 @@ mod tests {
     fn barrier_of(uid: &str, run: Option<&str>) -> Barrier {
         let mut b = Barrier::new("train", BarrierSpec::default());
         b.metadata.uid = Some(uid.into());
-        b.metadata.labels = Some(crate::controller::managed_by());
+        b.metadata.labels = Some(crate::workload::managed_by());
         b.metadata.owner_references = run.map(|run| {
             vec![OwnerReference {
                 api_version: "batch/v1".into(),
@@ -815,7 +635,7 @@ mod tests {
         assert_eq!(plan(None, &[&w1, &w0], false), Plan::Make(&w0));
         let mut made = Barrier::new("gang", BarrierSpec::default());
         made.metadata.uid = Some("b1".into());
-        made.metadata.labels = Some(crate::controller::managed_by());
+        made.metadata.labels = Some(crate::workload::managed_by());
         made.metadata.owner_references = Some(vec![run.owner.clone()]);
         assert_eq!(
             run_of(&made),
@@ -901,61 +721,6 @@ mod tests {
         ));
         assert!(!label_value("a.b."));
         assert!(!label_value(&"a".repeat(64)));
-    }
-
-    #[test]
-    fn a_jobsets_replicated_jobs_started_in_order_cannot_be_one_gang() {
-        let template = serde_json::json!({ "spec": { "parallelism": 1,
-            "template": { "metadata": { "labels": { "zkgate.io/barrier": "gang" } } } } });
-        let in_order = serde_json::json!({ "spec": {
-        "startupPolicy": { "startupPolicyOrder": "InOrder" },
-        "replicatedJobs": [
-            { "name": "driver", "template": template },
-            { "name": "workers", "template": template },
-        ]}});
-        let why = size_over_replicated_jobs(&in_order, "gang").unwrap_err();
-        assert!(
-            why.contains("InOrder") && why.contains("zkgate.io/after"),
-            "{why}"
-        );
-        let depends = serde_json::json!({ "spec": { "replicatedJobs": [
-            { "name": "driver", "template": template },
-            { "name": "workers", "template": template,
-              "dependsOn": [{ "name": "driver", "status": "Ready" }] },
-        ]}});
-        let why = size_over_replicated_jobs(&depends, "gang").unwrap_err();
-        assert!(why.contains("depends on driver"), "{why}");
-        let overflow = serde_json::json!({ "spec": { "replicatedJobs": [
-            { "name": "a", "replicas": 2_000_000_000u64, "template": template },
-            { "name": "b", "replicas": 2_000_000_000u64, "template": template },
-            { "name": "c", "replicas": 1_000_000_000u64, "template": template },
-        ]}});
-        assert!(size_over_replicated_jobs(&overflow, "gang").is_err());
-    }
-
-    #[test]
-    fn a_jobsets_barrier_is_sized_over_its_labelled_replicated_jobs() {
-        let template = |parallelism: u32, completions: u32, label: Option<&str>| {
-            serde_json::json!({ "spec": {
-                "parallelism": parallelism, "completions": completions,
-                "template": { "metadata": { "labels": label.map(|l| serde_json::json!({ "zkgate.io/barrier": l })) },
-                              "spec": { "containers": [] } }
-            }})
-        };
-        let jobset = serde_json::json!({ "spec": { "replicatedJobs": [
-            { "name": "workers", "replicas": 4, "template": template(8, 8, Some("gang")) },
-            { "name": "driver", "template": template(2, 1, Some("gang")) },
-            { "name": "other", "replicas": 3, "template": template(5, 5, Some("another")) },
-            { "name": "monitor", "replicas": 1, "template": template(1, 1, None) },
-        ]}});
-        assert_eq!(size_over_replicated_jobs(&jobset, "gang"), Ok(4 * 8 + 1));
-        assert_eq!(size_over_replicated_jobs(&jobset, "another"), Ok(15));
-        let none = size_over_replicated_jobs(&jobset, "nobody").unwrap_err();
-        assert!(none.contains("no replicated Job"), "{none}");
-        let huge = serde_json::json!({ "spec": { "replicatedJobs": [
-            { "name": "w", "replicas": 100000, "template": template(100000, 100000, Some("gang")) }
-        ]}});
-        assert!(size_over_replicated_jobs(&huge, "gang").is_err());
     }
 
     /// Kueue preempts a Job after its gang started (suspends it: its pods

@@ -14,8 +14,8 @@ use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::runs::holder_of;
 use crate::controller::webhook::inject::BARRIER_CONTAINER;
+use crate::workload::run::holder_of;
 use crate::workload::run::job_of;
 use crate::workload::run::{run_of_pod, JOBSET_NAME_LABEL};
 use crate::workload::{BARRIER_LABEL, LOCK_LABEL};
@@ -853,7 +853,7 @@ mod tests {
     #[test]
     fn why_names_the_jobset_run_a_pod_belongs_to() {
         let (mut barrier, mut pods) = capped();
-        barrier.metadata.labels = Some(crate::controller::managed_by());
+        barrier.metadata.labels = Some(crate::workload::managed_by());
         barrier
             .labels_mut()
             .insert(crate::workload::run::RUN_LABEL.into(), "s1.1".into());

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 
 use super::BARRIER_LABEL;
+use crate::api::Barrier;
 
 /// How many participants a Job's pods make: the smaller of its parallelism
 /// (1 when unset) and its completions (unbounded when unset); `None` when
@@ -174,4 +175,60 @@ pub fn jobset_pod_refusal(labels: &std::collections::BTreeMap<String, String>) -
         ));
     }
     None
+}
+
+/// The run a Barrier belongs to and what owns it: for one the controller
+/// made (labelled [`super::managed_by`]), its `batch/v1` Job
+/// owner (the Job it was made for), or its JobSet owner and the restart
+/// [`RUN_LABEL`] names. A Barrier made by hand belongs to no run, and every
+/// participant enters it.
+pub fn holder_of(barrier: &Barrier) -> Option<(&OwnerReference, String)> {
+    // Only what the controller made: a Barrier made by hand stays its
+    // maker's even when a Job owns it (for the garbage collector).
+    if !super::made_by_zkgate(&barrier.metadata) {
+        return None;
+    }
+    let owners = barrier.metadata.owner_references.iter().flatten();
+    for owner in owners {
+        if owner.kind == "Job" && owner.api_version == "batch/v1" {
+            return Some((owner, owner.uid.clone()));
+        }
+        if is_jobset(owner) {
+            let run = barrier.labels().get(RUN_LABEL)?;
+            let ours = run
+                .strip_prefix(owner.uid.as_str())
+                .is_some_and(|rest| rest.starts_with('.'));
+            return ours.then(|| (owner, run.clone()));
+        }
+    }
+    None
+}
+
+/// The run a Barrier belongs to (see [`holder_of`]).
+pub fn run_of(barrier: &Barrier) -> Option<String> {
+    holder_of(barrier).map(|(_, run)| run)
+}
+
+/// Whether `job` still runs: not finished (`Complete` or `Failed`), not
+/// being deleted, and not suspended. A live Job's Barrier is never taken
+/// from it.
+pub fn live(job: &Job) -> bool {
+    job.metadata.deletion_timestamp.is_none() && !finished(job) && !suspended(job)
+}
+
+/// Whether `job` is suspended (`spec.suspend`, Kubernetes 1.21+: a queue
+/// such as Kueue that has not admitted it yet, or has preempted it). Its
+/// pods are deleted; at its resume they are made again.
+pub fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+/// Whether `job` finished: `Complete` or `Failed`.
+pub fn finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
 }

@@ -192,7 +192,7 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
         )
         .await;
     assert_eq!(
-        zkgate::controller::runs::run_of(&first).as_deref(),
+        zkgate::workload::run::run_of(&first).as_deref(),
         Some(uid.as_str())
     );
     let admitted = workload_conditions(&c, &ns.name, &uid).await;
@@ -275,7 +275,7 @@ async fn kueue_admits_preempts_and_readmits_a_labelled_job_whose_gang_meets_each
         .await;
     assert_ne!(again.uid(), first.uid(), "a Barrier made again");
     assert_eq!(
-        zkgate::controller::runs::run_of(&again).as_deref(),
+        zkgate::workload::run::run_of(&again).as_deref(),
         Some(uid.as_str()),
         "of the same run"
     );

@@ -139,7 +139,7 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
         })
         .await;
     assert_eq!(
-        zkgate::controller::runs::run_of(&first).as_deref(),
+        zkgate::workload::run::run_of(&first).as_deref(),
         Some(uid.as_str())
     );
     let first_ready = stat(ready.clone()).await.expect("the first run's ready");
@@ -199,7 +199,7 @@ async fn a_preempted_job_gives_up_its_barrier_and_its_resumed_pods_meet_again() 
         .await;
     assert_ne!(again.uid(), first.uid(), "a Barrier made again");
     assert_eq!(
-        zkgate::controller::runs::run_of(&again).as_deref(),
+        zkgate::workload::run::run_of(&again).as_deref(),
         Some(uid.as_str()),
         "of the same run"
     );

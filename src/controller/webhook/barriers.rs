@@ -13,7 +13,7 @@
 //! moment, each before the other existed, is still failed by the
 //! controller. A Barrier whose `after` cannot be read is admitted, for the
 //! same reason, and so is one the controller makes for a labelled Job
-//! (labelled [`crate::controller::managed_by`]): its pods' admission
+//! (labelled [`crate::workload::managed_by`]): its pods' admission
 //! checked the annotation it comes from, and refusing it would leave the
 //! Job's pods waiting for a Barrier never made, where the controller
 //! fails the cycle and tells them. Like the pod webhook, it writes nothing.
@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::Webhook;
 use crate::api::{Barrier, OnParticipantLoss};
-use crate::controller::after;
+use crate::workload::after;
 
 /// Where the API server sends Barriers' reviews.
 pub const PATH: &str = "/validate/barriers";
@@ -66,7 +66,7 @@ impl Webhook {
             return response;
         }
         // The controller's own, for a labelled Job (see the module's doc).
-        if crate::controller::made_by_zkgate(&barrier.metadata) {
+        if crate::workload::made_by_zkgate(&barrier.metadata) {
             return response;
         }
         // An update that leaves `after` and the policy as they were asks

@@ -184,7 +184,7 @@ impl SelfManaged {
         Ok(Secret {
             metadata: ObjectMeta {
                 name: Some(self.secret_name.clone()),
-                labels: Some(crate::controller::managed_by()),
+                labels: Some(crate::workload::managed_by()),
                 annotations: Some(
                     [
                         (NOT_AFTER_ANNOTATION.to_owned(), until.to_string()),

@@ -775,9 +775,14 @@ impl Webhook {
             let after = crate::workload::template::after_of(&annotations).unwrap_or_default();
             if !after.is_empty() {
                 let first = after.into_iter().map(|a| a.barrier).collect();
-                let chain = super::after::cycle_from(&api, barrier, first, &mut Default::default())
-                    .await
-                    .map_err(|e| unreadable("Barriers", e))?;
+                let chain = crate::workload::after::cycle_from(
+                    &api,
+                    barrier,
+                    first,
+                    &mut Default::default(),
+                )
+                .await
+                .map_err(|e| unreadable("Barriers", e))?;
                 if let Some(why) = chain.refusal() {
                     return Err(format!(
                         "the pod's annotation {}, with the Barriers there now, {why}",
@@ -825,7 +830,7 @@ impl Webhook {
                 // Another run's: an earlier one's is replaced (the pod's
                 // participant waits for its own); a live one's stays, and
                 // two live runs never share a gang.
-                let holder = super::runs::holder_of(&found);
+                let holder = crate::workload::run::holder_of(&found);
                 let agrees = || -> Result<(), String> {
                     // A pod carrying zkgate of its own says its own form;
                     // a Barrier being deleted is not the one it will meet.
@@ -886,9 +891,10 @@ impl Webhook {
                 if run == ours {
                     return agrees();
                 }
-                let live = super::runs::run_is_live(&self.client, namespace, holder, &run)
-                    .await
-                    .map_err(|e| unreadable(&holder.kind, e))?;
+                let live =
+                    crate::workload::lookup::run_is_live(&self.client, namespace, holder, &run)
+                        .await
+                        .map_err(|e| unreadable(&holder.kind, e))?;
                 if live {
                     return Err(format!(
                         "the pod's label {BARRIER_LABEL}={barrier} names the Barrier of {} {} (run {run}), which still runs: two running Jobs never share a Barrier. Give this Job's pod template a {BARRIER_LABEL} label of its own, or run it after {} is over (the Job controller retries the pod)",
@@ -928,7 +934,14 @@ impl Webhook {
             // say why not here, where the user sees it (the Job's events),
             // rather than leave the pod waiting for a Barrier nobody makes.
             if let (true, Some(run)) = (labelled, &jobset_job) {
-                match super::runs::jobset_size(&self.client, namespace, &run.owner, barrier).await {
+                match crate::workload::lookup::jobset_size(
+                    &self.client,
+                    namespace,
+                    &run.owner,
+                    barrier,
+                )
+                .await
+                {
                     Ok(Ok(_)) => {}
                     Ok(Err(why)) => {
                         return Err(format!(
