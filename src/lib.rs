@@ -19,6 +19,8 @@ pub mod layout;
 #[cfg(feature = "operator")]
 pub mod plugin;
 #[cfg(feature = "operator")]
+pub mod serve;
+#[cfg(feature = "operator")]
 pub mod workload;
 pub mod zk;
 

@@ -395,7 +395,7 @@ async fn a_stale_cached_pod_is_confirmed_by_a_get_before_its_registration_is_jud
     let fates = Pods {
         client: client.clone(),
         caches: vec![store],
-        metrics: Arc::new(zkgate::controller::metrics::Metrics::default()),
+        metrics: Arc::new(zkgate::serve::metrics::Metrics::default()),
     }
     .fates(&ns, &snapshot.children)
     .await

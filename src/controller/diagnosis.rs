@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::http::Health;
+use crate::serve::health::Health;
 use crate::zk::probe::{self, ServerStat};
 use crate::zk::{Session, SessionOptions};
 

@@ -10,7 +10,6 @@
 //! lock's queue (herd-free), and no Lease RBAC is needed.
 
 mod after;
-mod backoff;
 mod barrier;
 mod context;
 pub mod credentials;
@@ -20,7 +19,6 @@ pub mod http;
 pub mod install;
 mod jobs;
 mod locklease;
-pub mod metrics;
 pub mod pods;
 mod reconciler;
 mod removal;
@@ -31,6 +29,7 @@ pub mod webhook;
 mod worth;
 mod zkevents;
 
+use crate::serve::{backoff, metrics};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

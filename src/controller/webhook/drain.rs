@@ -31,7 +31,7 @@ use axum::response::Response;
 use tracing::{info, warn};
 
 use super::endpoints::{self, Endpoint};
-use crate::controller::http::Health;
+use crate::serve::health::Health;
 
 /// The longest a stopping replica waits to leave the Service: within the
 /// pod's default 30 s grace, with room for the calls in flight and the

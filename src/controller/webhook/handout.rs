@@ -52,7 +52,7 @@ pub struct Handouts {
     /// Reviews tokens; reads namespaces.
     pub client: kube::Client,
     /// Counts the answers.
-    pub metrics: Arc<crate::controller::metrics::Metrics>,
+    pub metrics: Arc<crate::serve::metrics::Metrics>,
 }
 
 /// A refusal or failure, answered as a Kubernetes `Status` (what the

@@ -47,10 +47,10 @@ use tracing::{info, warn};
 use self::certs::{SelfManaged, Serving};
 use self::handout::{HandoutOptions, Handouts};
 use self::inject::{inject, HandoutTarget, Injection};
-use super::backoff::Backoff;
-use super::http::Health;
-use super::metrics::Metrics;
 use crate::api::{Barrier, LockLease};
+use crate::serve::backoff::Backoff;
+use crate::serve::health::Health;
+use crate::serve::metrics::Metrics;
 use crate::workload::BARRIER_LABEL;
 use crate::zk::Session;
 

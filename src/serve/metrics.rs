@@ -1,4 +1,4 @@
-//! Prometheus metrics of the controller.
+//! Prometheus metrics of a zkgate server: the controller's and admission's.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
