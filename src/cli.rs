@@ -265,7 +265,7 @@ pub struct WebhookArgs {
     /// `zkgate.io/session-timeout` says [default: theirs, 10s]. Longer
     /// rides out longer pauses of a node; a dead holder then blocks the
     /// others that much longer.
-    #[arg(long, env = "ZKGATE_PARTICIPANT_SESSION_TIMEOUT", value_parser = crate::controller::webhook::inject::session_timeout)]
+    #[arg(long, env = "ZKGATE_PARTICIPANT_SESSION_TIMEOUT", value_parser = crate::webhook::inject::session_timeout)]
     pub participant_session_timeout: Option<Duration>,
     /// The resources of the containers the webhook injects: a JSON object
     /// like a container's `resources`, of `cpu` and `memory` only, e.g.
@@ -273,7 +273,7 @@ pub struct WebhookArgs {
     /// (the default); what it leaves out they do not get. A namespace whose
     /// ResourceQuota asks every container for a limit admits labelled pods
     /// only if these give it.
-    #[arg(long, env = "ZKGATE_PARTICIPANT_RESOURCES", value_parser = crate::controller::webhook::resources::parse)]
+    #[arg(long, env = "ZKGATE_PARTICIPANT_RESOURCES", value_parser = crate::webhook::resources::parse)]
     pub participant_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
     /// Secrets the kubelet pulls `--image` with, `NAME[,NAME...]`: added
     /// to every pod the webhook injects containers into. Each must exist in
@@ -329,10 +329,10 @@ impl ControllerArgs {
     fn webhook_options(
         &self,
         zookeeper: &SessionOptions,
-    ) -> Result<Option<crate::controller::webhook::WebhookOptions>, AgentError> {
-        use crate::controller::webhook::handout::HandoutOptions;
-        use crate::controller::webhook::inject::Injection;
-        use crate::controller::webhook::{CertSource, WebhookOptions};
+    ) -> Result<Option<crate::webhook::WebhookOptions>, AgentError> {
+        use crate::webhook::handout::HandoutOptions;
+        use crate::webhook::inject::Injection;
+        use crate::webhook::{CertSource, WebhookOptions};
         let w = &self.webhook;
         let Some(addr) = w.webhook_addr else {
             return Ok(None);
@@ -358,9 +358,8 @@ impl ControllerArgs {
                         AgentError::usage(format!("cannot read {}: {e}", path.display()))
                     })
                 };
-                let ca =
-                    crate::controller::webhook::certs::ParticipantCa::new(read(cert)?, read(key)?)
-                        .map_err(|e| AgentError::usage(format!("the participant CA: {e}")))?;
+                let ca = crate::webhook::certs::ParticipantCa::new(read(cert)?, read(key)?)
+                    .map_err(|e| AgentError::usage(format!("the participant CA: {e}")))?;
                 Some(ca)
             }
             _ => None,
@@ -394,7 +393,7 @@ impl ControllerArgs {
                 resources: w
                     .participant_resources
                     .clone()
-                    .unwrap_or_else(crate::controller::webhook::resources::default),
+                    .unwrap_or_else(crate::webhook::resources::default),
                 image_pull_secrets: w.participant_image_pull_secrets.clone(),
             },
             handout,

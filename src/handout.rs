@@ -13,7 +13,7 @@
 //! `service-account-token` Secret and read a token back).
 //!
 //! This module is both sides' contract and the participant's client; the
-//! controller's side is `controller::webhook::handout`.
+//! controller's side is `webhook::handout`.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -21,6 +21,8 @@ pub mod plugin;
 #[cfg(feature = "operator")]
 pub mod serve;
 #[cfg(feature = "operator")]
+pub mod webhook;
+#[cfg(feature = "operator")]
 pub mod workload;
 pub mod zk;
 

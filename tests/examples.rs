@@ -319,7 +319,7 @@ fn check_native_sidecar_job(path: &Path, kind: &str) -> k8s_openapi::api::core::
 /// to prove it, the restricted security context on injected ones, and
 /// nothing asked of the workload's own containers.
 fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
-    use zkgate::controller::webhook::inject::{
+    use zkgate::webhook::inject::{
         inject, HandoutTarget, Injection, INSTALL_CONTAINER, TOKEN_VOLUME,
     };
     let template: k8s_openapi::api::core::v1::PodTemplateSpec =
@@ -341,7 +341,7 @@ fn template_is_injected(file: &Path, template: &Value, by_hand: bool) {
         native_sidecars: true,
         in_place_restart: true,
         session_timeout: None,
-        resources: zkgate::controller::webhook::resources::default(),
+        resources: zkgate::webhook::resources::default(),
         image_pull_secrets: Vec::new(),
     };
     let injected = inject(&pod, &injection)

@@ -226,12 +226,11 @@ fn the_chart_follows_the_conventions_and_refuses_what_would_break_it() {
     // it takes (a bare number too, as --set and YAML give one).
     let resources = |set: &str| {
         let text = env_of(&deployment(set), "ZKGATE_PARTICIPANT_RESOURCES").expect("passed on");
-        zkgate::controller::webhook::resources::parse(&text)
-            .unwrap_or_else(|e| panic!("{set}: {text}: {e}"))
+        zkgate::webhook::resources::parse(&text).unwrap_or_else(|e| panic!("{set}: {text}: {e}"))
     };
     assert_eq!(
         resources("replicaCount=1"),
-        zkgate::controller::webhook::resources::default()
+        zkgate::webhook::resources::default()
     );
     let given = resources("webhook.participantResources.limits.cpu=2");
     assert_eq!(

@@ -602,6 +602,22 @@ pub async fn current_for(
         }))
 }
 
+/// [`current_for`] as the credential handout asks it
+/// (`webhook::handout::CurrentCredential`): its error as the text the
+/// handout's refusal carries.
+pub fn current_for_handout<'a>(
+    zk: &'a Session,
+    layout: &'a Layout,
+    namespace: &'a str,
+    uid: &'a str,
+) -> futures::future::BoxFuture<'a, Result<Option<String>, String>> {
+    Box::pin(async move {
+        current_for(zk, layout, namespace, uid)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
 /// The namespace's entry, loading its stored credentials and adding them
 /// to the session the first time; `None` when none is stored and not
 /// `create`. With `uid` (the namespace object's, now), a credential stored

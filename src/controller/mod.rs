@@ -25,11 +25,11 @@ mod removal;
 pub mod runs;
 pub mod status;
 mod waits;
-pub mod webhook;
 mod worth;
 mod zkevents;
 
 use crate::serve::{backoff, metrics};
+use crate::webhook;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -274,6 +274,7 @@ async fn serve_webhook(
             client.clone(),
             health.clone(),
             session.clone(),
+            credentials::current_for_handout,
             shutdown.clone(),
         )
         .await;

@@ -31,8 +31,8 @@ use kube::ResourceExt;
 
 use super::{ControllerDeployment, Plugin, PluginError};
 use crate::controller::diagnosis::Diagnosis;
-use crate::controller::webhook::inject::BARRIER_CONTAINER;
-use crate::controller::webhook::DOCTOR_PROBE_ANNOTATION;
+use crate::webhook::inject::BARRIER_CONTAINER;
+use crate::webhook::DOCTOR_PROBE_ANNOTATION;
 use crate::workload::BARRIER_LABEL;
 
 /// The chart's label on everything of an install.

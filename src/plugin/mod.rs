@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 
 use crate::api::{Barrier, BarrierPhase, LockLease};
-use crate::controller::webhook::inject::BARRIER_CONTAINER;
+use crate::webhook::inject::BARRIER_CONTAINER;
 use crate::workload::run::holder_of;
 use crate::workload::run::job_of;
 use crate::workload::run::{run_of_pod, JOBSET_NAME_LABEL};

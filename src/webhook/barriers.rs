@@ -6,7 +6,7 @@
 //!
 //! It is advice, not the guarantee: the chart registers it with
 //! `failurePolicy: Ignore`, and the controller fails a cycle whatever
-//! admission said ([`crate::controller::after`]). So a webhook that is
+//! admission said (the controller's `after`). So a webhook that is
 //! down never blocks a Barrier's creation, nor the controller's own
 //! updates (its finalizer goes on and comes off through the same
 //! resource), and a cycle made of two Barriers admitted at the same

@@ -8,7 +8,7 @@
 //! port (it carries no proof of coming from the API server) makes nothing
 //! happen. What a labelled pod needs besides its patch is made by the
 //! leading controller from what it watches: a labelled Job's Barrier (from
-//! the Jobs, [`crate::controller::jobs`]). Every replica serves admission
+//! the Jobs, the controller's Job cache). Every replica serves admission
 //! (it needs no leadership), and beside it the credential handout
 //! ([`handout`]): how injected containers get their namespace's ZooKeeper
 //! credential and TLS material without any Secret. The chart registers it
@@ -139,6 +139,7 @@ pub async fn run(
     client: kube::Client,
     health: Arc<Health>,
     session: tokio::sync::watch::Receiver<Option<Arc<Session>>>,
+    current: handout::CurrentCredential,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
@@ -205,6 +206,7 @@ pub async fn run(
         session,
         client: client.clone(),
         metrics: hook.metrics.clone(),
+        current,
     });
     let leaving = drain::Leaving::default();
     let app = Router::new()

@@ -22,7 +22,6 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::certs::ParticipantCa;
-use crate::controller::credentials;
 use crate::handout::{Handout, HandoutTls, AUDIENCE};
 use crate::layout::Layout;
 use crate::zk::Session;
@@ -42,6 +41,19 @@ pub struct HandoutOptions {
     pub scope: Option<String>,
 }
 
+/// How the handout reads a namespace's current credential (session,
+/// layout, namespace, the namespace object's uid): `None` when none is
+/// stored for that namespace object. The stored form is the controller's
+/// (`controller::credentials`), which passes this in, so that admission
+/// stands beside the controller, not on it.
+pub type CurrentCredential =
+    for<'a> fn(
+        &'a Session,
+        &'a crate::layout::Layout,
+        &'a str,
+        &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, String>>;
+
 /// The handout's state: its options, the API client for TokenReviews, and
 /// this replica's current ZooKeeper session (`None` between terms).
 pub struct Handouts {
@@ -53,6 +65,8 @@ pub struct Handouts {
     pub client: kube::Client,
     /// Counts the answers.
     pub metrics: Arc<crate::serve::metrics::Metrics>,
+    /// Reads a namespace's current credential.
+    pub current: CurrentCredential,
 }
 
 /// A refusal or failure, answered as a Kubernetes `Status` (what the
@@ -228,7 +242,7 @@ impl Handouts {
             .map_err(|e| unavailable(format!("cannot read namespace {namespace}: {e}")))?
             .and_then(|n| n.metadata.uid)
             .ok_or_else(|| unavailable(format!("namespace {namespace} is not there")))?;
-        credentials::current_for(&session, &self.options.layout, namespace, &uid)
+        (self.current)(&session, &self.options.layout, namespace, &uid)
             .await
             .map_err(|e| unavailable(format!("cannot read the namespace's credential: {e}")))?
             .ok_or_else(|| {

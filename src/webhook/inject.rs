@@ -1012,7 +1012,7 @@ mod tests {
             native_sidecars: true,
             in_place_restart: true,
             session_timeout: None,
-            resources: crate::controller::webhook::resources::default(),
+            resources: crate::webhook::resources::default(),
             image_pull_secrets: Vec::new(),
         }
     }
