@@ -437,33 +437,21 @@ impl Drop for NamespaceGuard {
         // review: a task spawned here never ran, the test's runtime ending
         // first, so every namespace outlived its test with whatever still
         // ran in it, and a queued Job was admitted and evicted forever).
-        let _ = Command::new(kube_bin("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args([
-                "--request-timeout=10s",
-                "delete",
-                "namespace",
-                &self.name,
-                "--wait=false",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if !self.cluster_objects.is_empty() {
+        let delete = |what: &[&str]| {
             let _ = Command::new(kube_bin("kubectl"))
                 .arg("--kubeconfig")
                 .arg(&self.kubeconfig)
-                .args([
-                    "--request-timeout=10s",
-                    "delete",
-                    "--ignore-not-found",
-                    "--wait=false",
-                ])
-                .args(&self.cluster_objects)
+                .args(["--request-timeout=10s", "delete", "--wait=false"])
+                .args(what)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+        };
+        delete(&["namespace", &self.name]);
+        if !self.cluster_objects.is_empty() {
+            let mut objects = vec!["--ignore-not-found"];
+            objects.extend(self.cluster_objects.iter().map(String::as_str));
+            delete(&objects);
         }
     }
 }
