@@ -1,7 +1,11 @@
 //! The chaos run (issue 24, item 16): real `zkgate` processes loop on a
-//! 3-server ensemble (`lock run` on a mutex, a read/write lock and a
-//! semaphore; `lock sidecar` + `lock watch` pairs on the mutex; `barrier
-//! run` gangs) while faults are made for real, at random: a follower's
+//! 3-server ensemble (`lock run` on a mutex, a read/write lock, a
+//! semaphore, and a lock whose mode is changed under its contenders,
+//! Exclusive to Semaphore and back, by the controller's recipe; `lock
+//! sidecar` + `lock watch` pairs on the mutex; `barrier run` gangs). Some
+//! commands leave a worker whose main thread has exited (`Z` in `/proc`,
+//! still running), and some `lock run`s have a standard error nobody
+//! reads for seconds (issue 44). Faults are made for real, at random: a follower's
 //! quorum link to its leader cut (both ways) for a while, the leader
 //! SIGKILLed and restarted, the whole ensemble SIGKILLed for longer than
 //! the session timeout (a quorum loss) and restarted on its data, a client's links stalled (sometimes past the
@@ -18,6 +22,8 @@
 //! - exclusive holds (the mutex, the read/write lock's writers) overlap no
 //!   other hold of their lock, and tokens rise in hold order;
 //! - the semaphore never has more than its N permits held;
+//! - no command on the lock whose mode changes runs across a change that
+//!   took; its holds are exclusive or one of N permits, as the mode was;
 //! - every barrier round: no command started before the round's `ready`
 //!   node was made (ZooKeeper's ctime against the command's clock, the same
 //!   machine's); the opening counted every participant (read by czxids
@@ -58,10 +64,15 @@ use support::proxy::Proxy;
 use support::zookeeper::{Cut, EnsembleConfig};
 use support::Ensemble;
 use tokio::time::Instant;
-use zkgate::zk::Session;
+use zkgate::zk::lock_mode::{self, LockNodeRead};
+use zkgate::zk::{LockMode, LockNodeData, Session};
 
 const CHROOT: &str = "/chaos";
 const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
+/// The lock whose mode changes under its contenders (as a LockLease's
+/// does when its spec changes), and how many processes loop on it.
+const MODE_LOCK: &str = "/zkgate/namespaces/default/locks/mode";
+const MODE_SLOTS: usize = 2;
 /// The participants' session timeout: shorter than a follower's window.
 const SESSION_TIMEOUT: &str = "4s";
 const SESSION_TIMEOUT_US: i64 = 4_000_000;
@@ -71,7 +82,7 @@ const PERMITS: u32 = 2;
 const GANG: usize = 3;
 const GANGS: usize = 2;
 /// Lock slots: (lock, how many processes loop on it).
-const LOCK_SLOTS: [(&str, usize); 3] = [("m", 3), ("rw", 4), ("sem", 4)];
+const LOCK_SLOTS: [(&str, usize); 4] = [("m", 3), ("rw", 4), ("sem", 4), ("mode", MODE_SLOTS)];
 /// Slots where a `lock sidecar` holds the mutex `m` for a `lock watch`.
 const SIDECAR_SLOTS: usize = 2;
 /// How long one zkgate process may take before the run calls it hung.
@@ -79,10 +90,12 @@ const HUNG: Duration = Duration::from_secs(75);
 /// A round stops restarting its participants this long after it began.
 const ROUND_LIMIT_US: i64 = 40_000_000;
 
-/// The command under the lock or barrier: `cmd.sh DIR MS TERM`. It writes
-/// `TOKEN PID START_US` to DIR/start, starts a child that appends the time
-/// to DIR/beats every 20 ms for MS milliseconds (no fork per beat), and
-/// waits for it. With TERM=1 both ignore SIGTERM (a slow shutdown).
+/// The command under the lock or barrier: `cmd.sh DIR MS TERM THREAD`. It
+/// writes `TOKEN PID START_US` to DIR/start, starts a child that appends
+/// the time to DIR/beats every 20 ms for MS milliseconds (no fork per
+/// beat), and waits for it. With TERM=1 both ignore SIGTERM (a slow
+/// shutdown). With THREAD=1 the child is [`THREAD_ONLY`]: its main thread
+/// exits and another thread beats (issue 44: `Z` in `/proc`, and running).
 const COMMAND: &str = r#"d=$1
 [ "$3" = 1 ] && trap '' TERM
 echo "${ZKGATE_FENCING_TOKEN:-none} $$ ${EPOCHREALTIME/./}" > "$d/start"
@@ -96,9 +109,34 @@ beat() {
     read -t 0.02 -u "$fd"
   done
 }
-beat "$@" &
+if [ "$4" = 1 ]; then
+  python3 "${0%/*}/thread-only.py" "$d" "$2" "$3" &
+else
+  beat "$@" &
+fi
 echo $! > "$d/child"
 wait $!
+"#;
+
+/// The heartbeat child of a THREAD=1 command (`thread-only.py DIR MS
+/// TERM`): a thread beats as `beat` does, ends the process after MS
+/// milliseconds, and the main thread ends with `pthread_exit` at once.
+const THREAD_ONLY: &str = r#"
+import ctypes, os, signal, sys, threading, time
+d, ms, term = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if term == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+end = time.time_ns() // 1000 + ms * 1000
+def beat():
+    while True:
+        now = time.time_ns() // 1000
+        with open(d + "/beats", "a") as f:
+            f.write("%d\n" % now)
+        if now >= end:
+            os._exit(0)
+        time.sleep(0.02)
+threading.Thread(target=beat).start()
+ctypes.CDLL(None).pthread_exit(None)
 "#;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -121,6 +159,10 @@ enum Kind {
     Write,
     /// Permits taken from the semaphore.
     Permits(u32),
+    /// A plain `lock run` on the lock whose mode changes: exclusive while
+    /// it is Exclusive, one permit of [`PERMITS`] while it is a Semaphore
+    /// (the checker tells which from the changes' record).
+    Plain,
     Barrier,
     /// `lock sidecar` (holds the mutex for the `lock watch` beside it).
     Sidecar,
@@ -148,6 +190,10 @@ struct Attempt {
     said: String,
     /// When it was SIGSTOPped, until when.
     stops: Vec<(i64, i64)>,
+    /// Its command leaves a worker whose main thread has exited.
+    thread_only: bool,
+    /// Its standard error was left unread for a while.
+    stderr_unread: bool,
     /// Faults aimed at it: when, what.
     faults: Vec<(i64, String)>,
 }
@@ -185,6 +231,10 @@ struct Round {
 #[derive(Default)]
 struct World {
     attempts: Vec<Attempt>,
+    /// The mode changes of [`MODE_LOCK`] that took: begun, done, to.
+    modes: Vec<(i64, i64, LockMode)>,
+    /// Those that found the lock in use (and so kept its mode).
+    modes_kept: usize,
     events: Vec<Event>,
     rounds: Vec<Round>,
     t0_us: i64,
@@ -325,6 +375,7 @@ fn command_args(rng: &mut StdRng, script: &Path, dir: &Path) -> Vec<String> {
         rng.random_range(80..600)
     };
     let term = u32::from(rng.random_ratio(1, 4));
+    let thread_only = u32::from(rng.random_ratio(1, 6));
     vec![
         "--".into(),
         "bash".into(),
@@ -332,10 +383,36 @@ fn command_args(rng: &mut StdRng, script: &Path, dir: &Path) -> Vec<String> {
         dir.display().to_string(),
         ms.to_string(),
         term.to_string(),
+        thread_only.to_string(),
     ]
 }
 
-/// Runs one zkgate process to its end; its attempt's index.
+/// A pipe whose read end nobody reads for `unread` (then it is read to
+/// its end, off the runtime): a zkgate's standard error full, as behind a
+/// stalled log shipper or a paused terminal (issue 44, item 1). What was
+/// read comes through the receiver once every writer has closed it.
+fn unread_pipe(unread: Duration) -> (std::process::Stdio, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just made and are owned here alone.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // A thread of its own: a writer that never closes must not hold up
+    // the runtime's shutdown.
+    std::thread::spawn(move || {
+        std::thread::sleep(unread);
+        let mut out = Vec::new();
+        let _ = std::fs::File::from(read).read_to_end(&mut out);
+        let _ = tx.send(out);
+    });
+    (std::process::Stdio::from(write), rx)
+}
+
+/// Runs one zkgate process to its end; its attempt's index. With
+/// `stderr_unread`, its standard error is a pipe left unread that long
+/// (and its log at debug, to fill it).
 #[allow(clippy::too_many_arguments)]
 async fn attempt(
     world: &Shared,
@@ -345,6 +422,7 @@ async fn attempt(
     tag: String,
     dir: PathBuf,
     args: Vec<String>,
+    stderr_unread: Option<Duration>,
 ) -> usize {
     std::fs::create_dir_all(&dir).unwrap();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -354,7 +432,14 @@ async fn attempt(
         .env("LC_ALL", "C")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
+    let unread = stderr_unread.map(|unread| {
+        let (stderr, read) = unread_pipe(unread);
+        cmd.env("ZKGATE_LOG", "zkgate=debug,warn").stderr(stderr);
+        read
+    });
     let child = cmd.spawn().expect("start zkgate");
+    // Our copy of the pipe's write end goes with the command.
+    drop(cmd);
     let pid = child.id().expect("pid");
     let n = {
         let mut w = world.lock().unwrap();
@@ -370,6 +455,8 @@ async fn attempt(
             exit: None,
             said: String::new(),
             stops: Vec::new(),
+            thread_only: args.iter().any(|a| a.ends_with("cmd.sh")) && args.last() == Some(&"1"),
+            stderr_unread: stderr_unread.is_some(),
             faults: Vec::new(),
         });
         w.attempts.len() - 1
@@ -377,7 +464,25 @@ async fn attempt(
     let mut tree = String::new();
     let waited = tokio::time::timeout(HUNG, async {
         // The process tree just before the deadline, for a hang's report.
-        let out = child.wait_with_output();
+        let out = async {
+            let Some(read) = unread else {
+                return child.wait_with_output().await;
+            };
+            let mut child = child;
+            let status = child.wait().await?;
+            // What it wrote, once the pipe is read and closed (its
+            // descendants end with it, or soon after).
+            let stderr = tokio::time::timeout(Duration::from_secs(20), read)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_else(|| b"(standard error left open after its exit)".to_vec());
+            Ok(std::process::Output {
+                status,
+                stdout: Vec::new(),
+                stderr,
+            })
+        };
         tokio::pin!(out);
         tokio::select! {
             out = &mut out => out,
@@ -435,6 +540,7 @@ async fn lock_slot(
     while Instant::now() < until {
         let kind = match lock {
             "m" => Kind::Mutex,
+            "mode" => Kind::Plain,
             "rw" if rng.random_ratio(1, 3) => Kind::Write,
             "rw" => Kind::Read,
             _ => Kind::Permits(rng.random_range(1..=PERMITS)),
@@ -470,7 +576,11 @@ async fn lock_slot(
         }
         let dir = root.join(&tag);
         args.extend(command_args(&mut rng, &script, &dir));
-        attempt(&world, &slot, kind, lock, tag, dir, args).await;
+        // Now and then its standard error is full for a while.
+        let unread = rng
+            .random_ratio(1, 6)
+            .then(|| Duration::from_millis(rng.random_range(1_000..8_000)));
+        attempt(&world, &slot, kind, lock, tag, dir, args, unread).await;
         n += 1;
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
     }
@@ -533,7 +643,17 @@ async fn sidecar_slot(
             let (tag, dir) = (sidecar_tag.clone(), dir.clone());
             async move {
                 // Its token file is in the watch's directory.
-                attempt(&world, &slot, Kind::Sidecar, "m", tag, dir, sidecar_args).await;
+                attempt(
+                    &world,
+                    &slot,
+                    Kind::Sidecar,
+                    "m",
+                    tag,
+                    dir,
+                    sidecar_args,
+                    None,
+                )
+                .await;
                 done.store(true, Ordering::SeqCst);
             }
         };
@@ -541,7 +661,7 @@ async fn sidecar_slot(
             let (world, slot, done) = (world.clone(), slot.clone(), watch_done.clone());
             let (tag, dir) = (tag.clone(), dir.clone());
             async move {
-                attempt(&world, &slot, Kind::Watch, "m", tag, dir, watch_args).await;
+                attempt(&world, &slot, Kind::Watch, "m", tag, dir, watch_args, None).await;
                 done.store(true, Ordering::SeqCst);
             }
         };
@@ -596,6 +716,75 @@ async fn sidecar_slot(
         tokio::join!(sidecar, watch, pair);
         n += 1;
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+    }
+}
+
+/// Changes [`MODE_LOCK`]'s mode, Exclusive to Semaphore and back, every
+/// few seconds until `until`, as the controller does for a LockLease whose
+/// spec changed (the same recipe: only while nobody holds or waits under
+/// the old mode); a Semaphore gets its count as the controller makes it,
+/// just after the mode. Each change that took is recorded for the checker.
+async fn mode_changes(world: Shared, connect: String, seed: u64, until: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut session: Option<Session> = None;
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..4_000))).await;
+        if session.as_ref().is_none_or(|s| s.state().is_terminal()) {
+            let options = support::options(&connect).session_timeout(Duration::from_secs(10));
+            session = tokio::time::timeout(Duration::from_secs(5), Session::connect(&options))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let Some(s) = session.as_ref() else { continue };
+        let change = async {
+            let c = s.client();
+            let (data, stat) = c.get_data(MODE_LOCK).await.map_err(|e| e.to_string())?;
+            let children = c
+                .list_children(MODE_LOCK)
+                .await
+                .map_err(|e| e.to_string())?;
+            let current: LockNodeData = serde_json::from_slice(&data).unwrap_or_default();
+            let to = match current.mode {
+                LockMode::Semaphore => LockMode::Exclusive,
+                _ => LockMode::Semaphore,
+            };
+            let wanted = LockNodeData {
+                mode: to,
+                ..current
+            };
+            let read = LockNodeRead {
+                data: &data,
+                version: stat.version,
+                children: &children,
+            };
+            let began = now_us();
+            let settled = lock_mode::settle(s, MODE_LOCK, read, &wanted)
+                .await
+                .map_err(|e| e.to_string())?;
+            let done = now_us();
+            if settled.waiting_for.is_some() {
+                world.lock().unwrap().modes_kept += 1;
+                return Ok(());
+            }
+            world.lock().unwrap().modes.push((began, done, to));
+            if to == LockMode::Semaphore {
+                let count = format!("{MODE_LOCK}/{}", zkgate::zk::COUNT);
+                let persistent = zookeeper_client::CreateMode::Persistent.with_acls(s.node_acls());
+                match c
+                    .create(&count, &zkgate::zk::encode_count(PERMITS), &persistent)
+                    .await
+                {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(e) => return Err(format!("count: {e}")),
+                }
+            }
+            Ok::<_, String>(())
+        };
+        // Faults fail some; the next try reads the lock again. (One that
+        // stops after announcing leaves contenders waiting until the next
+        // try withdraws or finishes it, as a controller's next reconcile.)
+        let _ = tokio::time::timeout(Duration::from_secs(10), change).await;
     }
 }
 
@@ -703,7 +892,8 @@ async fn gang(
                     .collect();
                     let dir = root.join(&tag);
                     args.extend(command_args(&mut rng, &script, &dir));
-                    let n = attempt(&world, &slot, Kind::Barrier, &name, tag, dir, args).await;
+                    let n =
+                        attempt(&world, &slot, Kind::Barrier, &name, tag, dir, args, None).await;
                     let (ran, exit) = {
                         let w = world.lock().unwrap();
                         let a = &w.attempts[n];
@@ -1136,9 +1326,19 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
             let frozen = stopped(a)
                 || (a.kind == Kind::Watch
                     && w.attempts.iter().any(|s| s.tag == sidecar && stopped(s)));
+            // A plain hold on the lock whose mode changes is what the mode
+            // was when it began: the last change begun before it (a hold
+            // under the old mode would have kept the change from taking).
+            let kind = match a.kind {
+                Kind::Plain => match w.modes.iter().rev().find(|m| m.0 < run.start_us) {
+                    Some((_, _, LockMode::Semaphore)) => Kind::Permits(1),
+                    _ => Kind::Mutex,
+                },
+                kind => kind,
+            };
             by_lock.entry(&a.resource).or_default().push(Hold {
                 tag: a.tag.clone(),
-                kind: a.kind,
+                kind,
                 run,
                 frozen,
             });
@@ -1146,6 +1346,23 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
     }
     for (lock, mut holds) in by_lock {
         holds.sort_by_key(|h| h.run.start_us);
+        // A mode changes only while nobody holds or waits: no command
+        // runs across a change that took (a frozen one is excused).
+        if lock == "mode" {
+            for &(began, done, to) in &w.modes {
+                for h in holds.iter().filter(|h| !h.frozen) {
+                    if h.run.start_us < began && h.run.end_us > done {
+                        bad.push(format!(
+                            "mode: changed to {to:?} ({} .. {}) under a running hold:\n  {}\nfaults meanwhile:\n{}",
+                            ms(w.t0_us, began),
+                            ms(w.t0_us, done),
+                            describe(w, h),
+                            faults_between(w, h.run.start_us - 2 * SESSION_TIMEOUT_US, h.run.end_us)
+                        ));
+                    }
+                }
+            }
+        }
         let mut tokens = BTreeMap::new();
         for h in &holds {
             match h.run.token {
@@ -1486,6 +1703,7 @@ async fn chaos_locks_and_barriers_under_random_faults() {
     };
     let script = root.join("cmd.sh");
     std::fs::write(&script, COMMAND).unwrap();
+    std::fs::write(root.join("thread-only.py"), THREAD_ONLY).unwrap();
     let world: Shared = Arc::new(Mutex::new(World {
         t0_us: now_us(),
         ..World::default()
@@ -1546,6 +1764,12 @@ async fn chaos_locks_and_barriers_under_random_faults() {
         rng.random(),
         until,
     ));
+    let modes = tokio::spawn(mode_changes(
+        world.clone(),
+        direct.clone(),
+        rng.random(),
+        until,
+    ));
     let client_faults = tokio::spawn(process_faults(
         world.clone(),
         all_slots,
@@ -1562,6 +1786,7 @@ async fn chaos_locks_and_barriers_under_random_faults() {
         t.await.unwrap();
     }
     let ensemble = servers_faults.await.unwrap();
+    modes.await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(150);
     let mut waiting = workers.iter().filter(|w| !w.is_finished()).count();
     while waiting > 0 && Instant::now() < deadline {
@@ -1654,8 +1879,12 @@ async fn chaos_locks_and_barriers_under_random_faults() {
         })
         .collect();
     println!(
-        "chaos: {secs} s, seed {seed}, {} processes\nfaults: {faults:#?}\nlocks: {locks:#?}\nbarriers: {rounds:#?}\nexits: {exits:#?}",
-        w.attempts.len()
+        "chaos: {secs} s, seed {seed}, {} processes\nfaults: {faults:#?}\nlocks: {locks:#?}\nmode changes: {} made, {} kept off by the lock in use\nthread-only workers: {}; standard error left unread: {}\nbarriers: {rounds:#?}\nexits: {exits:#?}",
+        w.attempts.len(),
+        w.modes.len(),
+        w.modes_kept,
+        w.attempts.iter().filter(|a| a.thread_only).count(),
+        w.attempts.iter().filter(|a| a.stderr_unread).count(),
     );
     if !odd.is_empty() {
         println!("unexpected exits:\n{}", odd.join("\n"));

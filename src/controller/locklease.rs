@@ -16,7 +16,8 @@ use super::pods::PodFate;
 use super::reconciler::{next_look, own_node, release_ended, Reconciled, POD_RECHECK};
 use super::status;
 use crate::api::{LockLease, LockMode};
-use crate::zk::{path, tree, Session, ZkError};
+use crate::zk::lock_mode::{self as mode, LockNodeRead};
+use crate::zk::{path, tree, ZkError};
 
 pub use crate::api::LockNodeData;
 
@@ -78,70 +79,29 @@ impl Reconciled for LockLease {
             return Ok(Action::requeue(Duration::from_secs(1)));
         };
 
-        // The mode can change while nobody holds or waits; not under their
-        // feet. A contender reads the mode, then queues in one transaction
-        // with a check that the node's data is unchanged. So the change is
-        // announced first (`changingTo`: contenders that read it wait), and
-        // only then is the lock looked at for good: whoever queued under
-        // the old mode did so before the announcement, and our session sees
-        // it now; nobody can queue under it after.
-        let current: LockNodeData = serde_json::from_slice(&node.data).unwrap_or_default();
-        let mut spec_problem = None;
-        // What the node should say: the mode only once it may change (below);
-        // never a change under way once this pass is done.
-        let mut target = LockNodeData {
-            mode: current.mode,
-            ..wanted.clone()
+        // The mode changes only while nobody holds or waits (the recipe's
+        // two steps); the lease at once: holders follow it (a change
+        // reaches a holder by its watch on this node).
+        let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
+        let read = LockNodeRead {
+            data: &node.data,
+            version: node.stat.version,
+            children: &names,
         };
-        if current.mode != lock.spec.mode {
-            let names: Vec<String> = node.children.iter().map(|c| c.name.clone()).collect();
-            let mut in_use = lock_in_use(zk, &path, &names, current.mode).await?;
-            if !in_use {
-                let announced = LockNodeData {
-                    changing_to: Some(lock.spec.mode),
-                    ..target.clone()
-                };
-                node.stat.version =
-                    write_lock_data(zk, &path, &node.data, &announced, node.stat.version).await?;
-                node.data = serde_json::to_vec(&announced).unwrap_or_default();
-                let names = zk
-                    .client()
-                    .list_children(&path)
-                    .await
-                    .map_err(|e| ZkError::Zk {
-                        op: "list",
-                        path: path.clone(),
-                        source: e,
-                    })?;
-                in_use = lock_in_use(zk, &path, &names, current.mode).await?;
-            }
-            if in_use {
-                spec_problem = Some(format!(
-                    "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
-                    current.mode, lock.spec.mode, current.mode
-                ));
-            } else {
-                if current.mode == LockMode::Semaphore {
-                    // A semaphore's own nodes mean nothing to a lock.
-                    for dir in [crate::zk::LEASES, crate::zk::LOCKS, crate::zk::COUNT] {
-                        let left = tree::delete_tree(zk, &path::join(&path, dir)).await?;
-                        if !left.is_empty() {
-                            return Err(Error::ShutOut(left));
-                        }
-                    }
-                }
-                target.mode = lock.spec.mode;
-            }
-        }
-        // The lease is written at once, in use or not: holders follow it
-        // (a change reaches a holder by its watch on this node). A change
-        // of mode left announced by a pass that did not finish is withdrawn.
-        node.stat.version =
-            write_lock_data(zk, &path, &node.data, &target, node.stat.version).await?;
-        node.data = serde_json::to_vec(&target).unwrap_or_default();
-        let mode = serde_json::from_slice::<LockNodeData>(&node.data)
-            .map(|d| d.mode)
-            .unwrap_or_default();
+        let settled = match mode::settle(zk, &path, read, &wanted).await {
+            Ok(settled) => settled,
+            Err(ZkError::LeftBehind { left, .. }) => return Err(Error::ShutOut(left)),
+            Err(e) => return Err(e.into()),
+        };
+        let spec_problem = settled.waiting_for.map(|to| {
+            format!(
+                "mode changed from {:?} to {:?} while the lock is in use; keeping {:?} until it is free",
+                settled.data.mode, to, settled.data.mode
+            )
+        });
+        node.stat.version = settled.version;
+        node.data = serde_json::to_vec(&settled.data).unwrap_or_default();
+        let mode = settled.data.mode;
         if mode == LockMode::Semaphore {
             return apply_semaphore(lock, namespace, ctx, &path, &acls.resources, spec_problem)
                 .await;
@@ -326,64 +286,4 @@ async fn publish(
         .lock_seen(namespace, &lock.name_any(), &outcome.status);
     let recheck = persistent.then_some(POD_RECHECK);
     Ok(next_look(ctx, namespace, [outcome.requeue, recheck]).await)
-}
-
-/// Whether anyone holds or waits on the lock at `path` whose children are
-/// `names`, under `mode`: contenders among them, or for a Semaphore, nodes
-/// in its queue or leases (one level down).
-async fn lock_in_use(
-    zk: &Session,
-    path: &str,
-    names: &[String],
-    mode: LockMode,
-) -> Result<bool, Error> {
-    if names
-        .iter()
-        .any(|n| crate::zk::contender::Contender::parse(n).is_some())
-    {
-        return Ok(true);
-    }
-    if mode != LockMode::Semaphore {
-        return Ok(false);
-    }
-    for dir in [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(path, d)) {
-        match zk.client().list_children(&dir).await {
-            Ok(names) if !names.is_empty() => return Ok(true),
-            Ok(_) | Err(zk::Error::NoNode) => {}
-            Err(e) => {
-                return Err(ZkError::Zk {
-                    op: "list",
-                    path: dir,
-                    source: e,
-                }
-                .into())
-            }
-        }
-    }
-    Ok(false)
-}
-
-/// Writes `wanted` into the lock node at `path` unless `data` (read at
-/// `version`) already says it; returns the data's version after.
-async fn write_lock_data(
-    zk: &Session,
-    path: &str,
-    data: &[u8],
-    wanted: &LockNodeData,
-    version: i32,
-) -> Result<i32, Error> {
-    if serde_json::from_slice::<LockNodeData>(data).ok().as_ref() == Some(wanted) {
-        return Ok(version);
-    }
-    let bytes = serde_json::to_vec(wanted)?;
-    let stat = zk
-        .client()
-        .set_data(path, &bytes, Some(version))
-        .await
-        .map_err(|e| ZkError::Zk {
-            op: "write",
-            path: path.to_owned(),
-            source: e,
-        })?;
-    Ok(stat.version)
 }

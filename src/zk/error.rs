@@ -195,6 +195,16 @@ pub enum ZkError {
         attempts: u32,
     },
 
+    /// Nodes under `path` that could not be deleted (their ACL shuts this
+    /// session out).
+    #[error("nodes under {path} cannot be deleted: {}", .left.join(", "))]
+    LeftBehind {
+        /// The subtree's root.
+        path: String,
+        /// What is left.
+        left: Vec<String>,
+    },
+
     /// Any other failure reported by the client.
     #[error("ZooKeeper {op} {path} failed: {source}")]
     Zk {
@@ -248,7 +258,8 @@ impl ZkError {
             | ZkError::SessionClosed
             | ZkError::Unsettled { .. }
             | ZkError::AuthFailed
-            | ZkError::NotAuthorized { .. } => ErrorKind::Unavailable,
+            | ZkError::NotAuthorized { .. }
+            | ZkError::LeftBehind { .. } => ErrorKind::Unavailable,
             ZkError::InvalidData { .. }
             | ZkError::Zk { .. }
             | ZkError::Unsupported { .. }

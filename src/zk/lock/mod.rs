@@ -11,6 +11,7 @@
 //! so; kazoo cannot be changed from here).
 
 mod internals;
+pub mod mode;
 mod node;
 
 pub use node::{LockMode, LockNodeData};
