@@ -529,7 +529,7 @@ pub enum LockAction {
         #[command(flatten)]
         readiness: ReadinessArgs,
         /// How long a command under `zkgate lock watch` gets after SIGTERM:
-        /// at most half the session timeout and at most 60s [default: a
+        /// at most 0.35 of the session timeout and at most 60s [default: a
         /// quarter of the session timeout, at most 60s].
         #[arg(long, env = "ZKGATE_KILL_GRACE", value_parser = duration)]
         kill_grace: Option<Duration>,
@@ -560,8 +560,8 @@ pub enum LockAction {
         #[command(flatten)]
         lock: LockArgs,
         /// After SIGTERM, how long the command gets before SIGKILL: at most
-        /// half the session timeout and at most 60s [default: a quarter of
-        /// the session timeout, at most 60s].
+        /// 0.35 of the session timeout and at most 60s [default: a quarter
+        /// of the session timeout, at most 60s].
         #[arg(long, env = "ZKGATE_KILL_GRACE", value_parser = duration)]
         kill_grace: Option<Duration>,
         /// The command and its arguments, after `--`.

@@ -385,7 +385,7 @@ async fn a_stopped_holder_loses_the_lock_its_command_is_terminated_and_it_exits_
             "--id",
             "h",
             "--session-timeout",
-            "2s",
+            "3s",
             "--kill-grace",
             "1s",
             "--",

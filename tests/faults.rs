@@ -172,7 +172,7 @@ async fn a_stalled_holder_is_told_its_hold_is_lost_while_another_holds_the_lock(
             "--id",
             "stalled",
             "--session-timeout",
-            "2s",
+            "3s",
             "--kill-grace",
             "1s",
             "--",

@@ -120,7 +120,7 @@ async fn a_daemon_of_a_slow_command_gets_a_second_grace_beyond_the_session() {
             "--id",
             "holder",
             "--session-timeout",
-            "8s",
+            "12s",
             "--kill-grace",
             "4s",
             "--",
@@ -527,7 +527,7 @@ async fn r3_a_sigkilled_zkgate_takes_what_its_exited_command_left_with_it() {
         "(trap '' TERM; while :; do sleep 0.05; done) </dev/null >/dev/null 2>&1 & echo $! > {p}.tmp && mv {p}.tmp {p}; exit 0",
         p = pid_file.display()
     );
-    let holder = piped(holder_command(&direct, &["--kill-grace", "4s"], &script));
+    let holder = piped(holder_command(&direct, &["--kill-grace", "2s"], &script));
     let leftover = pid_in(&pid_file).await;
     // The command has exited; its guardian gives the leftover its grace.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -535,7 +535,7 @@ async fn r3_a_sigkilled_zkgate_takes_what_its_exited_command_left_with_it() {
     signal_pid(holder.id().unwrap(), libc::SIGKILL);
     assert!(
         ended_within(leftover, Duration::from_secs(1)).await,
-        "the command's child {leftover} still ran 1 s after its zkgate was SIGKILLed (the command had exited; the guardian was giving it its 4 s grace)"
+        "the command's child {leftover} still ran 1 s after its zkgate was SIGKILLed (the command had exited; the guardian was giving it its 2 s grace)"
     );
     drop(holder);
 }

@@ -13,8 +13,8 @@ use super::ready::{self, Readiness, ReadinessOptions};
 use super::{close, Participant, Termination};
 use crate::api::{LockMode, LockNodeData};
 use crate::zk::{
-    encode_count, path as zpath, within, LockHold, LockOptions, LossReason, Mutex, Permits,
-    ReadWriteLock, Semaphore, Session, VersionCheck, ZkError, MAX_KILL_GRACE,
+    encode_count, leader_lag, path as zpath, within, LockHold, LockOptions, LossReason, Mutex,
+    Permits, ReadWriteLock, Semaphore, Session, VersionCheck, ZkError, MAX_KILL_GRACE,
 };
 
 /// Which side of the lock to take.
@@ -902,14 +902,21 @@ fn default_kill_grace(session_timeout: Duration) -> Duration {
 }
 
 /// `lock run`'s kill grace must fit in the session timeout: the command is
-/// told to stop `grace` + a margin before the server can expire the session,
-/// and at least 0.4 of the timeout must remain for ZooKeeper to be silent
-/// before that (a few of the hold's checks) without stopping a healthy hold.
+/// told to stop `grace` + a margin before the server can expire the session
+/// (at the soonest [`leader_lag`] earlier than *T* after the last confirmed
+/// check), and at least 0.3 of the timeout must remain for ZooKeeper to be
+/// silent before that (three of the hold's checks) without stopping a
+/// healthy hold: the grace is at most 0.35 of the session timeout.
 fn check_kill_grace(
     grace: Duration,
     session_timeout: Duration,
     which: &str,
 ) -> Result<(), AgentError> {
+    let quiet = session_timeout * 3 / 10;
+    let most = session_timeout
+        .saturating_sub(quiet)
+        .saturating_sub(safety_margin(session_timeout))
+        .saturating_sub(leader_lag(session_timeout));
     if grace > MAX_KILL_GRACE {
         return Err(AgentError::usage(format!(
             "--kill-grace {} is longer than {}, the longest the controller waits after a lease's end before it revokes the hold: the command could outlive its revocation and run beside the next holder",
@@ -917,11 +924,12 @@ fn check_kill_grace(
             humantime::format_duration(MAX_KILL_GRACE)
         )));
     }
-    if grace * 2 > session_timeout {
+    if grace > most {
         return Err(AgentError::usage(format!(
-            "--kill-grace {} cannot fit in the session timeout {} {which}: it must be at most half of it, so that the command is dead before the server can expire the session and hand the lock on (lower --kill-grace or raise --session-timeout)",
+            "--kill-grace {} cannot fit in the session timeout {} {which}: it must be at most {} (0.35 of it), so that the command is dead before the server can expire the session and hand the lock on (lower --kill-grace or raise --session-timeout)",
             humantime::format_duration(grace),
-            humantime::format_duration(session_timeout)
+            humantime::format_duration(session_timeout),
+            humantime::format_duration(most),
         )));
     }
     Ok(())

@@ -204,7 +204,8 @@ pub struct Trust {
 
 impl Trust {
     /// The latest confirmation's send time plus the session timeout less
-    /// the monitor's reserve.
+    /// the leader's possible lag ([`leader_lag`]) and the monitor's
+    /// reserve.
     pub fn until(&self) -> Instant {
         self.confirmed.get() + self.window
     }
@@ -399,6 +400,27 @@ type ProbeReply<'s> = Pin<
     >,
 >;
 
+/// How much earlier than a confirmed check's send time the leader may have
+/// last heard from the session: its expiry clock may have started that much
+/// sooner.
+///
+/// The leader hears of a session connected to a follower only from the
+/// follower's replies to its pings (every half tick), which list the
+/// sessions the follower heard from since the last one; the requests the
+/// follower forwards (our checks among them) refresh nothing at the leader.
+/// So when the follower is cut from the leader just after a check's commit
+/// reached it, the leader last heard from us at the last ping reply before
+/// the cut: up to half a tick before the check was sent, or, when our
+/// requests are further apart than that, up to the gap between them (*T*/10
+/// for a monitor's checks). ZooKeeper negotiates no session shorter than
+/// `minSessionTimeout`, two ticks unless an operator lowers it, so half a
+/// tick is at most *T*/4, which covers both. (Expiry rounds up to the next
+/// tick, but may add next to nothing.) Measured by
+/// `partitions::a_holder_through_a_follower_is_dead_before_the_next_starts_at_zookeepers_default_tick`.
+pub fn leader_lag(session_timeout: Duration) -> Duration {
+    session_timeout / 4
+}
+
 /// A request in flight that checks our node: when it was sent, and its reply.
 struct Probe<'s> {
     sent: Instant,
@@ -410,14 +432,12 @@ struct Probe<'s> {
 ///
 /// Guarantee: for an ephemeral node, [`HoldState::Lost`] with
 /// [`LossReason::PresumedExpired`] is reported no later than the session
-/// timeout *T* less the reserve after the send time of the last request the
-/// leader ordered with our node in place (see [`Confirmation`]). The
-/// leader cannot expire the session sooner than *T* after it last heard
-/// from us, which is after that send time, so whatever the holder stops
-/// within the reserve is stopped before anyone else can be granted the
-/// lock. (The leader learns of a session's activity at a follower by the
-/// follower's next ping, within a tick: the default reserve, a fifth of
-/// *T*, covers it, since *T* is at least two ticks.) The monitor checks its node
+/// timeout *T* less [`leader_lag`] (*T*/4) less the reserve after the send
+/// time of the last request the leader ordered with our node in place (see
+/// [`Confirmation`]). The leader cannot expire the session sooner than *T*
+/// after it last heard from us, which is at most [`leader_lag`] before that
+/// send time, so whatever the holder stops within the reserve is stopped
+/// before anyone else can be granted the lock. The monitor checks its node
 /// every *T*/10 while it runs, so a healthy connection keeps the hold
 /// confirmed; every wait, including the check after a reconnect, runs under
 /// that deadline, and nothing but a reply showing our node reports
@@ -486,13 +506,14 @@ impl<'s> HoldMonitor<'s> {
             next_probe: Instant::now(),
             confirmed,
             confirmation,
-            reserve: session.timeout() / 5,
+            reserve: session.timeout() / 10,
             state,
         }
     }
 
     /// Reports [`LossReason::PresumedExpired`] `reserve` before the server
-    /// could expire the session (default: a fifth of the session timeout).
+    /// could expire the session (default: a tenth of the session timeout),
+    /// that is *T* − [`leader_lag`] − `reserve` after the last confirmation.
     /// Make it at least as long as stopping whatever depends on the hold
     /// takes; it must leave room for a few of the monitor's checks
     /// (*T*/10 each), or a healthy hold is given up.
@@ -519,7 +540,11 @@ impl<'s> HoldMonitor<'s> {
     pub fn trust(&self) -> Trust {
         Trust {
             confirmed: self.confirmed.clone(),
-            window: self.session.timeout().saturating_sub(self.reserve),
+            window: self
+                .session
+                .timeout()
+                .saturating_sub(leader_lag(self.session.timeout()))
+                .saturating_sub(self.reserve),
         }
     }
 

@@ -51,7 +51,9 @@ pub use barrier::{
 pub use connect::{ConnectString, Server, DEFAULT_PORT};
 pub use contender::{ContenderKind, LEASE_MARKER};
 pub use error::{within, ErrorKind, Result, ZkError, CONTENDED_ATTEMPTS};
-pub use hold::{Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust};
+pub use hold::{
+    leader_lag, Confirmation, HoldMonitor, HoldState, LockHold, LossReason, Registration, Trust,
+};
 pub use kept::{for_want_of_zookeeper, when_reachable, KeptRegistration};
 pub use lock::mode as lock_mode;
 pub use lock::{LockMode, LockNodeData, LockOptions, Mutex, ReadWriteLock, VersionCheck};
