@@ -23,7 +23,8 @@
 //!   other hold of their lock, and tokens rise in hold order;
 //! - the semaphore never has more than its N permits held;
 //! - no command on the lock whose mode changes runs across a change that
-//!   took; its holds are exclusive or one of N permits, as the mode was;
+//!   took; its holds are exclusive, or one of N permits when they held by
+//!   a semaphore's lease (`ZKGATE_LOCK_NODE`);
 //! - every barrier round: no command started before the round's `ready`
 //!   node was made (ZooKeeper's ctime against the command's clock, the same
 //!   machine's); the opening counted every participant (read by czxids
@@ -72,7 +73,8 @@ const BARRIERS: &str = "/zkgate/namespaces/default/barriers";
 /// The lock whose mode changes under its contenders (as a LockLease's
 /// does when its spec changes), and how many processes loop on it.
 const MODE_LOCK: &str = "/zkgate/namespaces/default/locks/mode";
-const MODE_SLOTS: usize = 2;
+/// More than the semaphore's permits, so that its check can fail there.
+const MODE_SLOTS: usize = 3;
 /// The participants' session timeout: shorter than a follower's window.
 const SESSION_TIMEOUT: &str = "4s";
 const SESSION_TIMEOUT_US: i64 = 4_000_000;
@@ -93,12 +95,13 @@ const ROUND_LIMIT_US: i64 = 40_000_000;
 /// The command under the lock or barrier: `cmd.sh DIR MS TERM THREAD`. It
 /// writes `TOKEN PID START_US` to DIR/start, starts a child that appends
 /// the time to DIR/beats every 20 ms for MS milliseconds (no fork per
-/// beat), and waits for it. With TERM=1 both ignore SIGTERM (a slow
+/// beat), and waits for it. (`TOKEN PID START_US NODE`: the node it holds
+/// by, when `lock run` runs it.) With TERM=1 both ignore SIGTERM (a slow
 /// shutdown). With THREAD=1 the child is [`THREAD_ONLY`]: its main thread
 /// exits and another thread beats (issue 44: `Z` in `/proc`, and running).
 const COMMAND: &str = r#"d=$1
 [ "$3" = 1 ] && trap '' TERM
-echo "${ZKGATE_FENCING_TOKEN:-none} $$ ${EPOCHREALTIME/./}" > "$d/start"
+echo "${ZKGATE_FENCING_TOKEN:-none} $$ ${EPOCHREALTIME/./} ${ZKGATE_LOCK_NODE:-none}" > "$d/start"
 beat() {
   exec {fd}<> <(:)
   local end=$(( ${EPOCHREALTIME/./} + $2 * 1000 )) now
@@ -267,6 +270,8 @@ struct Run {
     start_us: i64,
     /// The last heartbeat (the start when none was written).
     end_us: i64,
+    /// The node `lock run` holds by (`ZKGATE_LOCK_NODE`).
+    node: Option<String>,
 }
 
 fn read_run(dir: &Path) -> Option<Run> {
@@ -275,6 +280,7 @@ fn read_run(dir: &Path) -> Option<Run> {
     let token = f.next()?.parse().ok();
     let shell = f.next()?.parse().ok()?;
     let start_us: i64 = f.next()?.parse().ok()?;
+    let node = f.next().filter(|n| *n != "none").map(str::to_owned);
     let end_us = std::fs::read_to_string(dir.join("beats"))
         .unwrap_or_default()
         .lines()
@@ -287,6 +293,7 @@ fn read_run(dir: &Path) -> Option<Run> {
         shell,
         start_us,
         end_us,
+        node,
     })
 }
 
@@ -1326,12 +1333,11 @@ fn check_locks(w: &World, bad: &mut Vec<String>) -> BTreeMap<String, String> {
             let frozen = stopped(a)
                 || (a.kind == Kind::Watch
                     && w.attempts.iter().any(|s| s.tag == sidecar && stopped(s)));
-            // A plain hold on the lock whose mode changes is what the mode
-            // was when it began: the last change begun before it (a hold
-            // under the old mode would have kept the change from taking).
+            // A plain hold on the lock whose mode changes is what it held
+            // by: a semaphore's lease (one permit) or a lock's node.
             let kind = match a.kind {
-                Kind::Plain => match w.modes.iter().rev().find(|m| m.0 < run.start_us) {
-                    Some((_, _, LockMode::Semaphore)) => Kind::Permits(1),
+                Kind::Plain => match &run.node {
+                    Some(node) if node.contains("/leases/") => Kind::Permits(1),
                     _ => Kind::Mutex,
                 },
                 kind => kind,

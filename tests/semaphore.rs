@@ -335,3 +335,68 @@ async fn k_permits_are_curator_leases_released_together() {
     )
     .await;
 }
+
+/// A change of mode must see a semaphore contender wherever it is. Taking
+/// a permit moves a contender from `locks` (its internal lock's node,
+/// queued under the lock node's version) to `leases` in one transaction
+/// that checks only the count; so a look at the two that lists `leases`
+/// first, then `locks`, can see neither when the move falls between, and
+/// the mode changes under a holder whose lease it then deletes (found in
+/// review). The look stalls just before it lists `locks`; the contender
+/// moves then. Failed before the fix (`leases` listed first: "not in use").
+#[tokio::test]
+async fn a_contender_moving_from_locks_to_leases_is_seen_in_use() {
+    use support::proxy::{op, routes};
+    let (direct, through_proxy, proxy) = routes().await;
+    let mover = session(&direct).await;
+    let looker = session(&through_proxy).await;
+    let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let lock = "/modes/sem";
+    mover
+        .client()
+        .mkdir(&format!("{lock}/locks"), &dir)
+        .await
+        .unwrap();
+    mover
+        .client()
+        .mkdir(&format!("{lock}/leases"), &dir)
+        .await
+        .unwrap();
+    let queued = format!("{lock}/locks/_c_x-lock-0000000000");
+    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    mover
+        .client()
+        .create(&queued, b"", &ephemeral)
+        .await
+        .unwrap();
+
+    proxy.stall_at(&[op::GET_CHILDREN, op::GET_CHILDREN2], "sem/locks");
+    let look = tokio::spawn(async move {
+        let in_use =
+            zkgate::zk::lock_mode::in_use(&looker, lock, &[], zkgate::zk::LockMode::Semaphore)
+                .await;
+        (in_use, looker)
+    });
+    proxy.stalled_at().await;
+    // The permit taken: the lease made and the queued node gone, at once.
+    let mut move_it = mover.client().new_multi_writer();
+    move_it
+        .add_create(
+            &format!("{lock}/leases/_c_y-lease-0000000000"),
+            b"",
+            &ephemeral,
+        )
+        .unwrap();
+    move_it.add_delete(&queued, None).unwrap();
+    move_it.commit().await.unwrap();
+    proxy.resume();
+    let (in_use, looker) = tokio::time::timeout(Duration::from_secs(30), look)
+        .await
+        .expect("the look ends")
+        .unwrap();
+    assert!(
+        in_use.expect("the look"),
+        "a contender taking its permit as the mode change looked was not seen"
+    );
+    let _ = looker.close().await;
+}

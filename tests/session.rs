@@ -123,3 +123,34 @@ async fn a_disconnected_hold_is_suspended_and_confirmed_again_on_reconnect() {
     assert_eq!(states.changed().await, SessionState::Connected);
     hold.release().await.unwrap();
 }
+
+/// The connection is lost while a new session looks at its chroot (the
+/// first request of a session): that is ZooKeeper not reachable yet, and
+/// the session is made again, on a new connection. Failed before the fix:
+/// `connect` returned the lost connection as a failed check (the chaos run
+/// saw `lock run` exit 1, an internal error, for it).
+#[tokio::test]
+async fn a_connection_lost_at_the_chroot_check_connects_again() {
+    let (_direct, through_proxy, proxy) = support::proxy::routes().await;
+    let chroot = through_proxy
+        .split_once('/')
+        .map(|(_, c)| format!("/{c}"))
+        .expect("a chroot");
+    // The chroot's `exists` never reaches the server, and its connection
+    // goes silent; a new connection flows.
+    proxy.freeze_at(&[support::proxy::op::EXISTS], &chroot, false);
+    let options = support::options(&through_proxy)
+        .session_timeout(Duration::from_secs(4))
+        .connect_timeout(Duration::from_secs(30));
+    let s = tokio::time::timeout(Duration::from_secs(40), Session::connect(&options))
+        .await
+        .expect("connect ends")
+        .expect("a session on a second connection");
+    assert_eq!(
+        proxy.freezes(),
+        1,
+        "the first connection was frozen at the chroot"
+    );
+    assert!(s.client().check_stat("/").await.unwrap().is_some());
+    let _ = s.close().await;
+}

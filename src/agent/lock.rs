@@ -603,12 +603,12 @@ impl<'a> LockCommand<'a> {
     /// releases, and returns the command's exit code.
     ///
     /// The command never outlives the hold: when the hold is lost, or may
-    /// be (no reply from ZooKeeper for the session timeout less `grace` and
-    /// a margin), the command gets SIGTERM and, `grace` later (default: a
-    /// quarter of the session timeout), SIGKILL, so
-    /// it has exited before the server can expire the session and grant
-    /// the lock to someone else. `grace` must therefore be at most half the
-    /// session timeout (checked against what the server granted). A hold
+    /// be (no reply from ZooKeeper for 0.65 of the session timeout less
+    /// `grace`), the command gets SIGTERM and, `grace` later (default: a
+    /// quarter of the session timeout), SIGKILL, so it has exited before
+    /// the server can expire the session and grant the lock to someone
+    /// else. `grace` must therefore be at most 0.35 of the session timeout
+    /// (checked against what the server granted: [`check_kill_grace`]). A hold
     /// found revoked when the command ends is reported too (exit 6): the
     /// command may have overlapped another holder.
     pub async fn run(

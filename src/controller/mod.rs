@@ -185,6 +185,12 @@ pub async fn run(options: ControllerOptions) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the ZooKeeper client's thread")?;
+    // Once a start: a release that leaks other namespaces' node names to
+    // any tenant's watch is said in the log (the doctor says it too).
+    zookeeper_runtime.spawn({
+        let servers = options.zookeeper.connect.servers().to_vec();
+        async move { crate::zk::probe::warn_of_path_leaks(&servers).await }
+    });
     let mut retry = TermBackoff::default();
     while !shutdown.is_cancelled() {
         let started = tokio::time::Instant::now();

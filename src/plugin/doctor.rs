@@ -608,6 +608,15 @@ fn zookeeper_findings(at: &str, pod: &str, d: &Diagnosis, findings: &mut Vec<Fin
                     )
                     .fix("upgrade the ensemble (TTL and container nodes came in 3.6)"),
                 );
+            } else if crate::zk::probe::leaks_paths_to_watchers(version) {
+                findings.push(
+                    Finding::new(
+                        Verdict::Warn,
+                        "ZooKeeper",
+                        format!("{} runs {version}: a persistent watch is told the paths of nodes its client may not read (CVE-2024-23944), so a participant of any namespace can learn every namespace's node names (its pods' names)", s.server),
+                    )
+                    .fix("upgrade the ensemble to 3.8.4, 3.9.2 or later"),
+                );
             }
         }
         if s.mode.as_deref() == Some("not serving") {
@@ -1003,6 +1012,18 @@ mod tests {
                 .iter()
                 .any(|(v, said, _)| *v == Verdict::Warn && said.contains("no quorum")),
             "{zookeeper:?}"
+        );
+
+        // A release before the persistent-watch fix: a warning, its fix.
+        let mut leaking = healthy.clone();
+        leaking.server_stats[1].version = Some("3.8.3".into());
+        let found = verdicts(&leaking);
+        assert!(
+            found.iter().any(|f| f.verdict == Verdict::Warn
+                && f.said.starts_with("zk-1:2181 runs 3.8.3")
+                && f.said.contains("CVE-2024-23944")
+                && f.fix.as_deref().is_some_and(|fix| fix.contains("3.8.4"))),
+            "{found:?}"
         );
 
         let mut cut_off = healthy.clone();

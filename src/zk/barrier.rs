@@ -147,8 +147,9 @@ pub struct ParticipantData {
 }
 
 /// The longest kill grace a holder may take, and the longest the controller
-/// waits for after a lease's end: half the longest session timeout a
-/// participant is given at admission. The holders zkgate runs refuse more
+/// waits for after a lease's end: more than any grace a participant can
+/// use (at most 0.35 of its session timeout, which admission bounds at
+/// 120 s). The holders zkgate runs refuse more
 /// (a usage error), so a revocation never comes before their command is
 /// dead; a foreign holder publishing more is revoked after this much.
 pub const MAX_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(60);

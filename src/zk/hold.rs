@@ -405,17 +405,21 @@ type ProbeReply<'s> = Pin<
 /// sooner.
 ///
 /// The leader hears of a session connected to a follower only from the
-/// follower's replies to its pings (every half tick), which list the
-/// sessions the follower heard from since the last one; the requests the
-/// follower forwards (our checks among them) refresh nothing at the leader.
-/// So when the follower is cut from the leader just after a check's commit
-/// reached it, the leader last heard from us at the last ping reply before
-/// the cut: up to half a tick before the check was sent, or, when our
-/// requests are further apart than that, up to the gap between them (*T*/10
-/// for a monitor's checks). ZooKeeper negotiates no session shorter than
-/// `minSessionTimeout`, two ticks unless an operator lowers it, so half a
-/// tick is at most *T*/4, which covers both. (Expiry rounds up to the next
-/// tick, but may add next to nothing.) Measured by
+/// follower's replies to its pings (every half tick, *h*), which list the
+/// sessions the follower heard a request from since the last one; the
+/// requests the follower forwards (our checks among them) refresh nothing
+/// at the leader. So when the follower is cut from the leader just after a
+/// check's commit reached it, the leader last heard from us at the last
+/// ping reply before the cut that listed us. If a request of ours reaches
+/// the follower in every half tick, that reply is less than *h* before the
+/// check; if our requests are further apart (a gap *g* > *h*), a reply may
+/// list nothing and the lag is less than *h* + *g* < 2*g*. A monitor sends
+/// a request every *T*/10 from the last send, whatever its replies take
+/// ([`HoldMonitor::touch`]), so the lag is less than max(*h*, *T*/5).
+/// ZooKeeper negotiates no session shorter than its `minSessionTimeout`,
+/// two ticks unless an operator lowers it (or servers run with different
+/// ticks), so *h* is at most *T*/4, which covers both. (Expiry rounds up to
+/// the next tick, but may add next to nothing.) Measured by
 /// `partitions::a_holder_through_a_follower_is_dead_before_the_next_starts_at_zookeepers_default_tick`.
 pub fn leader_lag(session_timeout: Duration) -> Duration {
     session_timeout / 4
@@ -552,6 +556,19 @@ impl<'s> HoldMonitor<'s> {
         (self.session.timeout() / 10).max(Duration::from_millis(20))
     }
 
+    /// A request that only tells the server we are here, sent when a
+    /// heartbeat has passed and our check's reply has not come (a slow
+    /// commit): its reply is not waited for. A server hears from the
+    /// session every heartbeat whatever its replies take, which is what
+    /// bounds [`leader_lag`] (each request refreshes the session at the
+    /// server it reaches when it arrives, and that server's next ping reply
+    /// tells the leader).
+    fn touch(&mut self) {
+        // The request goes out as it is asked for; dropping its reply.
+        drop(self.session.client().check_stat(&self.path));
+        self.next_probe = Instant::now() + self.heartbeat();
+    }
+
     fn set(&mut self, state: HoldState) -> HoldState {
         if state != self.state {
             match state {
@@ -568,10 +585,13 @@ impl<'s> HoldMonitor<'s> {
 
     /// Sends a check of our node that the leader orders (see
     /// [`Confirmation`]), and a watch of it when none is set. The check's
-    /// send time is what a reply confirms.
+    /// send time is what a reply confirms. The next request goes a
+    /// heartbeat after this one is sent, whenever its reply comes (see
+    /// [`HoldMonitor::touch`]).
     fn send_probe(&mut self) {
         let client = self.session.client();
         let sent = Instant::now();
+        self.next_probe = sent + self.heartbeat();
         let path = self.path.clone();
         let confirmed: Pin<
             Box<dyn Future<Output = std::result::Result<bool, zk::Error>> + Send + 's>,
@@ -638,12 +658,15 @@ impl<'s> HoldMonitor<'s> {
                 return self.set(HoldState::Lost(reason));
             }
             let connected = session_state == SessionState::Connected;
-            if self.probe.is_none() && connected && Instant::now() >= self.next_probe {
-                self.send_probe();
+            if connected && Instant::now() >= self.next_probe {
+                if self.probe.is_none() {
+                    self.send_probe();
+                } else {
+                    self.touch();
+                }
             }
             let deadline = self.trusted_until();
             let next_probe = self.next_probe;
-            let probing = self.probe.is_some();
             let probe = &mut self.probe;
             let node_slot = &mut self.node_event;
             let states = &mut self.states;
@@ -685,7 +708,8 @@ impl<'s> HoldMonitor<'s> {
                         _ => self.next_probe = Instant::now(),
                     }
                 }
-                () = tokio::time::sleep_until(next_probe), if !probing && connected => {}
+                // A check (or, one still awaited, a touch) is due.
+                () = tokio::time::sleep_until(next_probe), if connected => {}
                 state = states.changed() => match state {
                     SessionState::Disconnected => { self.set(HoldState::Suspended); }
                     SessionState::Connected => {
@@ -721,7 +745,8 @@ impl<'s> HoldMonitor<'s> {
                 if event.is_some() {
                     self.node_event = event;
                 }
-                self.next_probe = Instant::now() + self.heartbeat();
+                // The next check is due a heartbeat after this one's send
+                // (send_probe): a late reply is followed by a check at once.
                 if self.state == HoldState::Suspended {
                     self.set(HoldState::Held);
                 }

@@ -92,6 +92,51 @@ pub fn parse_srvr(answer: &str) -> std::io::Result<ServerStat> {
     }
 }
 
+/// Whether ZooKeeper `version` (`3.8.4`, as [`ServerStat::Serving`] has
+/// it) tells a persistent recursive watch the paths of nodes its client
+/// may not read (CVE-2024-23944, fixed in 3.8.4 and 3.9.2): on a shared
+/// ensemble, a tenant's watch on `/` then sees every namespace's node
+/// names (its pods' names among them). Persistent watches came in 3.6; an
+/// unreadable version is not judged.
+pub fn leaks_paths_to_watchers(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .ok()
+    });
+    let (Some(Some(major)), Some(Some(minor))) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let patch = parts.next().flatten().unwrap_or(0);
+    match (major, minor) {
+        (3, 6 | 7) => true,
+        (3, 8) => patch < 4,
+        (3, 9) => patch < 2,
+        _ => false,
+    }
+}
+
+/// Asks each of `servers` `srvr` once and warns of those whose version
+/// leaks node paths to watchers ([`leaks_paths_to_watchers`]); a server
+/// that does not answer is not judged (`kubectl zkgate doctor` asks again).
+pub async fn warn_of_path_leaks(servers: &[Server]) {
+    for server in servers {
+        if let Ok(ServerStat::Serving { version, .. }) =
+            server_stat(server, Duration::from_secs(2)).await
+        {
+            if leaks_paths_to_watchers(&version) {
+                tracing::warn!(
+                    server = %format!("{}:{}", server.host, server.port),
+                    %version,
+                    "this ZooKeeper tells a persistent watch the paths of nodes its client may not read (CVE-2024-23944): any namespace's participant can learn every namespace's node names; upgrade to 3.8.4 or 3.9.2 or later"
+                );
+            }
+        }
+    }
+}
+
 /// The session timeout the ensemble grants when `requested` is asked for:
 /// a session is made with `options` (no chroot: nothing is read or made)
 /// and closed at once.
@@ -113,6 +158,18 @@ pub async fn granted_session_timeout(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn releases_before_the_watch_fix_are_told_apart() {
+        for leaking in ["3.6.4", "3.7.2", "3.8.0", "3.8.3", "3.9.0", "3.9.1"] {
+            assert!(leaks_paths_to_watchers(leaking), "{leaking}");
+        }
+        for fixed in [
+            "3.8.4", "3.8.10", "3.9.2", "3.9.4", "3.10.0", "4.0.0", "3.5.9", "garbage", "",
+        ] {
+            assert!(!leaks_paths_to_watchers(fixed), "{fixed}");
+        }
+    }
 
     #[test]
     fn a_srvr_answer_is_read_for_its_version_and_mode() {

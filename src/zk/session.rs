@@ -28,6 +28,13 @@ pub(crate) fn is_connection_loss(error: &zk::Error) -> bool {
     )
 }
 
+/// A new session's client, below its chroot ([`Session::connect`]).
+enum Chrooted {
+    Ready(zk::Client),
+    /// The connection was lost before the chroot was seen.
+    Lost(zk::Error),
+}
+
 /// How to reach ZooKeeper.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -283,7 +290,15 @@ impl Session {
             let attempt =
                 tokio::time::timeout_at(deadline, connector.clone().connect(&servers)).await;
             let source = match attempt {
-                Ok(Ok(client)) => break client,
+                Ok(Ok(client)) => {
+                    match Self::chrooted(client, options, resuming, &node_acls).await? {
+                        Chrooted::Ready(client) => break client,
+                        // The connection went while the chroot was looked at:
+                        // a new session, as for a server not reachable yet
+                        // (this one made nothing but, at most, the chroot).
+                        Chrooted::Lost(err) => err,
+                    }
+                }
                 Ok(Err(zk::Error::AuthFailed)) => return Err(ZkError::AuthFailed),
                 Ok(Err(zk::Error::SessionExpired)) => return Err(ZkError::SessionExpired),
                 Ok(Err(err)) => err,
@@ -308,44 +323,6 @@ impl Session {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
         };
-        let client = match options.connect.chroot() {
-            None => client,
-            // A resumed session's chroot was there when it was made; and a
-            // request failing here would drop the client, whose close ends
-            // the very session we came back for.
-            Some(chroot) if resuming => {
-                client
-                    .chroot(chroot.to_owned())
-                    .map_err(|_| ZkError::InvalidPath {
-                        path: chroot.to_owned(),
-                        reason: "not a valid chroot",
-                    })?
-            }
-            Some(chroot) => {
-                let there = match client.check_stat(chroot).await {
-                    Ok(stat) => stat.is_some(),
-                    // ZooKeeper 3.9 checks READ on an `exists` of a node
-                    // that is there (3.8 checks nothing): refused, it is
-                    // there, and ours to use as far as the ACLs below allow
-                    // (another credential's chroot, say).
-                    Err(zk::Error::NoAuth) => true,
-                    Err(e) => return Err(ZkError::from_client("check", chroot, e)),
-                };
-                if !there {
-                    let create = zk::CreateMode::Persistent.with_acls((&node_acls[..]).into());
-                    match client.mkdir(chroot, &create).await {
-                        Ok(()) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(ZkError::from_client("create chroot", chroot, e)),
-                    }
-                }
-                client
-                    .chroot(chroot.to_owned())
-                    .map_err(|_| ZkError::InvalidPath {
-                        path: chroot.to_owned(),
-                        reason: "not a valid chroot",
-                    })?
-            }
-        };
         info!(
             session = %client.session_id(),
             timeout_ms = client.session_timeout().as_millis() as u64,
@@ -360,6 +337,57 @@ impl Session {
             options: options.clone(),
             cleanups: tokio_util::task::TaskTracker::new(),
         })
+    }
+
+    /// `client` below the connect string's chroot, made if missing (with
+    /// `node_acls`). A connection lost meanwhile is [`Chrooted::Lost`]: the
+    /// caller connects again (found by the chaos run: a lost connection
+    /// here made `zkgate` exit 1, an internal error, where ZooKeeper was
+    /// only not reachable yet).
+    async fn chrooted(
+        client: zk::Client,
+        options: &SessionOptions,
+        resuming: bool,
+        node_acls: &[zk::Acl],
+    ) -> Result<Chrooted> {
+        let Some(chroot) = options.connect.chroot() else {
+            return Ok(Chrooted::Ready(client));
+        };
+        let invalid = |_| ZkError::InvalidPath {
+            path: chroot.to_owned(),
+            reason: "not a valid chroot",
+        };
+        // A resumed session's chroot was there when it was made; and a
+        // request failing here would drop the client, whose close ends the
+        // very session we came back for.
+        if resuming {
+            return client
+                .chroot(chroot.to_owned())
+                .map(Chrooted::Ready)
+                .map_err(invalid);
+        }
+        let there = match client.check_stat(chroot).await {
+            Ok(stat) => stat.is_some(),
+            // ZooKeeper 3.9 checks READ on an `exists` of a node that is
+            // there (3.8 checks nothing): refused, it is there, and ours to
+            // use as far as the ACLs below allow (another credential's
+            // chroot, say).
+            Err(zk::Error::NoAuth) => true,
+            Err(e) if is_connection_loss(&e) => return Ok(Chrooted::Lost(e)),
+            Err(e) => return Err(ZkError::from_client("check", chroot, e)),
+        };
+        if !there {
+            let create = zk::CreateMode::Persistent.with_acls(node_acls.into());
+            match client.mkdir(chroot, &create).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(e) if is_connection_loss(&e) => return Ok(Chrooted::Lost(e)),
+                Err(e) => return Err(ZkError::from_client("create chroot", chroot, e)),
+            }
+        }
+        client
+            .chroot(chroot.to_owned())
+            .map(Chrooted::Ready)
+            .map_err(invalid)
     }
 
     /// The ACL of the nodes the recipes make for this session (their

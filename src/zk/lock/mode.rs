@@ -125,7 +125,11 @@ pub async fn in_use(
     if mode != LockMode::Semaphore {
         return Ok(false);
     }
-    for dir in [crate::zk::LEASES, crate::zk::LOCKS].map(|d| path::join(path, d)) {
+    // `locks` before `leases`: a contender takes its permit by moving from
+    // the one to the other in one transaction (which checks only the
+    // count), so listed in this order it is seen in one or the other; the
+    // other way round, a move between the two lists is seen in neither.
+    for dir in [crate::zk::LOCKS, crate::zk::LEASES].map(|d| path::join(path, d)) {
         match session.client().list_children(&dir).await {
             Ok(names) if !names.is_empty() => return Ok(true),
             Ok(_) | Err(zk::Error::NoNode) => {}
