@@ -63,7 +63,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use support::proxy::Proxy;
 use support::zookeeper::{Cut, EnsembleConfig};
-use support::Ensemble;
+use support::{now_us, Ensemble};
 use tokio::time::Instant;
 use zkgate::zk::lock_mode::{self, LockNodeRead};
 use zkgate::zk::{LockMode, LockNodeData, Session};
@@ -144,15 +144,6 @@ ctypes.CDLL(None).pthread_exit(None)
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// The wall clock in microseconds: the clock the commands' `$EPOCHREALTIME`
-/// and ZooKeeper's ctime read.
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use support::proxy::Proxy;
 use support::zookeeper::{Cut, EnsembleConfig};
-use support::{session_with_timeout, Ensemble};
+use support::{now_us, session_with_timeout, Ensemble};
 use tokio::time::Instant;
 use zkgate::zk::{HoldState, LockOptions, Mutex, Session};
 
@@ -212,14 +212,6 @@ const STUBBORN: &str = r#"trap '' TERM
 exec {fd}<> <(:)
 while :; do echo "${EPOCHREALTIME/./}" >> beats; read -t 0.01 -u "$fd"; done
 "#;
-
-/// The wall clock in µs: the clock `$EPOCHREALTIME` reads.
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
 
 /// The last line of `path` as µs, if any.
 fn last_us(path: &std::path::Path) -> Option<i64> {

@@ -14,13 +14,7 @@ use kube::api::{Patch, PatchParams};
 
 use super::*;
 
-/// This machine's clock in microseconds (the pods' `now-us` reads the same).
-pub(super) fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
+pub(super) use crate::support::now_us;
 
 /// The status of container `name` of `pod`, an init container (a native
 /// sidecar) or a main one.

@@ -142,6 +142,15 @@ pub fn options(connect: &str) -> SessionOptions {
     options.tls(tls::client_settings(&dir, "ca.crt"))
 }
 
+/// This machine's wall clock in microseconds: the clock a command's
+/// `$EPOCHREALTIME`, the pods' `now-us` and ZooKeeper's ctime read.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
 /// Polls `check` until it returns `Some`, failing the test after `within`.
 pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
 where
