@@ -39,9 +39,21 @@ use zkgate::api::{Barrier, LockLease};
 use zkgate::zk::{ConnectString, Session, SessionOptions};
 use zookeeper_client as zk;
 
-// The integration tests' helpers (a free port, a plain HTTP GET).
-#[path = "../tests/support/mod.rs"]
-mod support;
+// The integration tests' free port and plain HTTP GET.
+#[path = "../tests/support/net.rs"]
+mod net;
+
+/// A namespace of a fresh name (the controller's objects go there).
+async fn namespace(client: &Client) -> String {
+    let name = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": name } })).expect("a namespace");
+    Api::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create the namespace");
+    name
+}
 
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     if v.is_empty() {
@@ -192,7 +204,7 @@ async fn main() {
         .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let ns = support::kube::namespace(&client).await;
+    let ns = namespace(&client).await;
 
     // Every resource first, then the controller: its first full sync.
     let barrier_api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
@@ -227,7 +239,7 @@ async fn main() {
     let sync_l = watch_until(lock_api.clone(), synced.clone(), |l: &LockLease| {
         l.status.is_some()
     });
-    let metrics_port = support::zookeeper::free_port();
+    let metrics_port = net::free_port();
     let start_controller = || {
         tokio::process::Command::new(binary)
             .args([
@@ -412,7 +424,7 @@ async fn main() {
                 .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
                 .sum()
         };
-        if let Some((_, body)) = support::http_get(metrics_port, "/metrics").await {
+        if let Some((_, body)) = net::http_get(metrics_port, "/metrics").await {
             if seen("zkgate_barriers", &body) as usize == barriers + 1
                 && seen("zkgate_lock_leases", &body) as usize == locks
             {
@@ -468,7 +480,7 @@ async fn main() {
 
 /// `n` Barriers (x=3) named `<prefix><i>`, in a namespace of their own.
 async fn barriers_of_their_own(client: &Client, n: usize, prefix: &str) -> Api<Barrier> {
-    let ns = support::kube::namespace(client).await;
+    let ns = namespace(client).await;
     let api: Api<Barrier> = Api::namespaced(client.clone(), &ns);
     futures::stream::iter(0..n)
         .for_each_concurrent(16, |i| {

@@ -1242,10 +1242,28 @@ struct HostController {
     _process: tokio::process::Child,
     client: Client,
     configuration: String,
+    /// Where its log goes.
+    log: PathBuf,
 }
+
+/// How much of a [`HostController`]'s log a failed test shows.
+const HOST_LOG_TAIL: usize = 80;
 
 impl Drop for HostController {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<_> = log.lines().collect();
+            eprintln!(
+                "---- the last {} of the test's controller's {} log lines ({}) ----",
+                HOST_LOG_TAIL.min(lines.len()),
+                lines.len(),
+                self.log.display()
+            );
+            for line in &lines[lines.len().saturating_sub(HOST_LOG_TAIL)..] {
+                eprintln!("{line}");
+            }
+        }
         use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
         let client = self.client.clone();
         let name = self.configuration.clone();
@@ -1309,6 +1327,10 @@ impl Cluster {
             .create(&PostParams::default(), &config)
             .await
             .expect("create the webhook configuration");
+        // Its log goes to a file, shown (its end) only if the test fails:
+        // in the test's captured output the failure then comes first, not
+        // after thousands of reconnection warnings.
+        let log = self.dir.join(format!("host-controller-{namespace}.log"));
         let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
             .args(["controller", "--zookeeper", zookeeper, "--root", root])
             .args([
@@ -1337,6 +1359,7 @@ impl Cluster {
             .env("ZKGATE_LOG", "zkgate=info,warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("the controller's log file"))
             .kill_on_drop(true)
             .spawn()
             .expect("the controller");
@@ -1345,6 +1368,7 @@ impl Cluster {
             _process: process,
             client: self.client.clone(),
             configuration,
+            log,
         }
     }
 }

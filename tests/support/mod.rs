@@ -9,6 +9,7 @@ pub mod handout;
 pub mod https;
 pub mod jobset;
 pub mod kube;
+pub mod net;
 pub mod order;
 pub mod proxy;
 pub mod release;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zkgate::zk::{ConnectString, Session, SessionOptions};
 
+pub use net::{http_get, http_get_at};
 pub use zookeeper::{Ensemble, ZkServer};
 
 /// A command-line tool the tests run (`helm`, `kubectl`): in
@@ -286,25 +288,6 @@ pub fn chroot_of(connect: &str) -> String {
         .chroot()
         .expect("a chroot")
         .to_owned()
-}
-
-/// `GET path` on a loopback port: the status line and the body, or `None`
-/// when nothing answers.
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    http_get_at("127.0.0.1", port, path).await
-}
-
-/// `GET path` on `host:port` (a pod's address on the local cluster's bridge).
-pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, out))
 }
 
 /// `zkgate ARGS...` against `connect` (with the TLS pass's certificates
