@@ -16,6 +16,8 @@ RUN case "$TARGETARCH" in \
       *) echo "unsupported architecture: $TARGETARCH (amd64 or arm64)" >&2; exit 1 ;; \
     esac
 COPY Cargo.toml Cargo.lock ./
+# The workspace names the benchmarks' package: its manifest must be there.
+COPY bench/Cargo.toml ./bench/Cargo.toml
 COPY src ./src
 COPY scripts/build-static ./scripts/build-static
 # A static executable: `zkgate install` copies it into images that may have

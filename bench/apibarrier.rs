@@ -14,9 +14,6 @@
 //! registered-us N    its own report is stored (the patch returned)
 //! released-us N      it saw the count reached
 //! ```
-//!
-//! Run with `--bench` (as `cargo bench` runs every bench target) it does
-//! nothing: it is a program for a pod, not a benchmark of its own.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -134,9 +131,6 @@ async fn run(options: Options) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--bench") {
-        return Ok(());
-    }
     let options = options(&args)?;
     // kube's TLS takes the process's crypto provider; ring, as zkgate's.
     let _ = rustls::crypto::ring::default_provider().install_default();

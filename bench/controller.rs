@@ -23,7 +23,7 @@
 //!   patch and replace, side by side.
 //!
 //! Prints one JSON line.
-//!   cargo bench --bench controller -- KUBECONFIG ZOOKEEPER ZKGATE_BINARY BARRIERS LOCKS GANG
+//!   cargo run --release -p zkgate-bench --bin controller -- KUBECONFIG ZOOKEEPER ZKGATE_BINARY BARRIERS LOCKS GANG
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -174,10 +174,7 @@ async fn synced_after(
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let (kubeconfig, zk_base, binary) = (&args[0], &args[1], &args[2]);
     let barriers: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let locks: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1_000);

@@ -1,6 +1,6 @@
 //! zkgate's side of the benchmarks (`bench/run` runs it beside Curator and
 //! kazoo). One scenario per run; prints one JSON line:
-//!   cargo bench --bench recipes -- SCENARIO CONNECT N [SESSIONS]
+//!   cargo run --release -p zkgate-bench --bin recipes -- SCENARIO CONNECT N [SESSIONS]
 //! Scenarios: raw (create+delete, one session), lock (acquire+release, one
 //! session), contended (SESSIONS sessions x N on one lock), rw (8 readers +
 //! 2 writers x N), many (64 locks x 4 sessions x N), semaphore (SESSIONS
@@ -78,10 +78,7 @@ async fn tcp_round_trip(tcp: &mut tokio::net::TcpStream) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("lock");
     let connect = args
         .get(1)

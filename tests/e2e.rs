@@ -1263,6 +1263,8 @@ impl Drop for HostController {
             for line in &lines[lines.len().saturating_sub(HOST_LOG_TAIL)..] {
                 eprintln!("{line}");
             }
+        } else {
+            let _ = std::fs::remove_file(&self.log);
         }
         use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
         let client = self.client.clone();
@@ -1331,6 +1333,7 @@ impl Cluster {
         // in the test's captured output the failure then comes first, not
         // after thousands of reconnection warnings.
         let log = self.dir.join(format!("host-controller-{namespace}.log"));
+        eprintln!("the test's controller logs to {}", log.display());
         let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
             .args(["controller", "--zookeeper", zookeeper, "--root", root])
             .args([

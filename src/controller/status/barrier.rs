@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    condition, jiff_span, note, pods_tracked, spec_accepted, time_of_millis, warning, Capped, Note,
-    LIST_LIMIT, LOST_KEPT,
+    bound, bound_conditions, bound_notes, bound_some, condition, jiff_span, note, pods_tracked,
+    spec_accepted, time_of_millis, warning, Capped, Note, LIST_LIMIT, LOST_KEPT, NAME_LIMIT,
+    TEXT_LIMIT,
 };
 use crate::api::{BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus};
 use crate::zk::tree::Snapshot;
@@ -69,8 +70,33 @@ impl Capped for BarrierStatus {
     }
 }
 
-/// Computes a barrier's status.
+impl BarrierOutcome {
+    /// Every text from ZooKeeper in the status and the events cut to
+    /// [`TEXT_LIMIT`], names and reasons to [`NAME_LIMIT`].
+    fn bound_texts(&mut self) {
+        let status = &mut self.status;
+        bound_some(&mut status.reason, NAME_LIMIT);
+        bound_some(&mut status.message, TEXT_LIMIT);
+        bound_conditions(&mut status.conditions);
+        for p in &mut status.participants {
+            bound(&mut p.id, NAME_LIMIT);
+            bound_some(&mut p.pod, NAME_LIMIT);
+        }
+        for end in &mut status.round_ends {
+            bound(end, TEXT_LIMIT);
+        }
+        bound_notes(&mut self.notes);
+    }
+}
+
+/// Computes a barrier's status (its texts bounded: [`TEXT_LIMIT`]).
 pub fn barrier(obs: &BarrierObservation<'_>) -> BarrierOutcome {
+    let mut outcome = unbounded(obs);
+    outcome.bound_texts();
+    outcome
+}
+
+fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     let data = BarrierData::parse(obs.znode, &obs.node.data)
         .ok()
         .flatten()
@@ -441,6 +467,7 @@ pub fn in_rounds(
             ready.message = message;
         }
     }
+    outcome.bound_texts();
 }
 
 /// The status of a Barrier that has no size yet (`spec.jobRef` names a
@@ -492,6 +519,7 @@ pub fn barrier_unsized(
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{at, child, node, spec};
+    use super::super::{NAME_LIMIT, TEXT_LIMIT};
     use super::*;
 
     fn observe(
@@ -773,6 +801,84 @@ mod tests {
             again.notes.iter().all(|n| n.reason != "InvalidSpec"),
             "reported once, not on every reconcile"
         );
+    }
+
+    /// Issue 45, item 1: what a tenant's participants write in ZooKeeper
+    /// (a failure's reason, a round's end, a member's id and pod) reaches
+    /// the status and the events only bounded: a namespace cannot make the
+    /// controller hold, write or record megabytes (an Event is refused past
+    /// 1 KiB, and with it the rest of the look's events).
+    #[test]
+    fn what_a_tenant_writes_in_zookeeper_reaches_status_and_events_bounded() {
+        let huge = "x".repeat(200_000);
+        let s = spec(2, Some("1s"), OnParticipantLoss::RestartGang);
+        let member = format!(r#"{{"pod":"{huge}"}}"#);
+        let mut out = observe(
+            &s,
+            &node(
+                BarrierData {
+                    participants: 2,
+                    failed: Some(huge.clone()),
+                    ..Default::default()
+                },
+                vec![child(&format!("m-{huge}"), 1, 2, &member)],
+            ),
+            &BarrierStatus::default(),
+            5_000,
+        );
+        assert_eq!(out.status.phase, Some(BarrierPhase::Failed));
+        assert_bounded(&out.status, &out.notes);
+        let top = BarrierData {
+            participants: 2,
+            round: Some(1),
+            ends: vec![huge.clone(); 3],
+            failed: Some(format!("RestartLimit{huge}: {huge}")),
+            ..Default::default()
+        };
+        let previous = BarrierStatus {
+            round: Some(0),
+            ..Default::default()
+        };
+        in_rounds(&mut out, &previous, &top, 1, at(5_000));
+        assert!(out.notes.iter().any(|n| n.reason == "GangRestarted"));
+        assert_bounded(&out.status, &out.notes);
+        assert!(
+            out.status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("bytes more")),
+            "a cut text says so: {:?}",
+            out.status
+                .message
+                .as_deref()
+                .map(|m| &m[m.len().saturating_sub(40)..])
+        );
+    }
+
+    /// Every text of `status` and `notes` within [`TEXT_LIMIT`], every
+    /// reason and name within [`NAME_LIMIT`].
+    fn assert_bounded(status: &BarrierStatus, notes: &[Note]) {
+        let mut texts: Vec<(&str, usize)> = vec![];
+        texts.extend(status.message.as_deref().map(|m| (m, TEXT_LIMIT)));
+        texts.extend(status.reason.as_deref().map(|r| (r, NAME_LIMIT)));
+        for c in &status.conditions {
+            texts.push((&c.message, TEXT_LIMIT));
+            texts.push((&c.reason, NAME_LIMIT));
+        }
+        for p in &status.participants {
+            texts.push((&p.id, NAME_LIMIT));
+            texts.extend(p.pod.as_deref().map(|pod| (pod, NAME_LIMIT)));
+        }
+        texts.extend(status.round_ends.iter().map(|e| (e.as_str(), TEXT_LIMIT)));
+        texts.extend(notes.iter().map(|n| (n.message.as_str(), TEXT_LIMIT)));
+        for (text, limit) in texts {
+            assert!(
+                text.len() <= limit,
+                "{} bytes past a limit of {limit}: {}...",
+                text.len(),
+                &text[..40.min(text.len())]
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    condition, jiff_span, note, pods_tracked, spec_accepted, warning, Capped, Note, LIST_LIMIT,
+    bound, bound_conditions, bound_notes, bound_some, condition, jiff_span, note, pods_tracked,
+    spec_accepted, warning, Capped, Note, LIST_LIMIT, NAME_LIMIT,
 };
 use crate::api::{HoldMode, HolderStatus, LockLeaseSpec, LockLeaseStatus, LockPhase, WaiterStatus};
 use crate::zk::contender::{self, ContenderKind};
@@ -75,14 +76,38 @@ impl Capped for LockLeaseStatus {
     }
 }
 
+impl LockOutcome {
+    /// The ids and pods contenders wrote cut to [`NAME_LIMIT`], and the
+    /// texts made of them to [`super::TEXT_LIMIT`].
+    fn bound_texts(&mut self) {
+        let status = &mut self.status;
+        for h in &mut status.holders {
+            bound(&mut h.id, NAME_LIMIT);
+            bound_some(&mut h.pod, NAME_LIMIT);
+        }
+        for w in &mut status.waiters {
+            bound(&mut w.id, NAME_LIMIT);
+            bound_some(&mut w.pod, NAME_LIMIT);
+        }
+        for w in &mut status.waiting {
+            bound(w, NAME_LIMIT);
+        }
+        bound_conditions(&mut status.conditions);
+        bound_notes(&mut self.notes);
+    }
+}
+
 /// One look at a lock: its status as the nodes stand, and the holds past
 /// their lease in `revoke`. The status still lists the next in line as
 /// waiting; [`lock_settled`] is the status once the revocations are done.
+/// Its texts are bounded (see [`super::TEXT_LIMIT`]).
 pub fn lock(obs: &LockObservation<'_>) -> LockOutcome {
-    match obs.nodes {
+    let mut outcome = match obs.nodes {
         LockNodes::Queue(children) => held_status(obs, queue_held(children)),
         LockNodes::Semaphore { leases, locks } => held_status(obs, semaphore_held(leases, locks)),
-    }
+    };
+    outcome.bound_texts();
+    outcome
 }
 
 /// A lock's status with its revocations settled in one pass: the holds
@@ -447,6 +472,7 @@ fn held_status(obs: &LockObservation<'_>, seen: Held<'_>) -> LockOutcome {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{at, child, stat};
+    use super::super::{NAME_LIMIT, TEXT_LIMIT};
     use super::*;
     use crate::zk::tree::Snapshot;
 
@@ -470,6 +496,59 @@ mod tests {
             now,
             spec_problem: None,
         })
+    }
+
+    /// Issue 45, item 1: the ids and pods a tenant's contenders write
+    /// reach the status and the events bounded (see the Barrier's test).
+    #[test]
+    fn what_a_tenant_writes_in_zookeeper_reaches_status_and_events_bounded() {
+        let s = LockLeaseSpec {
+            mode: crate::api::LockMode::Exclusive,
+            lease_duration: Some("1s".into()),
+            permits: None,
+        };
+        let huge = "x".repeat(200_000);
+        let who = format!(r#"{{"id":"{huge}","pod":"{huge}"}}"#);
+        let n = Snapshot {
+            data: vec![],
+            stat: stat(0, 1, 0),
+            children: vec![
+                child(&format!("_c_{huge}-lock-0000000001"), 0, 100, &who),
+                child(&format!("_c_{huge}-lock-0000000002"), 0, 101, &who),
+            ],
+        };
+        let settle = |previous: &LockLeaseStatus, now: i64| {
+            lock_settled(&LockObservation {
+                spec: &s,
+                nodes: LockNodes::Queue(&n.children),
+                previous,
+                generation: Some(1),
+                znode: "/l",
+                now: at(now),
+                spec_problem: None,
+            })
+        };
+        let first = settle(&LockLeaseStatus::default(), 0);
+        let out = settle(&first.status, 60_000);
+        assert!(!out.revoke.is_empty(), "the first hold is past its lease");
+        let mut texts: Vec<(&str, usize)> = vec![];
+        for h in &out.status.holders {
+            texts.push((&h.id, NAME_LIMIT));
+            texts.extend(h.pod.as_deref().map(|p| (p, NAME_LIMIT)));
+        }
+        for w in &out.status.waiters {
+            texts.push((&w.id, NAME_LIMIT));
+            texts.extend(w.pod.as_deref().map(|p| (p, NAME_LIMIT)));
+        }
+        texts.extend(out.status.waiting.iter().map(|w| (w.as_str(), NAME_LIMIT)));
+        for c in &out.status.conditions {
+            texts.push((&c.message, TEXT_LIMIT));
+        }
+        texts.extend(out.notes.iter().map(|n| (n.message.as_str(), TEXT_LIMIT)));
+        assert!(!out.notes.is_empty());
+        for (text, limit) in texts {
+            assert!(text.len() <= limit, "{} bytes past {limit}", text.len());
+        }
     }
 
     #[test]

@@ -157,6 +157,59 @@ pub const LIST_LIMIT: usize = 100;
 /// (the most recent).
 pub const LOST_KEPT: usize = 10;
 
+/// The most bytes of a text from ZooKeeper (a failure, a round's end)
+/// that a status or an event carries. A tenant's participants write those
+/// texts: one namespace must not make the controller hold, write or
+/// record megabytes, and an Event's note is refused past 1 KiB.
+pub const TEXT_LIMIT: usize = 1024;
+/// The most bytes of a name or a reason from ZooKeeper (a member's id or
+/// pod, a failure's reason) a status carries: a Kubernetes name's limit.
+pub const NAME_LIMIT: usize = 253;
+
+/// `text` cut to at most `limit` bytes on a character boundary, ending
+/// with how many bytes were left out.
+pub fn bounded(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    // The marker's length with the whole length's digits bounds its own.
+    let marker_room = "… ( bytes more)".len() + text.len().to_string().len();
+    let mut keep = limit.saturating_sub(marker_room);
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}… ({} bytes more)", &text[..keep], text.len() - keep)
+}
+
+/// [`bounded`] in place.
+fn bound(text: &mut String, limit: usize) {
+    if text.len() > limit {
+        *text = bounded(text, limit);
+    }
+}
+
+/// [`bounded`] in place, if any.
+fn bound_some(text: &mut Option<String>, limit: usize) {
+    if let Some(text) = text {
+        bound(text, limit);
+    }
+}
+
+/// Conditions' reasons and messages bounded.
+fn bound_conditions(conditions: &mut [Condition]) {
+    for c in conditions {
+        bound(&mut c.reason, NAME_LIMIT);
+        bound(&mut c.message, TEXT_LIMIT);
+    }
+}
+
+/// Events' messages bounded.
+fn bound_notes(notes: &mut [Note]) {
+    for n in notes {
+        bound(&mut n.message, TEXT_LIMIT);
+    }
+}
+
 /// A status as written: its lists cut to [`LIST_LIMIT`]. The controller
 /// remembers the whole status and writes this.
 pub trait Capped {
