@@ -6,9 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    bound, bound_conditions, bound_notes, bound_some, condition, jiff_span, note, pods_tracked,
-    spec_accepted, time_of_millis, warning, Capped, Note, LIST_LIMIT, LOST_KEPT, NAME_LIMIT,
-    TEXT_LIMIT,
+    bound, bound_conditions, bound_notes, bound_some, bounded, condition, jiff_span, note,
+    pods_tracked, spec_accepted, time_of_millis, warning, Capped, Note, LIST_LIMIT, LOST_KEPT,
+    NAME_LIMIT, TEXT_LIMIT,
 };
 use crate::api::{BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus};
 use crate::zk::tree::Snapshot;
@@ -115,11 +115,14 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     let mut participants = obs.previous.participants.clone();
     for member in &members {
         let pod = ParticipantData::parse(&member.data).pod;
-        match participants.iter_mut().find(|p| p.id == member.name) {
+        // Listed by its id as the status keeps it (bounded), so that the
+        // next look finds it again whatever its node's name.
+        let id = bounded(&member.name, NAME_LIMIT);
+        match participants.iter_mut().find(|p| p.id == id) {
             Some(p) if p.left_at.is_some() => {
                 // The same id registered again: a replacement.
                 *p = ParticipantStatus {
-                    id: member.name.clone(),
+                    id: id.clone(),
                     pod,
                     entered_at: time_of_millis(member.stat.ctime),
                     ..Default::default()
@@ -127,7 +130,7 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             }
             Some(_) => {}
             None => participants.push(ParticipantStatus {
-                id: member.name.clone(),
+                id,
                 pod,
                 entered_at: time_of_millis(member.stat.ctime),
                 ..Default::default()
@@ -136,7 +139,7 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     }
     let mut lost = Vec::new();
     for p in participants.iter_mut().filter(|p| p.left_at.is_none()) {
-        if !members.iter().any(|m| m.name == p.id) {
+        if !members.iter().any(|m| bounded(&m.name, NAME_LIMIT) == p.id) {
             p.left_at = Some(Time(obs.now));
             if !opened {
                 p.lost = true;
@@ -202,7 +205,9 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             &obs.previous.reason,
             &obs.previous.message,
         ) {
-            (Some(BarrierPhase::Failed), Some(was), Some(message)) if *was == reason => {
+            (Some(BarrierPhase::Failed), Some(was), Some(message))
+                if *was == bounded(&reason, NAME_LIMIT) =>
+            {
                 message.clone()
             }
             _ => obs
@@ -450,17 +455,34 @@ pub fn in_rounds(
         ));
     }
     if let Some(failed) = &top.failed {
-        let reason = failed.split(':').next().unwrap_or(failed).trim().to_owned();
+        // As the status keeps it, so that an unchanged reason compares equal.
+        let reason = bounded(
+            failed.split(':').next().unwrap_or(failed).trim(),
+            NAME_LIMIT,
+        );
         let message = format!("failed: {failed}");
-        if status.phase != Some(BarrierPhase::Failed) {
+        // Said once: when the previous status did not say it yet (the look's
+        // own phase comes from the round's node, which knows nothing of it).
+        let said = previous.phase == Some(BarrierPhase::Failed)
+            && previous.reason.as_deref() == Some(reason.as_str());
+        if status.phase != Some(BarrierPhase::Failed) && !said {
             outcome.notes.push(warning("Failed", message.clone()));
         }
         status.phase = Some(BarrierPhase::Failed);
         status.reason = Some(reason.clone());
         status.message = Some(message.clone());
         if let Some(ready) = status.conditions.iter_mut().find(|c| c.type_ == "Ready") {
-            if ready.status != "False" || ready.reason != reason {
-                ready.last_transition_time = Time(now);
+            // The look's own condition knows nothing of the failure: the
+            // previous status says whether Ready already was False for it.
+            let before = previous.conditions.iter().find(|c| c.type_ == "Ready");
+            match before {
+                Some(before) if before.status == "False" && before.reason == reason => {
+                    ready.last_transition_time = before.last_transition_time.clone();
+                }
+                _ if ready.status != "False" || ready.reason != reason => {
+                    ready.last_transition_time = Time(now);
+                }
+                _ => {}
             }
             ready.status = "False".to_owned();
             ready.reason = reason;
@@ -853,6 +875,48 @@ mod tests {
                 .as_deref()
                 .map(|m| &m[m.len().saturating_sub(40)..])
         );
+    }
+
+    /// A member's id and a failure's reason past their bound are kept
+    /// bounded, and compare equal at the next look: the member is the same
+    /// member (not one that left and one that came), and the Ready
+    /// condition does not move.
+    #[test]
+    fn a_long_member_name_and_reason_are_the_same_at_the_next_look() {
+        let huge = "y".repeat(5_000);
+        let s = spec(2, None, OnParticipantLoss::RestartGang);
+        let n = node(
+            BarrierData {
+                participants: 2,
+                ..Default::default()
+            },
+            vec![child(&format!("m-{huge}"), 1, 2, "")],
+        );
+        let first = observe(&s, &n, &BarrierStatus::default(), 1_000);
+        let second = observe(&s, &n, &first.status, 2_000);
+        assert_eq!(second.status.participants.len(), 1, "{:?}", second.status);
+        assert_eq!((second.status.entered, second.status.left), (1, 0));
+        assert!(second.status.participants[0].left_at.is_none());
+
+        let top = BarrierData {
+            participants: 2,
+            round: Some(0),
+            failed: Some(format!("{huge}: why")),
+            ..Default::default()
+        };
+        let mut a = observe(&s, &n, &BarrierStatus::default(), 1_000);
+        in_rounds(&mut a, &BarrierStatus::default(), &top, 0, at(1_000));
+        let mut b = observe(&s, &n, &a.status, 5_000);
+        in_rounds(&mut b, &a.status, &top, 0, at(5_000));
+        let ready = |o: &BarrierOutcome| {
+            o.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.reason.clone(), c.last_transition_time.clone()))
+        };
+        assert_eq!(ready(&a), ready(&b), "the Ready condition moved");
+        assert!(b.notes.iter().all(|n| n.reason != "Failed"), "failed again");
     }
 
     /// Every text of `status` and `notes` within [`TEXT_LIMIT`], every
