@@ -6,9 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    bound, bound_conditions, bound_notes, bound_some, bounded, condition, jiff_span, note,
-    pods_tracked, spec_accepted, time_of_millis, warning, Capped, Note, LIST_LIMIT, LOST_KEPT,
-    NAME_LIMIT, TEXT_LIMIT,
+    bound, bound_conditions, bound_name, bound_name_some, bound_notes, bounded_name, condition,
+    jiff_span, note, pods_tracked, spec_accepted, time_of_millis, warning, Capped, Note,
+    LIST_LIMIT, LOST_KEPT, TEXT_LIMIT,
 };
 use crate::api::{BarrierPhase, BarrierSpec, BarrierStatus, OnParticipantLoss, ParticipantStatus};
 use crate::zk::tree::Snapshot;
@@ -75,12 +75,14 @@ impl BarrierOutcome {
     /// [`TEXT_LIMIT`], names and reasons to [`NAME_LIMIT`].
     fn bound_texts(&mut self) {
         let status = &mut self.status;
-        bound_some(&mut status.reason, NAME_LIMIT);
-        bound_some(&mut status.message, TEXT_LIMIT);
+        bound_name_some(&mut status.reason);
+        if let Some(message) = &mut status.message {
+            bound(message, TEXT_LIMIT);
+        }
         bound_conditions(&mut status.conditions);
         for p in &mut status.participants {
-            bound(&mut p.id, NAME_LIMIT);
-            bound_some(&mut p.pod, NAME_LIMIT);
+            bound_name(&mut p.id);
+            bound_name_some(&mut p.pod);
         }
         for end in &mut status.round_ends {
             bound(end, TEXT_LIMIT);
@@ -112,12 +114,17 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     let mut notes = Vec::new();
 
     // Merge who is there now with who was seen before.
+    // Members are listed by their ids as the status keeps them (bounded),
+    // so that the next look finds them again whatever their nodes' names;
+    // ids a status kept unbounded (an older controller's) are bounded too.
     let mut participants = obs.previous.participants.clone();
-    for member in &members {
+    for p in &mut participants {
+        bound_name(&mut p.id);
+    }
+    let member_ids: Vec<String> = members.iter().map(|m| bounded_name(&m.name)).collect();
+    for (member, id) in members.iter().zip(&member_ids) {
+        let id = id.clone();
         let pod = ParticipantData::parse(&member.data).pod;
-        // Listed by its id as the status keeps it (bounded), so that the
-        // next look finds it again whatever its node's name.
-        let id = bounded(&member.name, NAME_LIMIT);
         match participants.iter_mut().find(|p| p.id == id) {
             Some(p) if p.left_at.is_some() => {
                 // The same id registered again: a replacement.
@@ -137,9 +144,10 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             }),
         }
     }
+    let present: std::collections::HashSet<&str> = member_ids.iter().map(String::as_str).collect();
     let mut lost = Vec::new();
     for p in participants.iter_mut().filter(|p| p.left_at.is_none()) {
-        if !members.iter().any(|m| bounded(&m.name, NAME_LIMIT) == p.id) {
+        if !present.contains(p.id.as_str()) {
             p.left_at = Some(Time(obs.now));
             if !opened {
                 p.lost = true;
@@ -206,7 +214,7 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             &obs.previous.message,
         ) {
             (Some(BarrierPhase::Failed), Some(was), Some(message))
-                if *was == bounded(&reason, NAME_LIMIT) =>
+                if *was == bounded_name(&reason) =>
             {
                 message.clone()
             }
@@ -456,10 +464,7 @@ pub fn in_rounds(
     }
     if let Some(failed) = &top.failed {
         // As the status keeps it, so that an unchanged reason compares equal.
-        let reason = bounded(
-            failed.split(':').next().unwrap_or(failed).trim(),
-            NAME_LIMIT,
-        );
+        let reason = bounded_name(failed.split(':').next().unwrap_or(failed).trim());
         let message = format!("failed: {failed}");
         // Said once: when the previous status did not say it yet (the look's
         // own phase comes from the round's node, which knows nothing of it).
@@ -897,6 +902,14 @@ mod tests {
         assert_eq!(second.status.participants.len(), 1, "{:?}", second.status);
         assert_eq!((second.status.entered, second.status.left), (1, 0));
         assert!(second.status.participants[0].left_at.is_none());
+        // A status an older controller wrote kept the whole id: the same
+        // member still, not lost.
+        let mut older = first.status.clone();
+        older.participants[0].id = format!("m-{huge}");
+        let upgraded = observe(&s, &n, &older, 2_000);
+        assert_eq!(upgraded.status.participants.len(), 1);
+        assert!(!upgraded.status.participants[0].lost);
+        assert_eq!((upgraded.status.entered, upgraded.status.left), (1, 0));
 
         let top = BarrierData {
             participants: 2,

@@ -6,8 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    bound, bound_conditions, bound_notes, bound_some, condition, jiff_span, note, pods_tracked,
-    spec_accepted, warning, Capped, Note, LIST_LIMIT, NAME_LIMIT,
+    bound_conditions, bound_name, bound_name_some, bound_notes, condition, jiff_span, note,
+    pods_tracked, spec_accepted, warning, Capped, Note, LIST_LIMIT,
 };
 use crate::api::{HoldMode, HolderStatus, LockLeaseSpec, LockLeaseStatus, LockPhase, WaiterStatus};
 use crate::zk::contender::{self, ContenderKind};
@@ -82,15 +82,15 @@ impl LockOutcome {
     fn bound_texts(&mut self) {
         let status = &mut self.status;
         for h in &mut status.holders {
-            bound(&mut h.id, NAME_LIMIT);
-            bound_some(&mut h.pod, NAME_LIMIT);
+            bound_name(&mut h.id);
+            bound_name_some(&mut h.pod);
         }
         for w in &mut status.waiters {
-            bound(&mut w.id, NAME_LIMIT);
-            bound_some(&mut w.pod, NAME_LIMIT);
+            bound_name(&mut w.id);
+            bound_name_some(&mut w.pod);
         }
         for w in &mut status.waiting {
-            bound(w, NAME_LIMIT);
+            bound_name(w);
         }
         bound_conditions(&mut status.conditions);
         bound_notes(&mut self.notes);

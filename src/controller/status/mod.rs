@@ -167,18 +167,44 @@ pub const TEXT_LIMIT: usize = 1024;
 pub const NAME_LIMIT: usize = 253;
 
 /// `text` cut to at most `limit` bytes on a character boundary, ending
-/// with how many bytes were left out.
+/// with how many bytes were left out (without that when `limit` has no
+/// room for it).
 pub fn bounded(text: &str, limit: usize) -> String {
     if text.len() <= limit {
         return text.to_owned();
     }
     // The marker's length with the whole length's digits bounds its own.
     let marker_room = "… ( bytes more)".len() + text.len().to_string().len();
-    let mut keep = limit.saturating_sub(marker_room);
-    while !text.is_char_boundary(keep) {
-        keep -= 1;
+    if limit < marker_room {
+        return text[..floor_boundary(text, limit)].to_owned();
     }
+    let keep = floor_boundary(text, limit - marker_room);
     format!("{}… ({} bytes more)", &text[..keep], text.len() - keep)
+}
+
+/// A name from ZooKeeper (a member's id, a pod, a reason) cut to
+/// [`NAME_LIMIT`] bytes, ending with a digest of the whole: two names that
+/// differ only past the cut stay two (a status lists members by id).
+pub fn bounded_name(name: &str) -> String {
+    use sha1::{Digest, Sha1};
+    if name.len() <= NAME_LIMIT {
+        return name.to_owned();
+    }
+    let digest: String = Sha1::digest(name.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let keep = floor_boundary(name, NAME_LIMIT - "…".len() - digest.len());
+    format!("{}…{digest}", &name[..keep])
+}
+
+/// The largest character boundary of `text` at or below `at`.
+fn floor_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }
 
 /// [`bounded`] in place.
@@ -188,17 +214,24 @@ fn bound(text: &mut String, limit: usize) {
     }
 }
 
-/// [`bounded`] in place, if any.
-fn bound_some(text: &mut Option<String>, limit: usize) {
-    if let Some(text) = text {
-        bound(text, limit);
+/// [`bounded_name`] in place.
+fn bound_name(name: &mut String) {
+    if name.len() > NAME_LIMIT {
+        *name = bounded_name(name);
+    }
+}
+
+/// [`bounded_name`] in place, if any.
+fn bound_name_some(name: &mut Option<String>) {
+    if let Some(name) = name {
+        bound_name(name);
     }
 }
 
 /// Conditions' reasons and messages bounded.
 fn bound_conditions(conditions: &mut [Condition]) {
     for c in conditions {
-        bound(&mut c.reason, NAME_LIMIT);
+        bound_name(&mut c.reason);
         bound(&mut c.message, TEXT_LIMIT);
     }
 }
@@ -219,6 +252,32 @@ pub trait Capped {
 
 fn jiff_span(d: Duration) -> k8s_openapi::jiff::SignedDuration {
     k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or(k8s_openapi::jiff::SignedDuration::MAX)
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    #[test]
+    fn bounded_texts_and_names_stay_within_their_limit_on_character_boundaries() {
+        for text in ["x".repeat(3000), "é".repeat(3000), "😀".repeat(3000)] {
+            for limit in [0, 1, 5, 22, 23, 40, NAME_LIMIT, TEXT_LIMIT] {
+                let cut = bounded(&text, limit);
+                assert!(cut.len() <= limit, "{limit}: {}", cut.len());
+                assert_eq!(bounded(&cut, limit), cut, "cut again, unchanged");
+            }
+            let name = bounded_name(&text);
+            assert!(name.len() <= NAME_LIMIT);
+            assert_eq!(bounded_name(&name), name);
+        }
+        let (a, b) = ("p".repeat(300) + "-0001", "p".repeat(300) + "-0002");
+        assert_ne!(
+            bounded_name(&a),
+            bounded_name(&b),
+            "names differing past the cut"
+        );
+        assert_eq!(bounded_name("short"), "short");
+    }
 }
 
 /// What the Barrier's and the LockLease's tests both build from.
