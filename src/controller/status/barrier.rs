@@ -123,9 +123,8 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
     }
     let member_ids: Vec<String> = members.iter().map(|m| bounded_name(&m.name)).collect();
     for (member, id) in members.iter().zip(&member_ids) {
-        let id = id.clone();
         let pod = ParticipantData::parse(&member.data).pod;
-        match participants.iter_mut().find(|p| p.id == id) {
+        match participants.iter_mut().find(|p| p.id == *id) {
             Some(p) if p.left_at.is_some() => {
                 // The same id registered again: a replacement.
                 *p = ParticipantStatus {
@@ -137,7 +136,7 @@ fn unbounded(obs: &BarrierObservation<'_>) -> BarrierOutcome {
             }
             Some(_) => {}
             None => participants.push(ParticipantStatus {
-                id,
+                id: id.clone(),
                 pod,
                 entered_at: time_of_millis(member.stat.ctime),
                 ..Default::default()

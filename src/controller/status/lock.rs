@@ -481,13 +481,14 @@ mod tests {
         waiters.iter().map(|w| w.id.as_str()).collect()
     }
 
-    fn look(
-        spec: &LockLeaseSpec,
-        nodes: LockNodes<'_>,
-        previous: &LockLeaseStatus,
+    /// The observation the tests look with.
+    fn observation<'a>(
+        spec: &'a LockLeaseSpec,
+        nodes: LockNodes<'a>,
+        previous: &'a LockLeaseStatus,
         now: Timestamp,
-    ) -> LockOutcome {
-        lock(&LockObservation {
+    ) -> LockObservation<'a> {
+        LockObservation {
             spec,
             nodes,
             previous,
@@ -495,7 +496,26 @@ mod tests {
             znode: "/l",
             now,
             spec_problem: None,
-        })
+        }
+    }
+
+    fn look(
+        spec: &LockLeaseSpec,
+        nodes: LockNodes<'_>,
+        previous: &LockLeaseStatus,
+        now: Timestamp,
+    ) -> LockOutcome {
+        lock(&observation(spec, nodes, previous, now))
+    }
+
+    /// [`look`] with the revocations settled ([`lock_settled`]).
+    fn look_settled(
+        spec: &LockLeaseSpec,
+        nodes: LockNodes<'_>,
+        previous: &LockLeaseStatus,
+        now: Timestamp,
+    ) -> LockOutcome {
+        lock_settled(&observation(spec, nodes, previous, now))
     }
 
     /// Issue 45, item 1: the ids and pods a tenant's contenders write
@@ -518,15 +538,7 @@ mod tests {
             ],
         };
         let settle = |previous: &LockLeaseStatus, now: i64| {
-            lock_settled(&LockObservation {
-                spec: &s,
-                nodes: LockNodes::Queue(&n.children),
-                previous,
-                generation: Some(1),
-                znode: "/l",
-                now: at(now),
-                spec_problem: None,
-            })
+            look_settled(&s, LockNodes::Queue(&n.children), previous, at(now))
         };
         let first = settle(&LockLeaseStatus::default(), 0);
         let out = settle(&first.status, 60_000);
@@ -759,15 +771,7 @@ mod tests {
             &LockLeaseStatus::default(),
             at(200),
         );
-        let settled = lock_settled(&LockObservation {
-            spec: &s,
-            nodes: LockNodes::Queue(&children),
-            previous: &before.status,
-            generation: Some(1),
-            znode: "/l",
-            now: at(4_200),
-            spec_problem: None,
-        });
+        let settled = look_settled(&s, LockNodes::Queue(&children), &before.status, at(4_200));
         assert_eq!(settled.revoke, ["_c_a-lock-0000000001"]);
         let holders: Vec<_> = settled
             .status
